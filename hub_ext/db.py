@@ -1,0 +1,91 @@
+"""Database engine, sessions and migrations for labfleet's own DB.
+
+SQLite by default, PostgreSQL by URL.  The schema is owned by Alembic: ``upgrade()``
+brings any database (empty or older) to the current revision.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.orm import Session, sessionmaker
+
+DB_URL_ENV = "LABFLEET_DB_URL"
+DEFAULT_DB_FILE = "labfleet.sqlite"
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def default_db_url() -> str:
+    """``$LABFLEET_DB_URL``, else a SQLite file in the working directory."""
+    return os.environ.get(DB_URL_ENV) or f"sqlite:///{Path.cwd() / DEFAULT_DB_FILE}"
+
+
+def normalize_url(url: str) -> str:
+    # "postgresql://" alone would pick psycopg2, which we do not depend on.
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA foreign_keys=ON")
+    # Several processes (Hub, service, CLI) open the file: wait for locks instead of failing.
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.close()
+
+
+def make_engine(url: str | None = None, **kwargs) -> Engine:
+    url = normalize_url(url or default_db_url())
+    if url.startswith("sqlite"):
+        kwargs.setdefault("connect_args", {"check_same_thread": False})
+        engine = create_engine(url, **kwargs)
+        event.listen(engine, "connect", _sqlite_pragmas)
+    else:
+        kwargs.setdefault("pool_pre_ping", True)
+        engine = create_engine(url, **kwargs)
+    return engine
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A unit of work: commit on success, roll back on any error."""
+    db = factory()
+    try:
+        yield db
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+    finally:
+        db.close()
+
+
+def alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Create or upgrade the schema to ``revision``."""
+    cfg = alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def is_initialized(engine: Engine) -> bool:
+    return inspect(engine).has_table("alembic_version")

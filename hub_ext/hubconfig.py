@@ -1,0 +1,87 @@
+"""Wiring labfleet into a JupyterHub config: the service, its role, the authenticator.
+
+``jupyterhub_config.py`` calls :func:`configure`; deployments can call it from their
+own config and then override what they need (authenticator, spawner, DB URL).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from .db import default_db_url
+from .hubmap import SERVICE_NAME
+from .secretbox import KEY_FILE_ENV, ensure_key_file, key_file_path
+
+SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
+SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
+DEFAULT_SERVICE_PORT = 10101
+
+# What the labfleet service may do on the Hub: keep users and groups in step, read servers.
+SERVICE_SCOPES = [
+    "admin:users",
+    "admin:groups",
+    "list:users",
+    "read:users",
+    "read:servers",
+    "admin:servers",
+    "access:servers",
+]
+
+
+def service_token(state_dir: Path) -> str:
+    """$LABFLEET_SERVICE_TOKEN, else a token kept in ``labfleet_service_token`` (0600)."""
+    token = os.environ.get(SERVICE_TOKEN_ENV)
+    if token:
+        return token
+    path = state_dir / "labfleet_service_token"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path.read_text().strip()
+
+
+def configure(c, state_dir: str | Path | None = None) -> None:
+    """Add the labfleet service, its role and the labfleet authenticator to config ``c``."""
+    state = Path(state_dir or os.getcwd()).absolute()
+    port = int(os.environ.get(SERVICE_PORT_ENV, DEFAULT_SERVICE_PORT))
+    token = service_token(state)
+    db_url = default_db_url()
+    os.environ.setdefault(KEY_FILE_ENV, str(state / "labfleet_secret.key"))
+    key_file = key_file_path()
+    ensure_key_file(key_file)
+    repo_root = str(Path(__file__).parent.parent)
+
+    c.JupyterHub.services = [
+        s for s in (c.JupyterHub.services if "services" in c.JupyterHub else []) if s.get("name") != SERVICE_NAME
+    ] + [
+        {
+            "name": SERVICE_NAME,
+            "display": True,
+            "url": f"http://127.0.0.1:{port}",
+            "command": [sys.executable, "-m", "hub_ext.service"],
+            "api_token": token,
+            "oauth_no_confirm": True,
+            "environment": {
+                "LABFLEET_DB_URL": db_url,
+                KEY_FILE_ENV: str(key_file),
+                # So the service imports this checkout even when labfleet is not installed.
+                "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
+            },
+        }
+    ]
+    roles = [r for r in (c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []) if r.get("name") != "labfleet-service"]
+    c.JupyterHub.load_roles = roles + [
+        {
+            "name": "labfleet-service",
+            "description": "the labfleet service keeps Hub users and groups in step with tenancy",
+            "scopes": SERVICE_SCOPES,
+            "services": [SERVICE_NAME],
+        }
+    ]
+    c.JupyterHub.authenticator_class = "labfleet"
+    c.LabfleetBaseAuthenticator.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
+    c.LabfleetBaseAuthenticator.service_token = token

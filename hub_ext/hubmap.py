@@ -1,0 +1,98 @@
+"""How labfleet tenancy shows in JupyterHub: group names and managed roles.
+
+Pure functions shared by the authenticator (at login and refresh) and the service
+(when tenants change, it pushes group membership to the Hub's REST API).
+"""
+
+from __future__ import annotations
+
+SERVICE_NAME = "labfleet"
+DOMAIN_GROUP_PREFIX = "domain:"
+PROJECT_GROUP_PREFIX = "project:"
+ROLE_PREFIX = "labfleet-"
+
+
+def domain_group(domain: str) -> str:
+    return f"{DOMAIN_GROUP_PREFIX}{domain}"
+
+
+def project_group(domain: str, project: str) -> str:
+    return f"{PROJECT_GROUP_PREFIX}{domain}/{project}"
+
+
+def is_labfleet_group(name: str) -> bool:
+    return name.startswith((DOMAIN_GROUP_PREFIX, PROJECT_GROUP_PREFIX))
+
+
+def hub_groups(domain: str, projects: list[str]) -> list[str]:
+    """A user's Hub groups: their domain and each of their projects (``DOMAIN/PROJECT`` names)."""
+    groups = [domain_group(domain)]
+    for full in sorted(projects):
+        d, _, p = full.partition("/")
+        groups.append(project_group(d, p))
+    return groups
+
+
+def _service_access() -> str:
+    return f"access:services!service={SERVICE_NAME}"
+
+
+def hub_roles(role: str, domain: str) -> list[dict]:
+    """Authenticator-managed Hub roles for a labfleet role.
+
+    A domain admin's role filters every user and server scope with
+    ``!group=domain:<d>``, so the stock Hub admin page shows them their domain only.
+    """
+    if role == "admin":
+        g = f"!group={domain_group(domain)}"
+        return [
+            {
+                "name": f"{ROLE_PREFIX}domain-admin-{domain}",
+                "description": f"labfleet domain admin of {domain}",
+                "scopes": [
+                    _service_access(),
+                    "admin-ui",
+                    f"list:users{g}",
+                    f"admin:users{g}",
+                    f"admin:servers{g}",
+                    f"access:servers{g}",
+                    f"read:groups{g}",
+                    f"list:groups{g}",
+                ],
+            }
+        ]
+    if role == "monitor":
+        return [
+            {
+                "name": f"{ROLE_PREFIX}monitor",
+                "description": "labfleet monitor: reads the whole fleet, changes nothing",
+                "scopes": [
+                    _service_access(),
+                    "admin-ui",
+                    "list:users",
+                    "read:users",
+                    "read:servers",
+                    "list:groups",
+                    "read:groups",
+                    "read:hub",
+                ],
+            }
+        ]
+    # Superadmins are Hub admins (auth_model["admin"]); they and users need only the service.
+    return [
+        {
+            "name": f"{ROLE_PREFIX}user",
+            "description": "labfleet user: may use the labfleet service",
+            "scopes": [_service_access()],
+        }
+    ]
+
+
+def auth_model(username: str, role: str, domain: str, projects: list[str]) -> dict:
+    """The auth model the authenticator hands to JupyterHub for a labfleet user."""
+    return {
+        "name": username,
+        "admin": role == "superadmin",
+        "groups": hub_groups(domain, projects),
+        "roles": hub_roles(role, domain),
+    }

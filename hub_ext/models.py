@@ -1,0 +1,247 @@
+"""labfleet's data model (SQLAlchemy 2).
+
+Tenancy (domains, projects, users, memberships), resource policies, keypairs and
+the audit log.  Resource slot mappings are stored as JSON objects of decimal
+strings (see :mod:`hub_ext.slots`), never as floats.
+
+The schema is created and upgraded by the Alembic migrations in
+``hub_ext/migrations``; ``tests/test_migrations.py`` checks that they match
+these classes.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    BigInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from .slots import ResourceSlots
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Role(str, enum.Enum):
+    superadmin = "superadmin"
+    admin = "admin"  # domain admin
+    user = "user"
+    monitor = "monitor"
+
+
+class UserStatus(str, enum.Enum):
+    active = "active"
+    inactive = "inactive"
+
+
+class DefaultForUnspecified(str, enum.Enum):
+    LIMITED = "LIMITED"
+    UNLIMITED = "UNLIMITED"
+
+
+# Enums are stored as plain strings with CHECK-free columns: the validation layer
+# owns the allowed values, and new values need no table rebuild on SQLite.
+_ENUM_LEN = 16
+
+
+class Domain(Base):
+    __tablename__ = "domains"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    projects: Mapped[list[Project]] = relationship(back_populates="domain", cascade="all, delete-orphan")
+    users: Mapped[list[User]] = relationship(back_populates="domain")
+
+    @property
+    def slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.total_resource_slots)
+
+
+class ProjectResourcePolicy(Base):
+    __tablename__ = "project_resource_policies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
+    max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes, 0 = unlimited
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class UserResourcePolicy(Base):
+    __tablename__ = "user_resource_policies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)
+    max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class KeypairResourcePolicy(Base):
+    __tablename__ = "keypair_resource_policies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    default_for_unspecified: Mapped[str] = mapped_column(String(_ENUM_LEN), default="UNLIMITED")
+    max_concurrent_sessions: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
+    max_pending_sessions: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
+    max_session_lifetime: Mapped[int] = mapped_column(Integer, default=0)  # seconds, 0 = off
+    idle_timeout: Mapped[int] = mapped_column(Integer, default=-1)  # s; 0 never, <0 global default
+    allowed_storage_hosts: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    @property
+    def slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.total_resource_slots)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    __table_args__ = (UniqueConstraint("domain_id", "name", name="uq_projects_domain_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text, default="")
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    resource_policy_id: Mapped[int | None] = mapped_column(
+        ForeignKey("project_resource_policies.id", ondelete="RESTRICT"), nullable=True
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    domain: Mapped[Domain] = relationship(back_populates="projects")
+    resource_policy: Mapped[ProjectResourcePolicy | None] = relationship()
+    members: Mapped[list[User]] = relationship(
+        secondary="project_members", back_populates="projects", order_by="User.username"
+    )
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.domain.name}/{self.name}"
+
+    @property
+    def slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.total_resource_slots)
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The JupyterHub user name: the same string on both sides.
+    username: Mapped[str] = mapped_column(String(255), unique=True)
+    email: Mapped[str] = mapped_column(String(255), default="")
+    full_name: Mapped[str] = mapped_column(String(255), default="")
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="RESTRICT"), index=True)
+    role: Mapped[str] = mapped_column(String(_ENUM_LEN), default="user")
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="active")
+    # A PBKDF2 hash (see hub_ext.passwords); NULL when the user logs in through another authenticator.
+    password_hash: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    resource_policy_id: Mapped[int | None] = mapped_column(
+        ForeignKey("user_resource_policies.id", ondelete="RESTRICT"), nullable=True
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    last_login: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    domain: Mapped[Domain] = relationship(back_populates="users")
+    resource_policy: Mapped[UserResourcePolicy | None] = relationship()
+    projects: Mapped[list[Project]] = relationship(
+        secondary="project_members", back_populates="members", order_by="Project.name"
+    )
+    keypairs: Mapped[list[Keypair]] = relationship(back_populates="user", cascade="all, delete-orphan")
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == UserStatus.active.value
+
+    @property
+    def main_keypair(self) -> Keypair | None:
+        for kp in self.keypairs:
+            if kp.is_main and kp.is_active:
+                return kp
+        return None
+
+
+class ProjectMember(Base):
+    __tablename__ = "project_members"
+
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Keypair(Base):
+    __tablename__ = "keypairs"
+    __table_args__ = (
+        # One main keypair per user, enforced by the database too (partial unique index).
+        Index(
+            "uq_keypairs_one_main_per_user",
+            "user_id",
+            unique=True,
+            sqlite_where=text("is_main = 1 AND is_active = 1"),
+            postgresql_where=text("is_main AND is_active"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    access_key: Mapped[str] = mapped_column(String(20), unique=True)
+    # The secret, encrypted with the service's key (hub_ext.secretbox): never stored in plain text.
+    secret_key_encrypted: Mapped[str] = mapped_column(Text)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    resource_policy_id: Mapped[int] = mapped_column(
+        ForeignKey("keypair_resource_policies.id", ondelete="RESTRICT")
+    )
+    is_main: Mapped[bool] = mapped_column(Boolean, default=False)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    rate_limit: Mapped[int] = mapped_column(Integer, default=10000)  # requests per 15-minute window
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    user: Mapped[User] = relationship(back_populates="keypairs")
+    resource_policy: Mapped[KeypairResourcePolicy] = relationship()
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_timestamp", "timestamp"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    actor: Mapped[str] = mapped_column(String(255))  # a user name, or "cli", "system"
+    # The actor's domain at the time, so a domain admin can read their domain's log.
+    actor_domain: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    target_domain: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    action: Mapped[str] = mapped_column(String(64))  # e.g. "domain.create", "user.login"
+    target: Mapped[str] = mapped_column(String(255), default="")
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    remote_addr: Mapped[str] = mapped_column(String(64), default="")
+    success: Mapped[bool] = mapped_column(Boolean, default=True)

@@ -1,0 +1,133 @@
+"""The labfleet service: a Hub-managed tornado application at ``/services/labfleet/``.
+
+It is the single writer of labfleet state.  The Hub starts it from
+``jupyterhub_config.py`` (see ``hub_ext.hubconfig``) with the usual service
+environment (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_SERVICE_URL``, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from sqlalchemy import select
+from tornado import web
+from traitlets import Bool, Integer, Unicode, default
+from traitlets.config import Application
+
+from .. import db as lfdb
+from ..models import User
+from ..policies import ensure_default_keypair_policy
+from ..secretbox import SecretBox
+from ..signing import RateLimiter
+from .base import NotFoundHandler
+from .handlers import routes
+from .hubsync import HubSync
+
+
+class LabfleetService(Application):
+    name = "labfleet-service"
+    description = "The labfleet service: tenancy, policies, keypairs and audit behind a REST API."
+
+    db_url = Unicode(help="SQLAlchemy URL of labfleet's DB (default: $LABFLEET_DB_URL, else labfleet.sqlite here).").tag(
+        config=True
+    )
+
+    @default("db_url")
+    def _db_url(self):
+        return lfdb.default_db_url()
+
+    prefix = Unicode(help="URL prefix the Hub's proxy routes to this service.").tag(config=True)
+
+    @default("prefix")
+    def _prefix(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/labfleet/")
+
+    service_url = Unicode(help="Where this service listens (the Hub's service 'url').").tag(config=True)
+
+    @default("service_url")
+    def _service_url(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
+
+    hub_api_url = Unicode(help="The Hub's REST API, for group sync.").tag(config=True)
+
+    @default("hub_api_url")
+    def _hub_api_url(self):
+        return os.environ.get("JUPYTERHUB_API_URL", "")
+
+    service_token = Unicode(help="This service's own Hub API token; the Hub's authenticator uses it to call the service.").tag(
+        config=True
+    )
+
+    @default("service_token")
+    def _service_token(self):
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    upgrade_db = Bool(True, help="Create or upgrade the DB schema at start.").tag(config=True)
+    sync_groups_on_start = Bool(True, help="Push every user's labfleet groups to the Hub at start.").tag(config=True)
+    token_cache_age = Integer(60, help="Seconds a Hub token's identity is cached.").tag(config=True)
+
+    aliases = {"db-url": "LabfleetService.db_url", "log-level": "Application.log_level"}
+
+    def initialize(self, argv=None) -> None:
+        super().initialize(argv)
+        self.engine = lfdb.make_engine(self.db_url)
+        if self.upgrade_db:
+            lfdb.upgrade(self.engine)
+        self.session_factory = lfdb.make_session_factory(self.engine)
+        with lfdb.session_scope(self.session_factory) as db:
+            ensure_default_keypair_policy(db)
+        self.secretbox = SecretBox()
+        self.limiter = RateLimiter()
+        self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
+        self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
+
+    def make_app(self) -> web.Application:
+        prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
+        self.prefix = prefix
+        handlers = routes(prefix) + [(prefix + "oauth_callback", HubOAuthCallbackHandler)]
+        return web.Application(
+            handlers,
+            labfleet=self,
+            hub_auth=self.hub_auth,
+            cookie_secret=secrets.token_bytes(32),
+            login_url=self.hub_auth.login_url,
+            template_path=str(Path(__file__).with_name("templates")),
+            default_handler_class=NotFoundHandler,
+            log_function=self._log_request,
+        )
+
+    def _log_request(self, handler) -> None:
+        # Never log query strings or headers: they may carry tokens.
+        status = handler.get_status()
+        log = self.log.info if status < 400 else self.log.warning
+        log("%s %s %s %.1fms", status, handler.request.method, handler.request.path,
+            1000 * handler.request.request_time())
+
+    async def start_async(self) -> None:
+        url = urlparse(self.service_url)
+        app = self.make_app()
+        app.listen(url.port or 80, address=url.hostname or "127.0.0.1", xheaders=True)
+        self.log.info("labfleet service listening on %s%s", self.service_url, self.prefix)
+        if self.sync_groups_on_start and self.hub_sync.enabled:
+            with lfdb.session_scope(self.session_factory) as db:
+                names = list(db.scalars(select(User.username)))
+            asyncio.ensure_future(self.hub_sync.sync_all(names))
+        await asyncio.Event().wait()
+
+    def start(self) -> None:
+        asyncio.run(self.start_async())
+
+
+def main(argv=None) -> None:
+    app = LabfleetService.instance()
+    app.initialize(argv)
+    app.start()
+
+
+if __name__ == "__main__":
+    main()

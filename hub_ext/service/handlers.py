@@ -1,0 +1,399 @@
+"""REST API handlers: parse, call the logic modules, render.  Routes are listed in
+``routes()`` and described in ``openapi.yaml`` (a test checks both agree)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tornado import web
+
+from .. import audit, hubmap, keypairs, policies, tenancy
+from ..authz import Actor
+from ..errors import Forbidden, InvalidInput, NotFound
+from ..passwords import verify_password
+from ..quota import me_view
+from ..validate import check_bool, check_fields, check_int, check_name, check_text, check_username
+from .base import APIHandler, BaseHandler, needs_hub
+from .hubsync import SyncPlan
+
+SPEC_FILE = Path(__file__).with_name("openapi.yaml")
+
+
+def _auth_model(user) -> dict:
+    return hubmap.auth_model(user.username, user.role, user.domain.name, [p.full_name for p in user.projects])
+
+
+# ---------------------------------------------------------------- me, audit, spec
+
+
+class MeHandler(APIHandler):
+    async def get(self):
+        def op(db, actor):
+            if actor.kind != "user":
+                raise NotFound("/api/me answers for users; the Hub has no labfleet account")
+            return me_view(db, tenancy.get_user(db, actor.name)), None
+
+        await self.run(op)
+
+
+class AuditHandler(APIHandler):
+    async def get(self):
+        limit_arg = self.get_query_argument("limit", "100")
+        action = self.query_arg("action")
+
+        def op(db, actor):
+            if not limit_arg.isdigit():
+                raise InvalidInput("limit must be a whole number")
+            limit = check_int(int(limit_arg), "limit", minimum=1, maximum=1000)
+            return [audit.entry_view(e) for e in audit.list_entries(db, actor, limit=limit, action=action)], None
+
+        await self.run(op)
+
+
+class SpecHandler(web.RequestHandler):
+    """The OpenAPI description of this API; public, like the docs it is."""
+
+    def get(self):
+        self.set_header("Content-Type", "application/yaml; charset=utf-8")
+        self.finish(SPEC_FILE.read_text())
+
+
+# ---------------------------------------------------------------- domains
+
+
+class DomainListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([tenancy.domain_view(d) for d in tenancy.list_domains(db, a)], None))
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            d = tenancy.create_domain(db, actor, body)
+            return tenancy.domain_view(d, detail=True), None
+
+        await self.run(op, status=201)
+
+
+class DomainHandler(APIHandler):
+    async def get(self, name):
+        await self.run(lambda db, a: (tenancy.domain_view(tenancy.readable_domain(db, a, name), detail=True), None))
+
+    async def patch(self, name):
+        body = self.body
+        await self.run(lambda db, a: (tenancy.domain_view(tenancy.update_domain(db, a, name, body), detail=True), None))
+
+    async def delete(self, name):
+        def op(db, actor):
+            projects = [p.name for p in tenancy.readable_domain(db, actor, name).projects]
+            tenancy.delete_domain(db, actor, name)
+            groups = [hubmap.domain_group(name)] + [hubmap.project_group(name, p) for p in projects]
+            return {"deleted": name}, SyncPlan(deleted_groups=set(groups))
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- projects
+
+
+class ProjectListHandler(APIHandler):
+    async def get(self):
+        domain = self.query_arg("domain")
+        await self.run(lambda db, a: ([tenancy.project_view(p) for p in tenancy.list_projects(db, a, domain)], None))
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            p = tenancy.create_project(db, actor, body)
+            return tenancy.project_view(p), None
+
+        await self.run(op, status=201)
+
+
+class ProjectHandler(APIHandler):
+    async def get(self, domain, name):
+        await self.run(lambda db, a: (tenancy.project_view(tenancy.readable_project(db, a, domain, name)), None))
+
+    async def patch(self, domain, name):
+        body = self.body
+        await self.run(lambda db, a: (tenancy.project_view(tenancy.update_project(db, a, domain, name, body)), None))
+
+    async def delete(self, domain, name):
+        def op(db, actor):
+            members = tenancy.delete_project(db, actor, domain, name)
+            plan = SyncPlan(users=set(members), deleted_groups={hubmap.project_group(domain, name)})
+            return {"deleted": f"{domain}/{name}"}, plan
+
+        await self.run(op)
+
+
+class MemberListHandler(APIHandler):
+    async def get(self, domain, name):
+        def op(db, actor):
+            p = tenancy.readable_project(db, actor, domain, name)
+            return [tenancy.user_view(u) for u in p.members if u in tenancy.list_users(db, actor, domain)], None
+
+        await self.run(op)
+
+    async def post(self, domain, name):
+        body = self.body
+
+        def op(db, actor):
+            u = tenancy.add_member(db, actor, domain, name, body)
+            return tenancy.user_view(u), SyncPlan(users={u.username})
+
+        await self.run(op, status=201)
+
+
+class MemberHandler(APIHandler):
+    async def delete(self, domain, name, username):
+        def op(db, actor):
+            u = tenancy.remove_member(db, actor, domain, name, username)
+            return {"removed": username}, SyncPlan(users={u.username})
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- users
+
+
+class UserListHandler(APIHandler):
+    async def get(self):
+        domain = self.query_arg("domain")
+        await self.run(lambda db, a: ([tenancy.user_view(u) for u in tenancy.list_users(db, a, domain)], None))
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            u = tenancy.create_user(db, actor, body)
+            return tenancy.user_view(u), SyncPlan(users={u.username})
+
+        await self.run(op, status=201)
+
+
+class UserHandler(APIHandler):
+    async def get(self, username):
+        await self.run(lambda db, a: (tenancy.user_view(tenancy.readable_user(db, a, username)), None))
+
+    async def patch(self, username):
+        body = self.body
+
+        def op(db, actor):
+            u = tenancy.update_user(db, actor, username, body)
+            return tenancy.user_view(u), SyncPlan(users={u.username})
+
+        await self.run(op)
+
+    async def delete(self, username):
+        def op(db, actor):
+            tenancy.delete_user(db, actor, username)
+            return {"deleted": username}, SyncPlan(deleted_users={username})
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- policies
+
+
+class PolicyListHandler(APIHandler):
+    async def get(self, kind):
+        await self.run(
+            lambda db, a: ([policies.policy_view(kind, p) for p in policies.list_policies(db, a, kind)], None)
+        )
+
+    async def post(self, kind):
+        body = self.body
+        await self.run(lambda db, a: (policies.policy_view(kind, policies.create_policy(db, a, kind, body)), None), status=201)
+
+
+class PolicyHandler(APIHandler):
+    async def get(self, kind, name):
+        await self.run(lambda db, a: (policies.policy_view(kind, policies.get_policy(db, a, kind, name)), None))
+
+    async def patch(self, kind, name):
+        body = self.body
+        await self.run(lambda db, a: (policies.policy_view(kind, policies.update_policy(db, a, kind, name, body)), None))
+
+    async def delete(self, kind, name):
+        def op(db, actor):
+            policies.delete_policy(db, actor, kind, name)
+            return {"deleted": name}, None
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- keypairs
+
+
+class KeypairListHandler(APIHandler):
+    async def get(self):
+        username = self.query_arg("username")
+        await self.run(lambda db, a: ([keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, username)], None))
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            kp, secret = keypairs.issue(db, actor, body)
+            return keypairs.keypair_view(kp, secret), None
+
+        await self.run(op, status=201)
+
+
+class KeypairHandler(APIHandler):
+    async def get(self, access_key):
+        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.get(db, a, access_key)), None))
+
+    async def patch(self, access_key):
+        body = self.body
+        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.update(db, a, access_key, body)), None))
+
+    async def delete(self, access_key):
+        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.revoke(db, a, access_key)), None))
+
+
+# ---------------------------------------------------------------- the Hub's own calls (authenticator)
+
+
+class PasswordLoginHandler(APIHandler):
+    """The Hub's authenticator checks a password here; logins and failures go to the audit log."""
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            needs_hub(actor)
+            data = check_fields(body, required=["username", "password"], optional=["remote_addr"])
+            name = data["username"]
+            remote = check_text(data.get("remote_addr", ""), "remote_addr", 64)
+            who = Actor(name=name if isinstance(name, str) else "?", role="user", remote_addr=remote)
+            user = tenancy.get_user(db, name) if isinstance(name, str) else None
+            ok = user is not None and verify_password(data["password"], user.password_hash)
+            if not ok or not user.is_active:
+                reason = "bad username or password" if not ok else "inactive user"
+                domain = user.domain.name if user else None
+                audit.record(db, who, "user.login", str(name)[:255], target_domain=domain, success=False, details={"reason": reason})
+                return None, None
+            user.last_login = datetime.now(timezone.utc)
+            audit.record(db, tenancy.actor_for(user, remote), "user.login", user.username, target_domain=user.domain.name)
+            return {"auth_model": _auth_model(user)}, None
+
+        await self._answer_or_refuse(op, "invalid username or password")
+
+    async def _answer_or_refuse(self, op, message):
+        # A failed login must still commit its audit entry, so it is not an exception.
+        try:
+            with self.db() as db:
+                result, _ = op(db, self.actor)
+        except (InvalidInput, Forbidden, NotFound) as e:
+            self.send_error_json(e.status, e.message)
+            return
+        if result is None:
+            self.send_error_json(403, message)
+            return
+        self.write_json(result)
+
+
+class IdentityHandler(PasswordLoginHandler):
+    """Map an identity proven by another authenticator (OAuth, ...) to a labfleet user."""
+
+    async def post(self):
+        body = self.body
+        created: list[str] = []
+
+        def op(db, actor):
+            needs_hub(actor)
+            data = check_fields(
+                body,
+                required=["username"],
+                optional=["source", "remote_addr", "create", "sync", "domain", "projects", "role"],
+            )
+            name = check_username(data["username"])
+            remote = check_text(data.get("remote_addr", ""), "remote_addr", 64)
+            source = check_text(data.get("source", ""), "source", 128)
+            create = check_bool(data.get("create", False), "create")
+            sync = check_bool(data.get("sync", False), "sync")
+            fields = {k: data[k] for k in ("domain", "projects", "role") if data.get(k) is not None}
+            if "domain" in fields:
+                check_name(fields["domain"], "domain")
+            user = tenancy.get_user(db, name)
+            if user is None:
+                if not create or "domain" not in fields:
+                    who = Actor(name=name, role="user", remote_addr=remote)
+                    audit.record(db, who, "user.login", name, success=False, details={"reason": "unknown user", "source": source})
+                    return None, None
+                user = tenancy.create_user(db, actor, {"username": name, **fields})
+                created.append(name)
+            elif sync and fields:
+                changes = {k: v for k, v in fields.items() if k != "domain" or v != user.domain.name}
+                if changes:
+                    tenancy.update_user(db, actor, name, changes)
+            if not user.is_active:
+                audit.record(db, tenancy.actor_for(user, remote), "user.login", name, target_domain=user.domain.name,
+                             success=False, details={"reason": "inactive user", "source": source})
+                return None, None
+            user.last_login = datetime.now(timezone.utc)
+            audit.record(db, tenancy.actor_for(user, remote), "user.login", name, target_domain=user.domain.name,
+                         details={"source": source})
+            return {"auth_model": _auth_model(user), "created": bool(created)}, None
+
+        await self._answer_or_refuse(op, "this identity has no active labfleet account")
+
+
+class AuthUserHandler(APIHandler):
+    """The current auth model of a user, for the authenticator's refresh_user."""
+
+    async def get(self, username):
+        def op(db, actor):
+            needs_hub(actor)
+            user = tenancy.get_user(db, username)
+            if user is None:
+                raise NotFound(f"no user {username!r}")
+            if not user.is_active:
+                raise Forbidden(f"user {username} is inactive")
+            return {"auth_model": _auth_model(user)}, None
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- pages
+
+
+class HomeHandler(BaseHandler):
+    """``/services/labfleet/``: a small page that logs the browser in (OAuth) and links the API."""
+
+    @web.authenticated
+    def get(self):
+        user = self.get_current_user()
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(self.render_string("home.html", user=user, prefix=self.lf.prefix, xsrf=self.xsrf_token.decode()))
+
+
+def routes(prefix: str) -> list[tuple]:
+    """URL patterns under the service prefix (``/services/labfleet/``)."""
+    name = r"([^/]+)"
+    api = prefix + "api"
+    return [
+        (prefix + r"?", HomeHandler),
+        (api + r"/openapi\.yaml", SpecHandler),
+        (api + r"/me", MeHandler),
+        (api + r"/audit", AuditHandler),
+        (api + r"/domains", DomainListHandler),
+        (api + rf"/domains/{name}", DomainHandler),
+        (api + r"/projects", ProjectListHandler),
+        (api + rf"/projects/{name}/{name}", ProjectHandler),
+        (api + rf"/projects/{name}/{name}/members", MemberListHandler),
+        (api + rf"/projects/{name}/{name}/members/{name}", MemberHandler),
+        (api + r"/users", UserListHandler),
+        (api + rf"/users/{name}", UserHandler),
+        (api + r"/policies/(keypair|user|project)", PolicyListHandler),
+        (api + rf"/policies/(keypair|user|project)/{name}", PolicyHandler),
+        (api + r"/keypairs", KeypairListHandler),
+        (api + rf"/keypairs/{name}", KeypairHandler),
+        (api + r"/auth/password", PasswordLoginHandler),
+        (api + r"/auth/identity", IdentityHandler),
+        (api + rf"/auth/users/{name}", AuthUserHandler),
+    ]

@@ -1,0 +1,100 @@
+"""Keep Hub users and groups in step with labfleet tenancy, through the Hub's REST API.
+
+The authenticator sets groups and roles at every login and refresh; this module
+makes group changes show at once (the Hub admin page, group-filtered scopes) and
+creates the Hub user when an admin creates a labfleet user.  Failures are logged,
+never raised: the next login or refresh corrects the Hub anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from .. import hubmap
+from ..db import session_scope
+from ..tenancy import get_user
+
+
+@dataclass
+class SyncPlan:
+    users: set[str] = field(default_factory=set)
+    deleted_users: set[str] = field(default_factory=set)
+    deleted_groups: set[str] = field(default_factory=set)
+
+
+class HubSync:
+    def __init__(self, api_url: str, token: str, session_factory, log: logging.Logger) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.session_factory = session_factory
+        self.log = log
+        self.client = AsyncHTTPClient()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_url and self.token)
+
+    async def _call(self, method: str, path: str, body=None, ok=(200, 201, 204)) -> tuple[int, object]:
+        req = HTTPRequest(
+            self.api_url + path,
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            body=json.dumps(body) if body is not None else (None if method in ("GET", "DELETE") else "{}"),
+            allow_nonstandard_methods=True,
+            request_timeout=20,
+        )
+        try:
+            resp = await self.client.fetch(req, raise_error=False)
+        except (OSError, HTTPClientError) as e:
+            self.log.warning("Hub API %s %s failed: %s", method, path, e)
+            return 0, None
+        data = json.loads(resp.body) if resp.body else None
+        if resp.code not in ok:
+            self.log.debug("Hub API %s %s: %s", method, path, resp.code)
+        return resp.code, data
+
+    async def apply(self, plan: SyncPlan) -> None:
+        if not self.enabled:
+            return
+        for name in sorted(plan.deleted_users):
+            await self._call("DELETE", f"/users/{quote(name, safe='')}")
+        for group in sorted(plan.deleted_groups):
+            await self._call("DELETE", f"/groups/{quote(group, safe='')}")
+        for name in sorted(plan.users):
+            await self.sync_user(name)
+
+    def _desired_groups(self, name: str) -> set[str] | None:
+        with session_scope(self.session_factory) as db:
+            user = get_user(db, name)
+            if user is None:
+                return None
+            return set(hubmap.hub_groups(user.domain.name, [p.full_name for p in user.projects]))
+
+    async def sync_user(self, name: str) -> None:
+        desired = self._desired_groups(name)
+        if desired is None:
+            return
+        qname = quote(name, safe="")
+        code, model = await self._call("GET", f"/users/{qname}", ok=(200, 404))
+        if code == 404:
+            code, model = await self._call("POST", f"/users/{qname}")
+        if code not in (200, 201) or not isinstance(model, dict):
+            return
+        current = {g for g in model.get("groups", []) if hubmap.is_labfleet_group(g)}
+        for group in sorted(desired - current):
+            g = quote(group, safe="")
+            code, _ = await self._call("POST", f"/groups/{g}/users", {"users": [name]}, ok=(200, 404))
+            if code == 404:
+                await self._call("POST", f"/groups/{g}", {"users": [name]})
+        for group in sorted(current - desired):
+            await self._call("DELETE", f"/groups/{quote(group, safe='')}/users", {"users": [name]})
+        self.log.info("Hub groups of %s: %s", name, sorted(desired))
+
+    async def sync_all(self, names: list[str]) -> None:
+        for name in names:
+            await self.sync_user(name)

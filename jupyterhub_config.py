@@ -1,0 +1,34 @@
+"""The embedded labfleet Hub: SQLite, the labfleet service and authenticator, local sessions.
+
+    jupyterhub -f jupyterhub_config.py --ip 127.0.0.1 --port 8000
+
+State (DBs, secrets, users' homes) lives in the working directory, or $LABFLEET_STATE_DIR.
+labfleet's DB: $LABFLEET_DB_URL (default: labfleet.sqlite in the state directory).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+# Run from a checkout without installing: make hub_ext importable.
+sys.path.insert(0, str(Path(__file__).parent))
+
+from hub_ext.hubconfig import configure  # noqa: E402
+
+c = get_config()  # noqa: F821
+state_dir = Path(os.environ.get("LABFLEET_STATE_DIR", os.getcwd())).absolute()
+state_dir.mkdir(parents=True, exist_ok=True)
+os.environ.setdefault("LABFLEET_DB_URL", f"sqlite:///{state_dir / 'labfleet.sqlite'}")
+
+configure(c, state_dir)
+
+c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
+
+# Sessions: local processes, one home per user under the state directory.  The GPU-aware
+# labfleet spawner replaces this when its local backend lands.
+c.JupyterHub.spawner_class = "simple"
+c.Spawner.default_url = "/lab"
+c.SimpleLocalProcessSpawner.home_dir_template = str(state_dir / "homes" / "{username}")
+if os.geteuid() == 0:
+    c.Spawner.args = ["--allow-root"]

@@ -1,0 +1,1 @@
+"""labfleet server_ext: arrives with its own issue (see README)."""

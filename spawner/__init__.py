@@ -1,0 +1,1 @@
+"""labfleet spawner: arrives with its own issue (see README)."""

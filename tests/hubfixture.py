@@ -1,0 +1,169 @@
+"""A real JupyterHub for tests: ``jupyterhub -f jupyterhub_config.py`` as a subprocess on
+127.0.0.1, with the real configurable-http-proxy and the labfleet service it starts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from hub_ext import db as lfdb
+from hub_ext import tenancy
+from hub_ext.authz import Actor
+from hub_ext.policies import ensure_default_keypair_policy
+from hub_ext.secretbox import ensure_key_file
+
+REPO = Path(__file__).parent.parent
+ADMIN_PASSWORD = "root-password-1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def seed(db_url: str) -> None:
+    """Create the schema, the default policy, a domain `root` and the superadmin `root`."""
+    engine = lfdb.make_engine(db_url)
+    lfdb.upgrade(engine)
+    factory = lfdb.make_session_factory(engine)
+    with lfdb.session_scope(factory) as db:
+        ensure_default_keypair_policy(db)
+        cli = Actor.cli()
+        tenancy.create_domain(db, cli, {"name": "root"})
+        tenancy.create_user(
+            db, cli, {"username": "root", "domain": "root", "role": "superadmin", "password": ADMIN_PASSWORD}
+        )
+    engine.dispose()
+
+
+@dataclass
+class Hub:
+    url: str
+    state: Path
+    db_url: str
+    admin_token: str
+    service_token: str
+    proc: subprocess.Popen
+    log_path: Path
+    env: dict = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/services/labfleet/api"
+
+    def hub_api(self, method: str, path: str, token: str | None = None, **kw) -> requests.Response:
+        headers = {"Authorization": f"token {token or self.admin_token}"}
+        return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kw)
+
+    def api(self, method: str, path: str, token: str | None = None, **kw) -> requests.Response:
+        headers = kw.pop("headers", {})
+        if token:
+            headers["Authorization"] = f"token {token}"
+        return requests.request(method, f"{self.api_url}{path}", headers=headers, timeout=30, **kw)
+
+    def user_token(self, name: str) -> str:
+        """A Hub API token of user ``name`` (who must exist in the Hub)."""
+        r = self.hub_api("POST", f"/users/{name}/tokens", json={"note": "test", "expires_in": 3600})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+    def login(self, username: str, password: str) -> requests.Session:
+        """Log in through the Hub's own login form; the session then holds the Hub cookie."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=30)
+        xsrf = s.cookies.get("_xsrf")
+        r = s.post(
+            f"{self.url}/hub/login?next=",
+            data={"username": username, "password": password, "_xsrf": xsrf},
+            allow_redirects=False,
+            timeout=30,
+        )
+        s.login_status = r.status_code  # 302 on success, 403 on failure
+        return s
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def wait_for(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyterhub exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
+        try:
+            if requests.get(url, timeout=2).status_code < 500:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer in {timeout}s:\n{log_path.read_text()[-5000:]}")
+
+
+def start_hub(state: Path, db_url: str | None = None, extra_config: str = "", do_seed: bool = True) -> Hub:
+    if not shutil.which("configurable-http-proxy"):
+        raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
+    state.mkdir(parents=True, exist_ok=True)
+    db_url = db_url or f"sqlite:///{state / 'labfleet.sqlite'}"
+    admin_token = os.urandom(16).hex()
+    service_token = os.urandom(16).hex()
+    port, hub_port, proxy_api, service_port = (free_port() for _ in range(4))
+    env = dict(os.environ)
+    env.update(
+        LABFLEET_STATE_DIR=str(state),
+        LABFLEET_DB_URL=db_url,
+        LABFLEET_SERVICE_PORT=str(service_port),
+        LABFLEET_SERVICE_TOKEN=service_token,
+        LABFLEET_SECRET_KEY_FILE=str(state / "labfleet_secret.key"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    os.environ["LABFLEET_SECRET_KEY_FILE"] = env["LABFLEET_SECRET_KEY_FILE"]
+    ensure_key_file(state / "labfleet_secret.key")
+    if do_seed:
+        seed(db_url)
+    cfg = state / "test_config.py"
+    cfg.write_text(
+        f"load_subconfig({str(REPO / 'jupyterhub_config.py')!r})\n"
+        "c.JupyterHub.services.append({'name': 'test-admin', 'api_token': %r})\n"
+        "c.JupyterHub.load_roles.append({'name': 'test-admin', 'scopes': ['admin:users', 'admin:groups', "
+        "'admin:servers', 'tokens', 'read:roles', 'list:users', 'read:users', 'access:servers'], "
+        "'services': ['test-admin']})\n"
+        "c.JupyterHub.hub_port = %d\n"
+        "c.ConfigurableHTTPProxy.api_url = 'http://127.0.0.1:%d'\n"
+        "c.JupyterHub.log_level = 'DEBUG'\n" % (admin_token, hub_port, proxy_api) + extra_config
+    )
+    log_path = state / "jupyterhub.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterhub", "-f", str(cfg), "--ip", "127.0.0.1", "--port", str(port)],
+        cwd=state,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    hub = Hub(url, state, db_url, admin_token, service_token, proc, log_path, env)
+    try:
+        wait_for(f"{url}/hub/api", proc, log_path)
+        wait_for(f"{url}/services/labfleet/api/openapi.yaml", proc, log_path)
+    except Exception:
+        hub.stop()
+        raise
+    return hub

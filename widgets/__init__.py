@@ -1,0 +1,1 @@
+"""labfleet widgets: arrives with its own issue (see README)."""
