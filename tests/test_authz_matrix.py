@@ -1,0 +1,191 @@
+"""Every service route x every kind of caller, against a real Hub: the status each gets,
+and list answers that never leak another tenant's data."""
+
+import time
+
+import pytest
+
+from tests.hubfixture import start_hub
+
+pytestmark = pytest.mark.hub
+
+ACTORS = ["anon", "alice", "bob", "carol", "dave", "mona", "root"]
+# alice: user in acme, member of acme/ml; bob: user in acme, no project; carol: admin of acme;
+# dave: admin of globex; mona: monitor; root: superadmin.
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    hub = start_hub(tmp_path_factory.mktemp("hub"))
+    root = None
+    for _ in range(100):
+        if hub.hub_api("GET", "/users/root").status_code == 200:
+            root = hub.user_token("root")
+            break
+        time.sleep(0.2)
+    assert root
+
+    def ok(method, path, body=None):
+        r = hub.api(method, path, root, json=body)
+        assert r.status_code in (200, 201), (path, r.text)
+        return r.json()
+
+    ok("POST", "/domains", {"name": "acme"})
+    ok("POST", "/domains", {"name": "globex"})
+    ok("POST", "/projects", {"domain": "acme", "name": "ml"})
+    ok("POST", "/projects", {"domain": "globex", "name": "x"})
+    ok("POST", "/users", {"username": "alice", "domain": "acme", "projects": ["ml"]})
+    ok("POST", "/users", {"username": "bob", "domain": "acme"})
+    ok("POST", "/users", {"username": "erin", "domain": "acme"})
+    ok("POST", "/users", {"username": "carol", "domain": "acme", "role": "admin"})
+    ok("POST", "/users", {"username": "dave", "domain": "globex", "role": "admin"})
+    ok("POST", "/users", {"username": "gina", "domain": "globex", "projects": ["x"]})
+    ok("POST", "/users", {"username": "mona", "domain": "root", "role": "monitor"})
+    # Per-actor victims, so each actor's delete has its own target.
+    for a in ACTORS:
+        ok("POST", "/users", {"username": f"victim-{a}", "domain": "acme"})
+        ok("POST", "/users", {"username": f"role-{a}", "domain": "acme"})
+        ok("POST", "/users", {"username": f"join-{a}", "domain": "acme"})
+        ok("POST", "/users", {"username": f"leave-{a}", "domain": "acme", "projects": ["ml"]})
+        ok("POST", "/projects", {"domain": "globex", "name": f"del-{a}"})
+    alice_keys = {a: ok("POST", "/keypairs", {"username": "alice"})["access_key"] for a in ACTORS}
+    main_alice = next(k["access_key"] for k in ok("GET", "/keypairs?username=alice") if k["is_main"])
+    tokens = {"anon": None, "root": root}
+    for name in ACTORS[1:-1]:
+        for _ in range(100):
+            if hub.hub_api("GET", f"/users/{name}").status_code == 200:
+                break
+            time.sleep(0.2)
+        tokens[name] = hub.user_token(name)
+    yield hub, tokens, alice_keys, main_alice
+    hub.stop()
+
+
+def _row(*codes):
+    return dict(zip(ACTORS, codes, strict=True))
+
+
+# (method, path, body, expected status per actor); "{a}" is replaced by the actor's name.
+MATRIX = [
+    ("GET", "/me", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("GET", "/domains", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("POST", "/domains", {"name": "d-{a}"}, _row(401, 403, 403, 403, 403, 403, 201)),
+    ("GET", "/domains/acme", None, _row(401, 200, 200, 200, 404, 200, 200)),
+    ("PATCH", "/domains/acme", {"description": "x"}, _row(401, 403, 403, 403, 404, 403, 200)),
+    ("DELETE", "/domains/globex", None, _row(401, 404, 404, 404, 403, 403, 409)),
+    ("GET", "/projects", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("POST", "/projects", {"domain": "acme", "name": "p-{a}"}, _row(401, 403, 403, 201, 404, 403, 201)),
+    ("GET", "/projects/acme/ml", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    ("PATCH", "/projects/acme/ml", {"description": "y"}, _row(401, 403, 404, 200, 404, 403, 200)),
+    ("DELETE", "/projects/globex/del-{a}", None, _row(401, 404, 404, 404, 200, 403, 200)),
+    ("GET", "/projects/acme/ml/members", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    ("POST", "/projects/acme/ml/members", {"username": "join-{a}"}, _row(401, 403, 404, 201, 404, 403, 201)),
+    ("DELETE", "/projects/acme/ml/members/leave-{a}", None, _row(401, 403, 404, 200, 404, 403, 200)),
+    ("GET", "/users", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("POST", "/users", {"username": "u-{a}", "domain": "acme"}, _row(401, 403, 403, 201, 404, 403, 201)),
+    (
+        "POST",
+        "/users",
+        {"username": "s-{a}", "domain": "acme", "role": "superadmin"},
+        _row(401, 403, 403, 403, 404, 403, 201),
+    ),
+    ("GET", "/users/alice", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    ("PATCH", "/users/alice", {"full_name": "A"}, _row(401, 200, 404, 200, 404, 403, 200)),
+    ("PATCH", "/users/role-{a}", {"role": "admin"}, _row(401, 404, 404, 200, 404, 403, 200)),
+    ("PATCH", "/users/role-{a}", {"role": "monitor"}, _row(401, 404, 404, 403, 404, 403, 200)),
+    ("DELETE", "/users/victim-{a}", None, _row(401, 404, 404, 200, 404, 403, 200)),
+    ("GET", "/policies/keypair", None, _row(401, 403, 403, 200, 200, 200, 200)),
+    ("POST", "/policies/keypair", {"name": "pol-{a}"}, _row(401, 403, 403, 403, 403, 403, 201)),
+    ("GET", "/policies/keypair/default", None, _row(401, 403, 403, 200, 200, 200, 200)),
+    ("PATCH", "/policies/user/nope", {"max_vfolder_count": 1}, _row(401, 403, 403, 404, 404, 404, 404)),
+    ("DELETE", "/policies/keypair/default", None, _row(401, 403, 403, 403, 403, 403, 409)),
+    ("GET", "/keypairs", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("POST", "/keypairs", {}, _row(401, 201, 201, 201, 201, 403, 201)),
+    ("POST", "/keypairs", {"username": "alice"}, _row(401, 201, 404, 201, 404, 403, 201)),
+    ("GET", "/keypairs/{main_alice}", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    ("PATCH", "/keypairs/{main_alice}", {"rate_limit": 500}, _row(401, 403, 404, 200, 404, 403, 200)),
+    ("DELETE", "/keypairs/{alice_key}", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    ("DELETE", "/keypairs/{main_alice}", None, _row(401, 409, 404, 409, 404, 403, 409)),
+    ("GET", "/audit", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    (
+        "POST",
+        "/auth/password",
+        {"username": "root", "password": "x"},
+        _row(401, 403, 403, 403, 403, 403, 403),
+    ),
+    ("POST", "/auth/identity", {"username": "alice"}, _row(401, 403, 403, 403, 403, 403, 403)),
+    ("GET", "/auth/users/alice", None, _row(401, 403, 403, 403, 403, 403, 403)),
+]
+
+
+@pytest.mark.parametrize("method,path,body,expected", MATRIX, ids=[f"{m} {p}" for m, p, _, _ in MATRIX])
+def test_route_statuses(world, method, path, body, expected):
+    hub, tokens, alice_keys, main_alice = world
+    got = {}
+    for actor in ACTORS:
+        p = path.format(a=actor, main_alice=main_alice, alice_key=alice_keys[actor])
+        b = (
+            None
+            if body is None
+            else {k: (v.format(a=actor) if isinstance(v, str) else v) for k, v in body.items()}
+        )
+        r = hub.api(method, p, tokens[actor], json=b)
+        got[actor] = r.status_code
+        assert r.headers["Content-Type"].startswith("application/json")
+        if r.status_code >= 400:
+            assert r.json()["message"]
+    assert got == expected
+
+
+def test_nobody_promotes_themselves(world):
+    hub, tokens, *_ = world
+    for who, role in [
+        ("alice", "admin"),
+        ("bob", "superadmin"),
+        ("carol", "superadmin"),
+        ("mona", "superadmin"),
+    ]:
+        r = hub.api("PATCH", f"/users/{who}", tokens[who], json={"role": role})
+        assert r.status_code == 403, (who, r.text)
+    assert hub.api("GET", "/users/alice", tokens["root"]).json()["role"] == "user"
+    # A domain admin cannot move a user into another domain, even their own user.
+    r = hub.api("PATCH", "/users/alice", tokens["carol"], json={"domain": "globex"})
+    assert r.status_code == 403
+
+
+def _names(hub, token, path, key):
+    return {item[key] for item in hub.api("GET", path, token).json()}
+
+
+def test_lists_do_not_leak(world):
+    hub, tokens, *_ = world
+    assert _names(hub, tokens["alice"], "/users", "username") == {"alice"}
+    acme_users = _names(hub, tokens["carol"], "/users", "username")
+    assert "alice" in acme_users and not acme_users & {"dave", "gina", "mona", "root"}
+    assert _names(hub, tokens["dave"], "/users", "username") >= {"dave", "gina"}
+    assert not _names(hub, tokens["dave"], "/users", "username") & {"alice", "bob", "carol"}
+    assert {"alice", "dave", "gina", "root"} <= _names(hub, tokens["mona"], "/users", "username")
+    assert _names(hub, tokens["alice"], "/domains", "name") == {"acme"}
+    assert _names(hub, tokens["dave"], "/domains", "name") == {"globex"}
+    assert _names(hub, tokens["alice"], "/projects", "full_name") == {"acme/ml"}
+    assert _names(hub, tokens["bob"], "/projects", "full_name") == set()
+    assert "globex/x" not in _names(hub, tokens["carol"], "/projects", "full_name")
+    assert _names(hub, tokens["bob"], "/keypairs", "username") == {"bob"}
+    assert "alice" not in _names(hub, tokens["dave"], "/keypairs", "username")
+    assert _names(hub, tokens["bob"], "/keypairs?username=alice", "username") == set()
+    # The audit log: a domain admin reads their own domain's entries, not the other's.
+    dave_log = hub.api("GET", "/audit?limit=1000", tokens["dave"]).json()
+    assert dave_log and all("acme" not in (e["target_domain"] or "") for e in dave_log)
+    alice_log = hub.api("GET", "/audit?limit=1000", tokens["alice"]).json()
+    assert all(e["actor"] == "alice" for e in alice_log)
+
+
+def test_hub_token_reaches_hub_endpoints(world):
+    hub, *_ = world
+    r = hub.api("GET", "/auth/users/alice", hub.service_token)
+    assert r.status_code == 200
+    assert "domain:acme" in r.json()["auth_model"]["groups"]
+    r = hub.api(
+        "POST", "/auth/password", hub.service_token, json={"username": "root", "password": "nope-nope"}
+    )
+    assert r.status_code == 403

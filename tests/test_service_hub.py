@@ -1,0 +1,288 @@
+"""The labfleet service behind a real JupyterHub and configurable-http-proxy:
+password login, /api/me, tenants through the API, Hub groups and roles following,
+keypair-signed requests, and bad input answered with 4xx that changes nothing."""
+
+import json
+import time
+
+import pytest
+import requests
+
+from hub_ext import signing
+from tests.hubfixture import ADMIN_PASSWORD, start_hub
+
+pytestmark = pytest.mark.hub
+
+PW = "alice-password-1"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    # Refresh auth every second so role and group changes show on the next request.
+    h = start_hub(
+        tmp_path_factory.mktemp("hub"), extra_config="c.LabfleetBaseAuthenticator.auth_refresh_age = 1\n"
+    )
+    yield h
+    h.stop()
+
+
+@pytest.fixture(scope="module")
+def root(hub):
+    return wait_token(hub, "root")
+
+
+def wait_token(hub, name, timeout=20):
+    """The service creates Hub users asynchronously; wait for the user to exist."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = hub.hub_api("GET", f"/users/{name}")
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return hub.user_token(name)
+
+
+def hub_user(hub, name):
+    r = hub.hub_api("GET", f"/users/{name}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def tenants(hub, root):
+    ok = [
+        hub.api(
+            "POST",
+            "/domains",
+            root,
+            json={"name": "acme", "total_resource_slots": {"cpu": 64, "gpu.shares": 4}},
+        ),
+        hub.api(
+            "POST",
+            "/projects",
+            root,
+            json={"domain": "acme", "name": "ml", "total_resource_slots": {"gpu.shares": 2.5}},
+        ),
+        hub.api("POST", "/projects", root, json={"domain": "acme", "name": "viz"}),
+        hub.api(
+            "POST",
+            "/users",
+            root,
+            json={"username": "alice", "domain": "acme", "password": PW, "projects": ["ml"]},
+        ),
+        hub.api(
+            "POST",
+            "/users",
+            root,
+            json={"username": "carol", "domain": "acme", "role": "admin", "password": PW},
+        ),
+        hub.api("POST", "/users", root, json={"username": "bob", "domain": "acme"}),
+    ]
+    for r in ok:
+        assert r.status_code == 201, r.text
+    return True
+
+
+def test_password_login_and_failed_login(hub, root):
+    good = hub.login("root", ADMIN_PASSWORD)
+    assert good.login_status == 302
+    bad = hub.login("root", "wrong-password")
+    assert bad.login_status == 403
+    entries = hub.api("GET", "/audit?action=user.login", root).json()
+    assert any(e["actor"] == "root" and e["success"] for e in entries)
+    assert any(e["target"] == "root" and not e["success"] for e in entries)
+    # The password never reaches the log or the audit details.
+    assert "wrong-password" not in hub.log_text() and ADMIN_PASSWORD not in hub.log_text()
+    assert "wrong-password" not in json.dumps(entries)
+
+
+def test_browser_oauth_cookie_and_me(hub, tenants):
+    s = hub.login("alice", PW)
+    assert s.login_status == 302
+    page = s.get(f"{hub.url}/services/labfleet/", timeout=30)  # OAuth dance with the Hub, then the page
+    assert page.status_code == 200 and "alice" in page.text
+    me = s.get(f"{hub.api_url}/me", timeout=30)
+    assert me.status_code == 200, me.text
+    body = me.json()
+    assert body["username"] == "alice" and body["domain"]["name"] == "acme" and body["role"] == "user"
+    assert [p["full_name"] for p in body["projects"]] == ["acme/ml"]
+    q = body["quota"]
+    assert q["projects"]["acme/ml"]["limit"] == {"gpu.shares": 2.5}
+    assert q["projects"]["acme/ml"]["left"]["gpu.shares"] == 2.5
+    assert q["domain"]["left"]["cpu"] == 64
+    assert q["keypair"]["unspecified"] == "UNLIMITED"
+    # Cookie-authenticated writes need the XSRF token, like the Hub's own API.
+    r = s.patch(f"{hub.api_url}/users/alice", json={"full_name": "Alice A."}, timeout=30)
+    assert r.status_code in (401, 403)
+    xsrf = s.cookies.get("_xsrf", path="/services/labfleet/") or s.cookies.get("_xsrf")
+    r = s.patch(
+        f"{hub.api_url}/users/alice",
+        json={"full_name": "Alice A."},
+        headers={"X-XSRFToken": xsrf},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["full_name"] == "Alice A."
+
+
+def test_groups_follow_tenancy(hub, root, tenants):
+    assert {"domain:acme", "project:acme/ml"} <= set(hub_user(hub, "alice")["groups"])
+    r = hub.api("POST", "/projects/acme/viz/members", root, json={"username": "alice"})
+    assert r.status_code == 201, r.text
+    assert "project:acme/viz" in hub_user(hub, "alice")["groups"]
+    assert hub.api("DELETE", "/projects/acme/viz/members/alice", root).status_code == 200
+    assert "project:acme/viz" not in hub_user(hub, "alice")["groups"]
+    hub.api("POST", "/projects/acme/viz/members", root, json={"username": "alice"})
+    assert hub.api("DELETE", "/projects/acme/viz", root).status_code == 200
+    assert "project:acme/viz" not in hub_user(hub, "alice")["groups"]
+    assert hub.hub_api("GET", "/groups/project:acme%2Fviz").status_code == 404
+
+
+def test_roles_follow_and_domain_admin_sees_own_domain(hub, root, tenants):
+    # A domain admin logs in: their Hub role is filtered to their domain's group.
+    carol = hub.login("carol", PW)
+    assert carol.login_status == 302
+    roles = hub_user(hub, "carol")["roles"]
+    assert "labfleet-domain-admin-acme" in roles
+    hub.api("POST", "/domains", root, json={"name": "globex"})
+    assert hub.api("POST", "/users", root, json={"username": "gus", "domain": "globex"}).status_code == 201
+    token = hub.user_token("carol")
+    listed = requests.get(f"{hub.url}/hub/api/users", headers={"Authorization": f"token {token}"}, timeout=30)
+    assert listed.status_code == 200, listed.text
+    names = {u["name"] for u in listed.json()}
+    assert {"alice", "carol"} <= names and "gus" not in names and "root" not in names
+    # Promote alice through the API: after her next (refreshed) request, her Hub role follows.
+    alice = hub.login("alice", PW)
+    assert "labfleet-user" in hub_user(hub, "alice")["roles"]
+    assert hub.api("PATCH", "/users/alice", root, json={"role": "admin"}).status_code == 200
+    time.sleep(1.5)
+    assert alice.get(f"{hub.url}/hub/home", timeout=30).status_code == 200
+    roles = hub_user(hub, "alice")["roles"]
+    assert "labfleet-domain-admin-acme" in roles and "labfleet-user" not in roles
+    hub.api("PATCH", "/users/alice", root, json={"role": "user"})
+
+
+def test_inactive_user_cannot_log_in(hub, root, tenants):
+    assert hub.api("PATCH", "/users/bob", root, json={"password": "bob-password-1"}).status_code == 200
+    assert hub.login("bob", "bob-password-1").login_status == 302
+    assert hub.api("PATCH", "/users/bob", root, json={"status": "inactive"}).status_code == 200
+    assert hub.login("bob", "bob-password-1").login_status == 403
+    hub.api("PATCH", "/users/bob", root, json={"status": "active"})
+
+
+# ---------------------------------------------------------------- keypair signatures
+
+
+def signed(hub, method, path, ak, sk, body=b"", now=None, tamper=None, date=None):
+    full = "/services/labfleet/api" + path
+    headers = signing.signed_headers(ak, sk, method, full, body, now=now)
+    if date:
+        headers[signing.DATE_HEADER] = date
+    data = tamper if tamper is not None else body
+    return requests.request(method, hub.url + full, headers=headers, data=data, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def alice_keypair(hub, tenants):
+    token = wait_token(hub, "alice")
+    r = hub.api("POST", "/keypairs", token, json={})
+    assert r.status_code == 201, r.text
+    kp = r.json()
+    assert len(kp["access_key"]) == 20 and len(kp["secret_key"]) == 40
+    # Listed later, the secret is never shown again.
+    listed = hub.api("GET", "/keypairs", token).json()
+    assert all("secret_key" not in k for k in listed)
+    return kp["access_key"], kp["secret_key"]
+
+
+def test_signed_requests(hub, alice_keypair):
+    ak, sk = alice_keypair
+    r = signed(hub, "GET", "/me", ak, sk)
+    assert r.status_code == 200, r.text
+    assert r.json()["username"] == "alice"
+    assert int(r.headers["X-RateLimit-Remaining"]) < int(r.headers["X-RateLimit-Limit"])
+    # Bad signature (wrong secret), too old, tampered body: all refused.
+    assert signed(hub, "GET", "/me", ak, "x" * 40).status_code == 401
+    old = signed(hub, "GET", "/me", ak, sk, now=time.time() - 16 * 60)
+    assert old.status_code == 401 and "minutes" in old.json()["message"]
+    body = json.dumps({"full_name": "Alice"}).encode()
+    t = signed(
+        hub, "PATCH", "/users/alice", ak, sk, body=body, tamper=json.dumps({"full_name": "Mallory"}).encode()
+    )
+    assert t.status_code == 401
+    ok = signed(hub, "PATCH", "/users/alice", ak, sk, body=body)
+    assert ok.status_code == 200 and ok.json()["full_name"] == "Alice"
+    assert signed(hub, "GET", "/me", "AK" + "Z" * 18, sk).status_code == 401
+
+
+def test_rate_limit(hub, root, tenants):
+    r = hub.api("POST", "/keypairs", root, json={"username": "carol", "rate_limit": 3})
+    assert r.status_code == 201, r.text
+    ak, sk = r.json()["access_key"], r.json()["secret_key"]
+    codes = [signed(hub, "GET", "/me", ak, sk).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    limited = signed(hub, "GET", "/me", ak, sk)
+    assert (
+        limited.headers["X-RateLimit-Remaining"] == "0"
+        and int(limited.headers["X-RateLimit-Reset"]) > time.time()
+    )
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def snapshot(hub, root):
+    return {
+        p: hub.api("GET", p, root).json() for p in ("/domains", "/projects", "/users", "/policies/keypair")
+    }
+
+
+BAD = [
+    ("POST", "/domains", b"{not json"),
+    ("POST", "/domains", b"[1, 2]"),
+    ("POST", "/domains", {"name": 123}),
+    ("POST", "/domains", {"name": "UPPER case"}),
+    ("POST", "/domains", {"name": "ok1", "unknown": 1}),
+    ("POST", "/domains", {"name": "ok2", "total_resource_slots": {"cpu": -1}}),
+    ("POST", "/domains", {"name": "ok3", "total_resource_slots": {"cpu": 1e300}}),
+    ("POST", "/domains", {"name": "ok4", "total_resource_slots": {"mem": "12zz"}}),
+    ("POST", "/domains", {"name": "ok5", "total_resource_slots": {"gpu.shares": 0.001}}),
+    ("POST", "/domains", {"name": "ok6", "is_active": "yes"}),
+    ("POST", "/domains", {"name": "acme"}),  # duplicate: 409
+    ("PATCH", "/domains/acme", {"total_resource_slots": "cpu"}),
+    ("PATCH", "/domains/acme", {"description": "x" * 5000}),
+    ("POST", "/projects", {"domain": "nope", "name": "p"}),
+    ("POST", "/projects", {"domain": "acme", "name": "ml"}),
+    ("POST", "/users", {"username": "zed", "domain": "acme", "role": "emperor"}),
+    ("POST", "/users", {"username": "zed", "domain": "acme", "password": "short"}),
+    ("POST", "/users", {"username": "zed", "domain": "acme", "projects": ["other/ml"]}),
+    ("POST", "/users", {"username": "zed", "domain": "acme", "projects": "ml"}),
+    ("POST", "/users", {"username": "../etc", "domain": "acme"}),
+    ("POST", "/users", {"username": "zed"}),
+    ("PATCH", "/users/alice", {"status": "sleeping"}),
+    ("POST", "/policies/keypair", {"name": "p1", "max_concurrent_sessions": -1}),
+    ("POST", "/policies/keypair", {"name": "p2", "max_concurrent_sessions": 10**12}),
+    ("POST", "/policies/keypair", {"name": "p3", "max_concurrent_sessions": 1.5}),
+    ("POST", "/policies/keypair", {"name": "p4", "default_for_unspecified": "MAYBE"}),
+    ("POST", "/policies/user", {"name": "p5", "total_resource_slots": {}}),
+    ("POST", "/keypairs", {"rate_limit": 0}),
+    ("PATCH", "/keypairs/NOPE", {"rate_limit": 5}),
+    ("GET", "/audit?limit=-5", None),
+    ("GET", "/audit?limit=100000", None),
+]
+
+
+@pytest.mark.parametrize("method,path,body", BAD)
+def test_bad_input_is_refused_and_changes_nothing(hub, root, tenants, method, path, body):
+    before = snapshot(hub, root)
+    data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+    r = hub.api(method, path, root, data=data)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    err = r.json()
+    assert err["status"] == r.status_code and len(err["message"]) > 5
+    assert snapshot(hub, root) == before
+
+
+def test_unknown_route_is_json_404(hub, root):
+    r = hub.api("GET", "/nothing-here", root)
+    assert r.status_code == 404 and r.json()["status"] == 404
