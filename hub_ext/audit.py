@@ -42,7 +42,9 @@ def record(
     return entry
 
 
-def list_entries(db: Session, actor: Actor, *, limit: int = 100, action: str | None = None) -> list[AuditEntry]:
+def list_entries(
+    db: Session, actor: Actor, *, limit: int = 100, action: str | None = None
+) -> list[AuditEntry]:
     q = select(AuditEntry).order_by(AuditEntry.id.desc())
     if action:
         q = q.where(AuditEntry.action == action)

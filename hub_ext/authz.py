@@ -95,7 +95,9 @@ def can_manage_keypairs_of(actor: Actor, owner: str, owner_domain: str) -> bool:
     return actor.name == owner or can_manage_in_domain(actor, owner_domain)
 
 
-def can_read_audit_entry(actor: Actor, actor_name: str, actor_domain: str | None, target_domain: str | None) -> bool:
+def can_read_audit_entry(
+    actor: Actor, actor_name: str, actor_domain: str | None, target_domain: str | None
+) -> bool:
     if actor.reads_everything:
         return True
     if actor.role == "admin" and actor.domain in (actor_domain, target_domain):

@@ -56,7 +56,9 @@ def configure(c, state_dir: str | Path | None = None) -> None:
     repo_root = str(Path(__file__).parent.parent)
 
     c.JupyterHub.services = [
-        s for s in (c.JupyterHub.services if "services" in c.JupyterHub else []) if s.get("name") != SERVICE_NAME
+        s
+        for s in (c.JupyterHub.services if "services" in c.JupyterHub else [])
+        if s.get("name") != SERVICE_NAME
     ] + [
         {
             "name": SERVICE_NAME,
@@ -73,14 +75,24 @@ def configure(c, state_dir: str | Path | None = None) -> None:
             },
         }
     ]
-    roles = [r for r in (c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []) if r.get("name") != "labfleet-service"]
+    roles = [
+        r
+        for r in (c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else [])
+        if r.get("name") not in ("labfleet-service", "user")
+    ]
     c.JupyterHub.load_roles = roles + [
+        {
+            # Every Hub user may call the labfleet service (it decides what they see),
+            # including users an admin created who have not logged in yet.
+            "name": "user",
+            "scopes": ["self", f"access:services!service={SERVICE_NAME}"],
+        },
         {
             "name": "labfleet-service",
             "description": "the labfleet service keeps Hub users and groups in step with tenancy",
             "scopes": SERVICE_SCOPES,
             "services": [SERVICE_NAME],
-        }
+        },
     ]
     c.JupyterHub.authenticator_class = "labfleet"
     c.LabfleetBaseAuthenticator.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"

@@ -60,7 +60,11 @@ def secret_of(kp: Keypair, box: SecretBox | None = None) -> str:
 
 
 def _readable(db: Session, actor: Actor, access_key: str) -> Keypair:
-    kp = db.scalar(select(Keypair).where(Keypair.access_key == access_key)) if isinstance(access_key, str) else None
+    kp = (
+        db.scalar(select(Keypair).where(Keypair.access_key == access_key))
+        if isinstance(access_key, str)
+        else None
+    )
     if kp is None or not authz.can_read_keypairs_of(actor, kp.user.username, kp.user.domain.name):
         raise NotFound(f"no keypair {access_key!r:.30}")
     return kp
@@ -81,12 +85,18 @@ def issue(db: Session, actor: Actor, body: Any) -> tuple[Keypair, str]:
     policy = db.scalar(select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == policy_name))
     if policy is None:
         raise InvalidInput(f"resource_policy: no keypair policy named {policy_name!r}")
-    rate = check_int(body.get("rate_limit", DEFAULT_RATE_LIMIT), "rate_limit", minimum=1, maximum=MAX_RATE_LIMIT)
+    rate = check_int(
+        body.get("rate_limit", DEFAULT_RATE_LIMIT), "rate_limit", minimum=1, maximum=MAX_RATE_LIMIT
+    )
     if not owner.is_active:
         raise Conflict(f"user {username!r} is inactive")
     kp, secret = new_keypair(db, owner, policy, rate_limit=rate)
     audit.record(
-        db, actor, "keypair.issue", kp.access_key, target_domain=owner.domain.name,
+        db,
+        actor,
+        "keypair.issue",
+        kp.access_key,
+        target_domain=owner.domain.name,
         details={"username": username, "resource_policy": policy_name, "rate_limit": rate},
     )
     return kp, secret
@@ -130,7 +140,9 @@ def list_keypairs(db: Session, actor: Actor, username: str | None = None) -> lis
     q = select(Keypair).order_by(Keypair.id)
     if username is not None:
         q = q.join(User).where(User.username == username)
-    return [kp for kp in db.scalars(q) if authz.can_read_keypairs_of(actor, kp.user.username, kp.user.domain.name)]
+    return [
+        kp for kp in db.scalars(q) if authz.can_read_keypairs_of(actor, kp.user.username, kp.user.domain.name)
+    ]
 
 
 def keypair_view(kp: Keypair, secret: str | None = None) -> dict[str, Any]:

@@ -125,7 +125,11 @@ def policy_view(kind: str, obj) -> dict[str, Any]:
             "idle_timeout": obj.idle_timeout,
             "allowed_storage_hosts": list(obj.allowed_storage_hosts or []),
         }
-    return {"name": obj.name, "max_vfolder_count": obj.max_vfolder_count, "max_quota_scope_size": obj.max_quota_scope_size}
+    return {
+        "name": obj.name,
+        "max_vfolder_count": obj.max_vfolder_count,
+        "max_quota_scope_size": obj.max_quota_scope_size,
+    }
 
 
 def ensure_default_keypair_policy(db: Session) -> KeypairResourcePolicy:

@@ -63,4 +63,6 @@ class SecretBox:
         try:
             return self._fernet.decrypt(token.encode()).decode()
         except InvalidToken:
-            raise SecretKeyMissing("a keypair secret cannot be decrypted: wrong LABFLEET_SECRET_KEY?") from None
+            raise SecretKeyMissing(
+                "a keypair secret cannot be decrypted: wrong LABFLEET_SECRET_KEY?"
+            ) from None

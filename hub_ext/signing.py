@@ -60,14 +60,18 @@ def canonical_request(method: str, path: str, date: str, body: bytes) -> bytes:
 
 
 def sign(secret_key: str, method: str, path: str, date: str, body: bytes = b"") -> str:
-    return hmac.new(secret_key.encode(), canonical_request(method, path, date, body), hashlib.sha256).hexdigest()
+    return hmac.new(
+        secret_key.encode(), canonical_request(method, path, date, body), hashlib.sha256
+    ).hexdigest()
 
 
 def auth_header(access_key: str, signature: str) -> str:
     return f"{SCHEME} AccessKey={access_key}, Signature={signature}"
 
 
-def signed_headers(access_key: str, secret_key: str, method: str, path: str, body: bytes = b"", now=None) -> dict:
+def signed_headers(
+    access_key: str, secret_key: str, method: str, path: str, body: bytes = b"", now=None
+) -> dict:
     """Headers for a signed request (used by the CLI client and the tests)."""
     date = format_date(now)
     return {

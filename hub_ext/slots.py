@@ -201,7 +201,8 @@ def format_amount(name: str, amount: Decimal) -> str:
             if amount >= size and amount % size == 0:
                 return f"{int(amount // size)}{unit}"
         return str(int(amount))
-    return str(amount.normalize()) if amount else "0"
+    # format "f": never scientific notation (Decimal("1E+2") must print as 100).
+    return format(amount.normalize(), "f") if amount else "0"
 
 
 def parse_slot_string(text: str) -> dict[str, str]:
@@ -221,7 +222,13 @@ def parse_slot_string(text: str) -> dict[str, str]:
     return out
 
 
-def over_limit(request: Mapping[str, Any], used: Mapping[str, Any], limit: Mapping[str, Any], *, unlimited_unspecified: bool) -> list[tuple[str, Decimal, Decimal]]:
+def over_limit(
+    request: Mapping[str, Any],
+    used: Mapping[str, Any],
+    limit: Mapping[str, Any],
+    *,
+    unlimited_unspecified: bool,
+) -> list[tuple[str, Decimal, Decimal]]:
     """Slots where ``used + request`` would exceed ``limit``.
 
     A slot the limit does not name is unlimited when ``unlimited_unspecified``

@@ -235,7 +235,12 @@ def remove_member(db: Session, actor: Actor, domain: str, project: str, username
         raise NotFound(f"{username!r} is not a member of {domain}/{project}")
     p.members.remove(u)
     audit.record(
-        db, actor, "project.member.remove", f"{domain}/{project}", target_domain=domain, details={"username": username}
+        db,
+        actor,
+        "project.member.remove",
+        f"{domain}/{project}",
+        target_domain=domain,
+        details={"username": username},
     )
     return u
 
@@ -247,7 +252,9 @@ USER_SELF_FIELDS = ("email", "full_name", "password")
 USER_ADMIN_FIELDS = ("role", "status", "projects", "resource_policy", "domain")
 
 
-def _check_role_change(db: Session, actor: Actor, u: User | None, role: str | None, status: str | None) -> None:
+def _check_role_change(
+    db: Session, actor: Actor, u: User | None, role: str | None, status: str | None
+) -> None:
     if role is not None and not authz.can_grant_role(actor, role):
         raise Forbidden(f"you cannot give the role {role!r}")
     if u is not None and u.role == "superadmin":
@@ -301,7 +308,9 @@ def create_user(db: Session, actor: Actor, body: Any, *, password_hash: str | No
             raise InvalidInput(problem)
     if get_user(db, username):
         raise Conflict(f"user {username!r} already exists")
-    kp_policy = db.scalar(select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == DEFAULT_KEYPAIR_POLICY))
+    kp_policy = db.scalar(
+        select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == DEFAULT_KEYPAIR_POLICY)
+    )
     if kp_policy is None:
         raise Conflict("the 'default' keypair resource policy is missing: run `labfleet init`")
     u = User(
@@ -455,4 +464,9 @@ def user_keypairs(db: Session, u: User) -> list[Keypair]:
 
 
 def membership_count(db: Session, project: Project) -> int:
-    return db.scalar(select(func.count()).select_from(ProjectMember).where(ProjectMember.project_id == project.id)) or 0
+    return (
+        db.scalar(
+            select(func.count()).select_from(ProjectMember).where(ProjectMember.project_id == project.id)
+        )
+        or 0
+    )

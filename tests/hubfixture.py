@@ -109,7 +109,8 @@ def wait_for(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 
         if proc.poll() is not None:
             raise RuntimeError(f"jupyterhub exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
         try:
-            if requests.get(url, timeout=2).status_code < 500:
+            # 200 only: before the Hub adds its routes the proxy answers 404 itself.
+            if requests.get(url, timeout=2).status_code == 200:
                 return
         except requests.ConnectionError:
             pass

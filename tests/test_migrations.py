@@ -5,6 +5,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select
+from sqlalchemy.exc import IntegrityError
 
 from hub_ext import db as lfdb
 from hub_ext import tenancy
@@ -51,11 +52,13 @@ def _check_upgrade(url, monkeypatch, tmp_path):
         assert d.slots["gpu.shares"] == d.slots.parse({"gpu.shares": "0.1"}).get_amount("gpu.shares") * 3
         main = db.scalars(select(Keypair)).one()
         assert main.is_main
-    with pytest.raises(Exception):
+    with pytest.raises(IntegrityError):
         with lfdb.session_scope(factory) as db:
             user = tenancy.get_user(db, "ann")
-            db.add(Keypair(access_key="A" * 20, secret_key_encrypted="x", user=user,
-                           resource_policy=main.resource_policy, is_main=True, is_active=True))
+            policy = user.keypairs[0].resource_policy
+            second = Keypair(access_key="A" * 20, secret_key_encrypted="x", user=user, resource_policy=policy)
+            second.is_main, second.is_active = True, True
+            db.add(second)
     engine.dispose()
 
 

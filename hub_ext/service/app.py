@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -33,9 +34,9 @@ class LabfleetService(Application):
     name = "labfleet-service"
     description = "The labfleet service: tenancy, policies, keypairs and audit behind a REST API."
 
-    db_url = Unicode(help="SQLAlchemy URL of labfleet's DB (default: $LABFLEET_DB_URL, else labfleet.sqlite here).").tag(
-        config=True
-    )
+    db_url = Unicode(
+        help="SQLAlchemy URL of labfleet's DB (default: $LABFLEET_DB_URL, else labfleet.sqlite here)."
+    ).tag(config=True)
 
     @default("db_url")
     def _db_url(self):
@@ -59,16 +60,18 @@ class LabfleetService(Application):
     def _hub_api_url(self):
         return os.environ.get("JUPYTERHUB_API_URL", "")
 
-    service_token = Unicode(help="This service's own Hub API token; the Hub's authenticator uses it to call the service.").tag(
-        config=True
-    )
+    service_token = Unicode(
+        help="This service's own Hub API token; the Hub's authenticator uses it to call the service."
+    ).tag(config=True)
 
     @default("service_token")
     def _service_token(self):
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
     upgrade_db = Bool(True, help="Create or upgrade the DB schema at start.").tag(config=True)
-    sync_groups_on_start = Bool(True, help="Push every user's labfleet groups to the Hub at start.").tag(config=True)
+    sync_groups_on_start = Bool(True, help="Push every user's labfleet groups to the Hub at start.").tag(
+        config=True
+    )
     token_cache_age = Integer(60, help="Seconds a Hub token's identity is cached.").tag(config=True)
 
     aliases = {"db-url": "LabfleetService.db_url", "log-level": "Application.log_level"}
@@ -105,19 +108,32 @@ class LabfleetService(Application):
         # Never log query strings or headers: they may carry tokens.
         status = handler.get_status()
         log = self.log.info if status < 400 else self.log.warning
-        log("%s %s %s %.1fms", status, handler.request.method, handler.request.path,
-            1000 * handler.request.request_time())
+        log(
+            "%s %s %s %.1fms",
+            status,
+            handler.request.method,
+            handler.request.path,
+            1000 * handler.request.request_time(),
+        )
 
     async def start_async(self) -> None:
         url = urlparse(self.service_url)
         app = self.make_app()
-        app.listen(url.port or 80, address=url.hostname or "127.0.0.1", xheaders=True)
+        server = app.listen(url.port or 80, address=url.hostname or "127.0.0.1", xheaders=True)
         self.log.info("labfleet service listening on %s%s", self.service_url, self.prefix)
         if self.sync_groups_on_start and self.hub_sync.enabled:
             with lfdb.session_scope(self.session_factory) as db:
                 names = list(db.scalars(select(User.username)))
             asyncio.ensure_future(self.hub_sync.sync_all(names))
-        await asyncio.Event().wait()
+        # The Hub stops its managed services with SIGTERM: finish cleanly, no traceback.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        self.log.info("labfleet service stopping")
+        server.stop()
+        self.engine.dispose()
 
     def start(self) -> None:
         asyncio.run(self.start_async())

@@ -8,7 +8,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
 
 from .. import keypairs, signing
@@ -22,6 +22,27 @@ MAX_BODY = 1 << 20  # JSON bodies; file uploads (vfolders) have their own stream
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    async def prepare(self) -> None:
+        await self.resolve_hub_user()
+
+    async def resolve_hub_user(self) -> dict | None:
+        """Resolve the Hub token or cookie without blocking the event loop.
+
+        The Hub may call back into this service while it answers (the authenticator's
+        refresh_user), so a blocking lookup here would stall both for a timeout.
+        get_current_user() then answers from the cache set here.
+        """
+        if hasattr(self, "_hub_auth_user_cache"):
+            return self._hub_auth_user_cache
+        model = await self.hub_auth.get_user(self, sync=False)
+        if model:
+            try:
+                model = self.check_hub_user(model)
+            except UserNotAllowed:
+                model = None
+        self._hub_auth_user_cache = model
+        return model
+
     @property
     def lf(self):
         """The LabfleetService application object (settings, session factory, limiter, hub sync)."""
@@ -53,13 +74,13 @@ class APIHandler(BaseHandler):
 
     async def prepare(self) -> None:
         try:
-            self.actor = self.authenticate()
+            self.actor = await self.authenticate()
             if self.request.method in ("POST", "PATCH", "PUT"):
                 self.body = self.json_body()
         except LabfleetError as e:
             self.send_error_json(e.status, e.message)
 
-    def authenticate(self) -> Actor:
+    async def authenticate(self) -> Actor:
         header = self.request.headers.get("Authorization", "")
         remote = self.request.remote_ip or ""
         if signing.is_signed_request(header):
@@ -67,7 +88,7 @@ class APIHandler(BaseHandler):
         token = header[len("token ") :].strip() if header.lower().startswith("token ") else ""
         if token and self.lf.service_token and hmac.compare_digest(token, self.lf.service_token):
             return Actor.hub(remote_addr=remote)
-        model = self.get_current_user()
+        model = await self.resolve_hub_user()
         if not model:
             raise Unauthorized("authentication required: a Hub token, a Hub login or a signed request")
         if model.get("kind") != "user":
@@ -81,7 +102,9 @@ class APIHandler(BaseHandler):
             actor = actor_for(user, remote)
             main = user.main_keypair
             # Browser and token requests count against the user's main keypair.
-            self._rate_limit(main.access_key if main else f"user:{user.username}", main.rate_limit if main else 10000)
+            self._rate_limit(
+                main.access_key if main else f"user:{user.username}", main.rate_limit if main else 10000
+            )
         return actor
 
     def _authenticate_signed(self, header: str, remote: str) -> Actor:
@@ -114,7 +137,9 @@ class APIHandler(BaseHandler):
         for k, v in self.rate.headers().items():
             self.set_header(k, v)
         if not self.rate.allowed:
-            raise RateLimited(f"rate limit of {limit} requests per 15 minutes reached; retry after the reset time")
+            raise RateLimited(
+                f"rate limit of {limit} requests per 15 minutes reached; retry after the reset time"
+            )
 
     # ------------------------------------------------------------ helpers
 
@@ -175,4 +200,3 @@ class APIHandler(BaseHandler):
 def needs_hub(actor: Actor) -> None:
     if actor.kind != "hub":
         raise Forbidden("only the Hub may call this endpoint")
-

@@ -46,7 +46,9 @@ class AuditHandler(APIHandler):
             if not limit_arg.isdigit():
                 raise InvalidInput("limit must be a whole number")
             limit = check_int(int(limit_arg), "limit", minimum=1, maximum=1000)
-            return [audit.entry_view(e) for e in audit.list_entries(db, actor, limit=limit, action=action)], None
+            return [
+                audit.entry_view(e) for e in audit.list_entries(db, actor, limit=limit, action=action)
+            ], None
 
         await self.run(op)
 
@@ -78,11 +80,15 @@ class DomainListHandler(APIHandler):
 
 class DomainHandler(APIHandler):
     async def get(self, name):
-        await self.run(lambda db, a: (tenancy.domain_view(tenancy.readable_domain(db, a, name), detail=True), None))
+        await self.run(
+            lambda db, a: (tenancy.domain_view(tenancy.readable_domain(db, a, name), detail=True), None)
+        )
 
     async def patch(self, name):
         body = self.body
-        await self.run(lambda db, a: (tenancy.domain_view(tenancy.update_domain(db, a, name, body), detail=True), None))
+        await self.run(
+            lambda db, a: (tenancy.domain_view(tenancy.update_domain(db, a, name, body), detail=True), None)
+        )
 
     async def delete(self, name):
         def op(db, actor):
@@ -100,7 +106,9 @@ class DomainHandler(APIHandler):
 class ProjectListHandler(APIHandler):
     async def get(self):
         domain = self.query_arg("domain")
-        await self.run(lambda db, a: ([tenancy.project_view(p) for p in tenancy.list_projects(db, a, domain)], None))
+        await self.run(
+            lambda db, a: ([tenancy.project_view(p) for p in tenancy.list_projects(db, a, domain)], None)
+        )
 
     async def post(self):
         body = self.body
@@ -114,11 +122,15 @@ class ProjectListHandler(APIHandler):
 
 class ProjectHandler(APIHandler):
     async def get(self, domain, name):
-        await self.run(lambda db, a: (tenancy.project_view(tenancy.readable_project(db, a, domain, name)), None))
+        await self.run(
+            lambda db, a: (tenancy.project_view(tenancy.readable_project(db, a, domain, name)), None)
+        )
 
     async def patch(self, domain, name):
         body = self.body
-        await self.run(lambda db, a: (tenancy.project_view(tenancy.update_project(db, a, domain, name, body)), None))
+        await self.run(
+            lambda db, a: (tenancy.project_view(tenancy.update_project(db, a, domain, name, body)), None)
+        )
 
     async def delete(self, domain, name):
         def op(db, actor):
@@ -133,7 +145,9 @@ class MemberListHandler(APIHandler):
     async def get(self, domain, name):
         def op(db, actor):
             p = tenancy.readable_project(db, actor, domain, name)
-            return [tenancy.user_view(u) for u in p.members if u in tenancy.list_users(db, actor, domain)], None
+            return [
+                tenancy.user_view(u) for u in p.members if u in tenancy.list_users(db, actor, domain)
+            ], None
 
         await self.run(op)
 
@@ -162,7 +176,9 @@ class MemberHandler(APIHandler):
 class UserListHandler(APIHandler):
     async def get(self):
         domain = self.query_arg("domain")
-        await self.run(lambda db, a: ([tenancy.user_view(u) for u in tenancy.list_users(db, a, domain)], None))
+        await self.run(
+            lambda db, a: ([tenancy.user_view(u) for u in tenancy.list_users(db, a, domain)], None)
+        )
 
     async def post(self):
         body = self.body
@@ -206,16 +222,23 @@ class PolicyListHandler(APIHandler):
 
     async def post(self, kind):
         body = self.body
-        await self.run(lambda db, a: (policies.policy_view(kind, policies.create_policy(db, a, kind, body)), None), status=201)
+        await self.run(
+            lambda db, a: (policies.policy_view(kind, policies.create_policy(db, a, kind, body)), None),
+            status=201,
+        )
 
 
 class PolicyHandler(APIHandler):
     async def get(self, kind, name):
-        await self.run(lambda db, a: (policies.policy_view(kind, policies.get_policy(db, a, kind, name)), None))
+        await self.run(
+            lambda db, a: (policies.policy_view(kind, policies.get_policy(db, a, kind, name)), None)
+        )
 
     async def patch(self, kind, name):
         body = self.body
-        await self.run(lambda db, a: (policies.policy_view(kind, policies.update_policy(db, a, kind, name, body)), None))
+        await self.run(
+            lambda db, a: (policies.policy_view(kind, policies.update_policy(db, a, kind, name, body)), None)
+        )
 
     async def delete(self, kind, name):
         def op(db, actor):
@@ -231,7 +254,9 @@ class PolicyHandler(APIHandler):
 class KeypairListHandler(APIHandler):
     async def get(self):
         username = self.query_arg("username")
-        await self.run(lambda db, a: ([keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, username)], None))
+        await self.run(
+            lambda db, a: ([keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, username)], None)
+        )
 
     async def post(self):
         body = self.body
@@ -275,10 +300,24 @@ class PasswordLoginHandler(APIHandler):
             if not ok or not user.is_active:
                 reason = "bad username or password" if not ok else "inactive user"
                 domain = user.domain.name if user else None
-                audit.record(db, who, "user.login", str(name)[:255], target_domain=domain, success=False, details={"reason": reason})
+                audit.record(
+                    db,
+                    who,
+                    "user.login",
+                    str(name)[:255],
+                    target_domain=domain,
+                    success=False,
+                    details={"reason": reason},
+                )
                 return None, None
             user.last_login = datetime.now(timezone.utc)
-            audit.record(db, tenancy.actor_for(user, remote), "user.login", user.username, target_domain=user.domain.name)
+            audit.record(
+                db,
+                tenancy.actor_for(user, remote),
+                "user.login",
+                user.username,
+                target_domain=user.domain.name,
+            )
             return {"auth_model": _auth_model(user)}, None
 
         await self._answer_or_refuse(op, "invalid username or password")
@@ -323,7 +362,14 @@ class IdentityHandler(PasswordLoginHandler):
             if user is None:
                 if not create or "domain" not in fields:
                     who = Actor(name=name, role="user", remote_addr=remote)
-                    audit.record(db, who, "user.login", name, success=False, details={"reason": "unknown user", "source": source})
+                    audit.record(
+                        db,
+                        who,
+                        "user.login",
+                        name,
+                        success=False,
+                        details={"reason": "unknown user", "source": source},
+                    )
                     return None, None
                 user = tenancy.create_user(db, actor, {"username": name, **fields})
                 created.append(name)
@@ -332,12 +378,25 @@ class IdentityHandler(PasswordLoginHandler):
                 if changes:
                     tenancy.update_user(db, actor, name, changes)
             if not user.is_active:
-                audit.record(db, tenancy.actor_for(user, remote), "user.login", name, target_domain=user.domain.name,
-                             success=False, details={"reason": "inactive user", "source": source})
+                audit.record(
+                    db,
+                    tenancy.actor_for(user, remote),
+                    "user.login",
+                    name,
+                    target_domain=user.domain.name,
+                    success=False,
+                    details={"reason": "inactive user", "source": source},
+                )
                 return None, None
             user.last_login = datetime.now(timezone.utc)
-            audit.record(db, tenancy.actor_for(user, remote), "user.login", name, target_domain=user.domain.name,
-                         details={"source": source})
+            audit.record(
+                db,
+                tenancy.actor_for(user, remote),
+                "user.login",
+                name,
+                target_domain=user.domain.name,
+                details={"source": source},
+            )
             return {"auth_model": _auth_model(user), "created": bool(created)}, None
 
         await self._answer_or_refuse(op, "this identity has no active labfleet account")
@@ -369,7 +428,9 @@ class HomeHandler(BaseHandler):
     def get(self):
         user = self.get_current_user()
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(self.render_string("home.html", user=user, prefix=self.lf.prefix, xsrf=self.xsrf_token.decode()))
+        self.finish(
+            self.render_string("home.html", user=user, prefix=self.lf.prefix, xsrf=self.xsrf_token.decode())
+        )
 
 
 def routes(prefix: str) -> list[tuple]:

@@ -9,12 +9,16 @@ def test_sign_and_check_roundtrip():
     parsed = signing.parse_auth_header(h["Authorization"])
     assert parsed[0] == ak
     date = h[signing.DATE_HEADER]
-    ok = signing.check_signature(sk, "POST", "/services/labfleet/api/domains", date, b'{"name":"x"}', parsed[1], now=now)
+    ok = signing.check_signature(
+        sk, "POST", "/services/labfleet/api/domains", date, b'{"name":"x"}', parsed[1], now=now
+    )
     assert ok is None
     # tampered body, other path, other method, wrong key, too old
     args = ("POST", "/services/labfleet/api/domains", date)
     assert signing.check_signature(sk, *args, b'{"name":"y"}', parsed[1], now=now)
-    assert signing.check_signature(sk, "POST", "/services/labfleet/api/users", date, b'{"name":"x"}', parsed[1], now=now)
+    assert signing.check_signature(
+        sk, "POST", "/services/labfleet/api/users", date, b'{"name":"x"}', parsed[1], now=now
+    )
     assert signing.check_signature(sk, "PATCH", *args[1:], b'{"name":"x"}', parsed[1], now=now)
     assert signing.check_signature("x" * 40, *args, b'{"name":"x"}', parsed[1], now=now)
     assert "minutes" in signing.check_signature(sk, *args, b'{"name":"x"}', parsed[1], now=now + 16 * 60)

@@ -22,14 +22,26 @@ def test_memory_units_and_cli_string():
 
 @pytest.mark.parametrize(
     "bad",
-    ["mem=12zz", "cpu=-1", "gpu.shares=0.001", "cpu", "cpu=1,cpu=2", "Bad Name=1", "gpu=1.5", "cpu=nan", "cpu=1e400"],
+    [
+        "mem=12zz",
+        "cpu=-1",
+        "gpu.shares=0.001",
+        "cpu",
+        "cpu=1,cpu=2",
+        "Bad Name=1",
+        "gpu=1.5",
+        "cpu=nan",
+        "cpu=1e400",
+    ],
 )
 def test_bad_slot_strings(bad):
     with pytest.raises(SlotError):
         ResourceSlots.parse(bad)
 
 
-@pytest.mark.parametrize("bad", [{"cpu": True}, {"cpu": None}, {"cpu": [1]}, {"cpu": 10**30}, {"cpu": float("inf")}, [1, 2]])
+@pytest.mark.parametrize(
+    "bad", [{"cpu": True}, {"cpu": None}, {"cpu": [1]}, {"cpu": 10**30}, {"cpu": float("inf")}, [1, 2]]
+)
 def test_bad_slot_json(bad):
     with pytest.raises(SlotError):
         ResourceSlots.parse(bad)
@@ -47,8 +59,15 @@ def test_over_limit_limited_and_unlimited():
     bad = over_limit(req, {"gpu.shares": "2.1"}, {"gpu.shares": "2.5"}, unlimited_unspecified=True)
     assert bad == [("gpu.shares", Decimal("2.6"), Decimal("2.5"))]
     # LIMITED: a slot the limit does not name is zero.
-    assert over_limit(req, {}, {"gpu.shares": 1}, unlimited_unspecified=False) == [("cpu", Decimal(1), Decimal(0))]
+    assert over_limit(req, {}, {"gpu.shares": 1}, unlimited_unspecified=False) == [
+        ("cpu", Decimal(1), Decimal(0))
+    ]
 
 
 def test_parse_slot_string_empty():
     assert parse_slot_string("") == {}
+
+
+def test_cli_format_of_round_numbers():
+    s = ResourceSlots({"cpu": 100, "gpu.shares": "1.50", "mem": 3 * 2**30})
+    assert s.to_cli() == "cpu=100,gpu.shares=1.5,mem=3g"
