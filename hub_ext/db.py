@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -72,7 +70,9 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         db.close()
 
 
-def alembic_config(engine: Engine) -> Config:
+def alembic_config(engine: Engine):
+    from alembic.config import Config  # imported late: the CLI's --help need not pay for it
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
@@ -81,6 +81,8 @@ def alembic_config(engine: Engine) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Create or upgrade the schema to ``revision``."""
+    from alembic import command
+
     cfg = alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     text,
 )
@@ -35,6 +36,18 @@ from .slots import ResourceSlots
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime on every backend (SQLite hands back naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
 
 
 class Base(DeclarativeBase):
@@ -71,8 +84,8 @@ class Domain(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     is_active: Mapped[bool] = mapped_column(Boolean, default=True)
     total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
     projects: Mapped[list[Project]] = relationship(back_populates="domain", cascade="all, delete-orphan")
     users: Mapped[list[User]] = relationship(back_populates="domain")
@@ -82,24 +95,22 @@ class Domain(Base):
         return ResourceSlots.parse(self.total_resource_slots)
 
 
-class ProjectResourcePolicy(Base):
-    __tablename__ = "project_resource_policies"
+class _FolderPolicy:
+    """Columns shared by user and project resource policies (virtual folders, storage)."""
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
     max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes, 0 = unlimited
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
-class UserResourcePolicy(Base):
+class ProjectResourcePolicy(_FolderPolicy, Base):
+    __tablename__ = "project_resource_policies"
+
+
+class UserResourcePolicy(_FolderPolicy, Base):
     __tablename__ = "user_resource_policies"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
-    max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)
-    max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class KeypairResourcePolicy(Base):
@@ -114,7 +125,7 @@ class KeypairResourcePolicy(Base):
     max_session_lifetime: Mapped[int] = mapped_column(Integer, default=0)  # seconds, 0 = off
     idle_timeout: Mapped[int] = mapped_column(Integer, default=-1)  # s; 0 never, <0 global default
     allowed_storage_hosts: Mapped[list[Any]] = mapped_column(JSON, default=list)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     @property
     def slots(self) -> ResourceSlots:
@@ -134,8 +145,8 @@ class Project(Base):
     resource_policy_id: Mapped[int | None] = mapped_column(
         ForeignKey("project_resource_policies.id", ondelete="RESTRICT"), nullable=True
     )
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
     domain: Mapped[Domain] = relationship(back_populates="projects")
     resource_policy: Mapped[ProjectResourcePolicy | None] = relationship()
@@ -168,9 +179,9 @@ class User(Base):
     resource_policy_id: Mapped[int | None] = mapped_column(
         ForeignKey("user_resource_policies.id", ondelete="RESTRICT"), nullable=True
     )
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
-    last_login: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    last_login: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     domain: Mapped[Domain] = relationship(back_populates="users")
     resource_policy: Mapped[UserResourcePolicy | None] = relationship()
@@ -198,7 +209,7 @@ class ProjectMember(Base):
     user_id: Mapped[int] = mapped_column(
         ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
     )
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class Keypair(Base):
@@ -225,8 +236,8 @@ class Keypair(Base):
     is_main: Mapped[bool] = mapped_column(Boolean, default=False)
     is_active: Mapped[bool] = mapped_column(Boolean, default=True)
     rate_limit: Mapped[int] = mapped_column(Integer, default=10000)  # requests per 15-minute window
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_used: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     user: Mapped[User] = relationship(back_populates="keypairs")
     resource_policy: Mapped[KeypairResourcePolicy] = relationship()
@@ -237,7 +248,7 @@ class AuditEntry(Base):
     __table_args__ = (Index("ix_audit_log_timestamp", "timestamp"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    timestamp: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     actor: Mapped[str] = mapped_column(String(255))  # a user name, or "cli", "system"
     # The actor's domain at the time, so a domain admin can read their domain's log.
     actor_domain: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -87,7 +87,7 @@ def parse_auth_header(value: str) -> tuple[str, str] | None:
 
 
 def is_signed_request(authorization: str | None) -> bool:
-    return bool(authorization) and authorization.strip().startswith(SCHEME)
+    return authorization is not None and authorization.strip().startswith(SCHEME)
 
 
 def parse_date(value: str) -> float | None:

@@ -200,6 +200,7 @@ def delete_project(db: Session, actor: Actor, domain: str, name: str) -> list[st
 def list_projects(db: Session, actor: Actor, domain: str | None = None) -> list[Project]:
     q = select(Project).join(Domain).order_by(Domain.name, Project.name)
     if domain is not None:
+        readable_domain(db, actor, domain)  # an unknown (or hidden) domain is 404, not an empty list
         q = q.where(Domain.name == domain)
     out = []
     for p in db.scalars(q):
@@ -403,6 +404,7 @@ def delete_user(db: Session, actor: Actor, username: str) -> None:
 def list_users(db: Session, actor: Actor, domain: str | None = None) -> list[User]:
     q = select(User).join(Domain).order_by(User.username)
     if domain is not None:
+        readable_domain(db, actor, domain)
         q = q.where(Domain.name == domain)
     return [u for u in db.scalars(q) if authz.can_read_user(actor, u.username, u.domain.name)]
 

@@ -170,6 +170,9 @@ def test_lists_do_not_leak(world):
     assert _names(hub, tokens["alice"], "/projects", "full_name") == {"acme/ml"}
     assert _names(hub, tokens["bob"], "/projects", "full_name") == set()
     assert "globex/x" not in _names(hub, tokens["carol"], "/projects", "full_name")
+    # Filtering by a domain one may not read is "not found", like the domain itself.
+    assert hub.api("GET", "/users?domain=globex", tokens["alice"]).status_code == 404
+    assert hub.api("GET", "/projects?domain=acme", tokens["dave"]).status_code == 404
     assert _names(hub, tokens["bob"], "/keypairs", "username") == {"bob"}
     assert "alice" not in _names(hub, tokens["dave"], "/keypairs", "username")
     assert _names(hub, tokens["bob"], "/keypairs?username=alice", "username") == set()
