@@ -76,7 +76,14 @@ policies: Any = _LazyModule("hub_ext.policies")
 secretbox: Any = _LazyModule("hub_ext.secretbox")
 tenancy: Any = _LazyModule("hub_ext.tenancy")
 
-LOGIN_URL = "http://127.0.0.1:8000/hub/login"
+
+def login_url() -> str:
+    """Where scripts/up starts the Hub ($LABFLEET_IP, $LABFLEET_PORT), for the login hint."""
+    ip = os.environ.get("LABFLEET_IP") or "127.0.0.1"
+    host = "127.0.0.1" if ip in ("0.0.0.0", "*") else ip
+    return f"http://{host}:{os.environ.get('LABFLEET_PORT') or 8000}/hub/login"
+
+
 DEFAULT_ADMIN_USER = "admin"
 DEFAULT_ADMIN_DOMAIN = "default"
 DEMO_PASSWORD = "demo-password-1"
@@ -615,7 +622,7 @@ class InitSteps(LabfleetCommand):
         self.transaction(create, engine)
         self.out(f"Created the superadmin {name!r} in domain {admin_domain!r}.")
         self.out("")
-        self.out(f"Log in at {LOGIN_URL}")
+        self.out(f"Log in at {login_url()}")
         self.out(f"  user:     {name}")
         if generated:
             self.out(f"  password: {password}")
@@ -1479,7 +1486,7 @@ class DemoApp(InitSteps):
         finally:
             engine.dispose()
         self.out("Demo tenants: domain demo, projects demo/ml-team and demo/research.")
-        self.out(f"Log in at {LOGIN_URL} as:")
+        self.out(f"Log in at {login_url()} as:")
         self.out(format_table(["user", "role", "projects", "password", "state"], rows))
 
     def seed(self, db: Session) -> list[list[Any]]:

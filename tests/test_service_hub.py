@@ -286,3 +286,29 @@ def test_bad_input_is_refused_and_changes_nothing(hub, root, tenants, method, pa
 def test_unknown_route_is_json_404(hub, root):
     r = hub.api("GET", "/nothing-here", root)
     assert r.status_code == 404 and r.json()["status"] == 404
+
+
+def test_a_session_starts_and_lab_answers_through_the_proxy(hub, tenants):
+    """The embedded config spawns a real local JupyterLab for a labfleet user."""
+    token = wait_token(hub, "alice")
+    r = requests.post(
+        f"{hub.url}/hub/api/users/alice/server", headers={"Authorization": f"token {token}"}, timeout=60
+    )
+    assert r.status_code in (201, 202), r.text
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        server = hub_user(hub, "alice")["servers"].get("", {})
+        if server.get("ready"):
+            break
+        time.sleep(0.5)
+    assert server.get("ready"), hub.log_text()[-3000:]
+    lab = requests.get(
+        f"{hub.url}/user/alice/api/status", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    assert lab.status_code == 200, lab.text
+    page = requests.get(f"{hub.url}/user/alice/lab", headers={"Authorization": f"token {token}"}, timeout=30)
+    assert page.status_code == 200 and "JupyterLab" in page.text
+    stop = requests.delete(
+        f"{hub.url}/hub/api/users/alice/server", headers={"Authorization": f"token {token}"}, timeout=60
+    )
+    assert stop.status_code in (202, 204)
