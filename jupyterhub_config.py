@@ -19,6 +19,9 @@ c = get_config()  # noqa: F821
 state_dir = Path(os.environ.get("LABFLEET_STATE_DIR", os.getcwd())).absolute()
 state_dir.mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("LABFLEET_DB_URL", f"sqlite:///{state_dir / 'labfleet.sqlite'}")
+# No GPU needed: the Hub host is a node with two mock 80 GB GPUs unless told otherwise.
+os.environ.setdefault("LABFLEET_DEVICE_PLUGINS", "mock")
+os.environ.setdefault("LABFLEET_MOCK_DEVICES", '[{"model": "A100-80GB", "memory": "80g", "count": 2}]')
 
 configure(c, state_dir)
 

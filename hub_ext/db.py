@@ -32,6 +32,8 @@ def normalize_url(url: str) -> str:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    # Let SQLAlchemy's "begin" event (below) open transactions, as BEGIN IMMEDIATE.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA foreign_keys=ON")
     # Several processes (Hub, service, CLI) open the file: wait for locks instead of failing.
@@ -40,12 +42,20 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _sqlite_begin_immediate(conn) -> None:
+    # Take the write lock at the start of every transaction, so that a read-check-write
+    # (an admission: read free capacity, then allocate) can never interleave with another
+    # writer's; PostgreSQL gets the same guarantee from SELECT ... FOR UPDATE.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def make_engine(url: str | None = None, **kwargs) -> Engine:
     url = normalize_url(url or default_db_url())
     if url.startswith("sqlite"):
         kwargs.setdefault("connect_args", {"check_same_thread": False})
         engine = create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin_immediate)
     else:
         kwargs.setdefault("pool_pre_ping", True)
         engine = create_engine(url, **kwargs)

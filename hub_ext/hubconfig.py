@@ -16,6 +16,8 @@ from .hubmap import SERVICE_NAME
 from .secretbox import KEY_FILE_ENV, ensure_key_file, key_file_path
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
+# Passed to the service, which describes this node with them (see hub_ext.service.app).
+NODE_ENV = ("LABFLEET_NODE_NAME", "LABFLEET_DEVICE_PLUGINS", "LABFLEET_MOCK_DEVICES")
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
 DEFAULT_SERVICE_PORT = 10101
 
@@ -70,6 +72,7 @@ def configure(c, state_dir: str | Path | None = None) -> None:
             "environment": {
                 "LABFLEET_DB_URL": db_url,
                 KEY_FILE_ENV: str(key_file),
+                **{k: v for k, v in os.environ.items() if k in NODE_ENV},
                 # So the service imports this checkout even when labfleet is not installed.
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
             },

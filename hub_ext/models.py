@@ -258,3 +258,150 @@ class AuditEntry(Base):
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     remote_addr: Mapped[str] = mapped_column(String(64), default="")
     success: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+# ---------------------------------------------------------------- scheduler: groups, nodes, sessions
+
+SESSION_STATUSES = (
+    "PENDING",
+    "SCHEDULED",
+    "PREPARING",
+    "RUNNING",
+    "TERMINATING",
+    "TERMINATED",
+    "ERROR",
+    "CANCELLED",
+)
+# Sessions in these states hold their allocation (and count against quotas).
+HOLDING_STATUSES = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
+FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
+
+
+class ResourceGroup(Base):
+    __tablename__ = "resource_groups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    # Public groups are open to everyone; others to the union of their grants.
+    is_public: Mapped[bool] = mapped_column(Boolean, default=False)
+    scheduler: Mapped[str] = mapped_column(String(_ENUM_LEN), default="fifo")  # fifo | lifo | drf
+    placement: Mapped[str] = mapped_column(
+        String(_ENUM_LEN), default="fgd"
+    )  # whole-gpu | spread | pack | fgd
+    allowed_session_types: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    pending_timeout: Mapped[int] = mapped_column(Integer, default=0)  # seconds; 0 = wait forever
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    nodes: Mapped[list[Node]] = relationship(back_populates="resource_group", order_by="Node.name")
+    grants: Mapped[list[ResourceGroupGrant]] = relationship(cascade="all, delete-orphan")
+
+
+class ResourceGroupGrant(Base):
+    __tablename__ = "resource_group_grants"
+    __table_args__ = (UniqueConstraint("resource_group_id", "kind", "target", name="uq_rg_grants"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    resource_group_id: Mapped[int] = mapped_column(
+        ForeignKey("resource_groups.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(_ENUM_LEN))  # domain | project | user
+    target: Mapped[str] = mapped_column(String(255))  # domain name, DOMAIN/PROJECT, or user name
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    resource_group_id: Mapped[int] = mapped_column(
+        ForeignKey("resource_groups.id", ondelete="RESTRICT"), index=True
+    )
+    cpu: Mapped[str] = mapped_column(String(32))  # cores, a decimal string
+    mem: Mapped[int] = mapped_column(BigInteger)  # bytes
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="ALIVE")  # ALIVE | LOST | DISABLED
+    plugin: Mapped[str] = mapped_column(String(64), default="")
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    resource_group: Mapped[ResourceGroup] = relationship(back_populates="nodes")
+    devices: Mapped[list[Device]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="Device.index"
+    )
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    uuid: Mapped[str] = mapped_column(String(128), unique=True)
+    index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(128))
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    kind: Mapped[str] = mapped_column(String(_ENUM_LEN), default="gpu")  # gpu | mig
+    parent_uuid: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+    node: Mapped[Node] = relationship(back_populates="devices")
+
+
+class ComputeSession(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_status_group", "status", "resource_group_id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # a UUID
+    name: Mapped[str] = mapped_column(String(255), default="")  # the Hub server name
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    keypair_id: Mapped[int] = mapped_column(ForeignKey("keypairs.id", ondelete="CASCADE"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"), index=True)
+    resource_group_id: Mapped[int] = mapped_column(ForeignKey("resource_groups.id", ondelete="RESTRICT"))
+    type: Mapped[str] = mapped_column(String(_ENUM_LEN), default="interactive")
+    image: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    requested_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    gpu_models: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="PENDING")
+    status_reason: Mapped[str] = mapped_column(Text, default="")
+    status_history: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"), nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    status_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    user: Mapped[User] = relationship()
+    keypair: Mapped[Keypair] = relationship()
+    project: Mapped[Project] = relationship()
+    domain: Mapped[Domain] = relationship()
+    resource_group: Mapped[ResourceGroup] = relationship()
+    node: Mapped[Node | None] = relationship()
+    allocations: Mapped[list[Allocation]] = relationship(
+        back_populates="session", cascade="all, delete-orphan"
+    )
+
+    @property
+    def slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.requested_slots)
+
+
+class Allocation(Base):
+    """What a session holds on a node: CPU and memory, and a share of each device it uses.
+
+    Amounts are integers in the slots' quanta (milli-cores, bytes, hundredths of a device),
+    so sums in SQL are exact on every backend.
+    """
+
+    __tablename__ = "allocations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    device_id: Mapped[int | None] = mapped_column(
+        ForeignKey("devices.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    mem: Mapped[int] = mapped_column(BigInteger, default=0)
+    shares_centi: Mapped[int] = mapped_column(Integer, default=0)
+
+    session: Mapped[ComputeSession] = relationship(back_populates="allocations")
+    node: Mapped[Node] = relationship()
+    device: Mapped[Device | None] = relationship()

@@ -222,6 +222,16 @@ def parse_slot_string(text: str) -> dict[str, str]:
     return out
 
 
+def charged(slots: ResourceSlots) -> ResourceSlots:
+    """What a request is charged against quotas: whole devices count as shares too.
+
+    A ``gpu.shares`` cap then limits all GPU use (a device is one share), so it cannot be
+    sidestepped by asking whole devices; a ``gpu`` cap still counts whole devices only.
+    """
+    gpu = slots.get_amount("gpu")
+    return slots + ResourceSlots({"gpu.shares": gpu}) if gpu else slots
+
+
 def over_limit(
     request: Mapping[str, Any],
     used: Mapping[str, Any],

@@ -57,7 +57,14 @@ def world(tmp_path_factory):
                 break
             time.sleep(0.2)
         tokens[name] = hub.user_token(name)
-    yield hub, tokens, alice_keys, main_alice
+    # alice's sessions (0.01 cores each), one per actor to read and to stop.
+    alice_sessions = {}
+    for a in ACTORS:
+        r = hub.api("POST", "/sessions", tokens["alice"], json={"project": "acme/ml", "slots": {"cpu": 0.01}})
+        assert r.status_code == 201, r.text
+        alice_sessions[a] = r.json()["id"]
+    keys = {a: {"alice_key": alice_keys[a], "alice_session": alice_sessions[a]} for a in ACTORS}
+    yield hub, tokens, keys, main_alice
     hub.stop()
 
 
@@ -107,6 +114,22 @@ MATRIX = [
     ("DELETE", "/keypairs/{alice_key}", None, _row(401, 200, 404, 200, 404, 403, 200)),
     ("DELETE", "/keypairs/{main_alice}", None, _row(401, 409, 404, 409, 404, 403, 409)),
     ("GET", "/audit", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("GET", "/resource-groups", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("POST", "/resource-groups", {"name": "rg-{a}"}, _row(401, 403, 403, 403, 403, 403, 201)),
+    ("GET", "/resource-groups/default", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("PATCH", "/resource-groups/default", {"description": "d"}, _row(401, 403, 403, 403, 403, 403, 200)),
+    ("GET", "/nodes", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("GET", "/sessions", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    (
+        "POST",
+        "/sessions",
+        {"project": "acme/ml", "slots": {"cpu": 0.01}},
+        _row(401, 201, 403, 403, 403, 403, 403),
+    ),
+    ("GET", "/sessions/{alice_session}", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    ("PATCH", "/sessions/{alice_session}", {"status": "RUNNING"}, _row(401, 403, 404, 403, 404, 403, 403)),
+    ("DELETE", "/sessions/{alice_session}", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    ("GET", "/scheduler/queue", None, _row(401, 200, 200, 200, 200, 200, 200)),
     (
         "POST",
         "/auth/password",
@@ -120,10 +143,10 @@ MATRIX = [
 
 @pytest.mark.parametrize("method,path,body,expected", MATRIX, ids=[f"{m} {p}" for m, p, _, _ in MATRIX])
 def test_route_statuses(world, method, path, body, expected):
-    hub, tokens, alice_keys, main_alice = world
+    hub, tokens, keys, main_alice = world
     got = {}
     for actor in ACTORS:
-        p = path.format(a=actor, main_alice=main_alice, alice_key=alice_keys[actor])
+        p = path.format(a=actor, main_alice=main_alice, **keys[actor])
         b = (
             None
             if body is None
@@ -181,6 +204,10 @@ def test_lists_do_not_leak(world):
     assert dave_log and all("acme" not in (e["target_domain"] or "") for e in dave_log)
     alice_log = hub.api("GET", "/audit?limit=1000", tokens["alice"]).json()
     assert all(e["actor"] == "alice" for e in alice_log)
+    # Sessions: a user lists their own; another domain's admin sees none of acme's.
+    assert _names(hub, tokens["bob"], "/sessions", "user") <= {"bob"}
+    assert "alice" not in _names(hub, tokens["dave"], "/sessions", "user")
+    assert "alice" in _names(hub, tokens["carol"], "/sessions", "user")
 
 
 def test_hub_token_reaches_hub_endpoints(world):

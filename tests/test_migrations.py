@@ -25,6 +25,12 @@ TABLES = {
     "project_resource_policies",
     "audit_log",
     "alembic_version",
+    "resource_groups",
+    "resource_group_grants",
+    "nodes",
+    "devices",
+    "sessions",
+    "allocations",
 }
 
 

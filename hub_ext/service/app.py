@@ -8,19 +8,24 @@ environment (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_SERVICE_URL``, ...).
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import secrets
 import signal
+import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from sqlalchemy import select
 from tornado import web
-from traitlets import Bool, Integer, Unicode, default
+from traitlets import Bool, Dict, Integer, List, Unicode, default
 from traitlets.config import Application
 
 from .. import db as lfdb
+from .. import nodes, sessions
+from ..devices import describe_node, get_plugin
 from ..models import User
 from ..policies import ensure_default_keypair_policy
 from ..secretbox import SecretBox
@@ -68,11 +73,48 @@ class LabfleetService(Application):
     def _service_token(self):
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
+    node_name = Unicode(
+        help="This node's name in the fleet (default: $LABFLEET_NODE_NAME, else the host name)."
+    ).tag(config=True)
+
+    @default("node_name")
+    def _node_name(self):
+        return os.environ.get("LABFLEET_NODE_NAME") or socket.gethostname()
+
+    device_plugins = List(
+        Unicode(),
+        help="Device plugins that describe this node's accelerators (default: $LABFLEET_DEVICE_PLUGINS, "
+        "comma-separated, else 'nvidia'); 'mock' declares fake devices for machines without a GPU.",
+    ).tag(config=True)
+
+    @default("device_plugins")
+    def _device_plugins(self):
+        return [
+            p.strip() for p in os.environ.get("LABFLEET_DEVICE_PLUGINS", "nvidia").split(",") if p.strip()
+        ]
+
+    mock_devices = List(
+        Dict(),
+        help='Devices of the mock plugin, e.g. [{"model": "A100-80GB", "memory": "80g", "count": 2}] '
+        "(default: $LABFLEET_MOCK_DEVICES as JSON).",
+    ).tag(config=True)
+
+    @default("mock_devices")
+    def _mock_devices(self):
+        return json.loads(os.environ.get("LABFLEET_MOCK_DEVICES") or "[]")
+
+    register_local_node = Bool(
+        True, help="Register this machine as a node of the 'default' resource group."
+    ).tag(config=True)
     upgrade_db = Bool(True, help="Create or upgrade the DB schema at start.").tag(config=True)
     sync_groups_on_start = Bool(True, help="Push every user's labfleet groups to the Hub at start.").tag(
         config=True
     )
     token_cache_age = Integer(60, help="Seconds a Hub token's identity is cached.").tag(config=True)
+
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO
 
     aliases = {"db-url": "LabfleetService.db_url", "log-level": "Application.log_level"}
 
@@ -84,10 +126,45 @@ class LabfleetService(Application):
         self.session_factory = lfdb.make_session_factory(self.engine)
         with lfdb.session_scope(self.session_factory) as db:
             ensure_default_keypair_policy(db)
+            nodes.ensure_default_group(db)
+        if self.register_local_node:
+            self.register_node()
         self.secretbox = SecretBox()
         self.limiter = RateLimiter()
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
         self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
+
+    def register_node(self) -> None:
+        plugins = [
+            get_plugin(name, devices=self.mock_devices, node=self.node_name)
+            if name == "mock"
+            else get_plugin(name)
+            for name in self.device_plugins
+        ]
+        info = describe_node(self.node_name, plugins)
+        with lfdb.session_scope(self.session_factory) as db:
+            nodes.register_node(db, info)
+        self.log.info(
+            "Node %s: %s cores, %s bytes of memory, %d device(s)%s",
+            info.name,
+            info.cpu,
+            info.mem,
+            len(info.devices),
+            f" ({info.reason})" if info.reason else "",
+        )
+
+    async def reconcile_with_hub(self) -> None:
+        """Release allocations of sessions whose Hub server is not running (after a restart)."""
+        running = await self.hub_sync.running_servers()
+        if running is None:
+            self.log.warning("Could not read running servers from the Hub: allocations not reconciled")
+            return
+        with lfdb.session_scope(self.session_factory) as db:
+            released = sessions.reconcile(db, running)
+        if released:
+            self.log.info(
+                "Reconciled with the Hub: released %d session(s) with no running server", len(released)
+            )
 
     def make_app(self) -> web.Application:
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
@@ -125,6 +202,7 @@ class LabfleetService(Application):
             with lfdb.session_scope(self.session_factory) as db:
                 names = list(db.scalars(select(User.username)))
             asyncio.ensure_future(self.hub_sync.sync_all(names))
+            asyncio.ensure_future(self.reconcile_with_hub())
         # The Hub stops its managed services with SIGTERM: finish cleanly, no traceback.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

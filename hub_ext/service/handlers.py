@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tornado import web
 
-from .. import audit, hubmap, keypairs, policies, tenancy
+from .. import audit, hubmap, keypairs, nodes, policies, sessions, tenancy
 from ..authz import Actor
 from ..errors import Forbidden, InvalidInput, NotFound
 from ..passwords import verify_password
@@ -280,6 +280,83 @@ class KeypairHandler(APIHandler):
         await self.run(lambda db, a: (keypairs.keypair_view(keypairs.revoke(db, a, access_key)), None))
 
 
+# ---------------------------------------------------------------- resource groups, nodes, sessions
+
+
+class ResourceGroupListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([nodes.group_view(g) for g in nodes.list_groups(db, a)], None))
+
+    async def post(self):
+        body = self.body
+        await self.run(lambda db, a: (nodes.group_view(nodes.create_group(db, a, body)), None), status=201)
+
+
+class ResourceGroupHandler(APIHandler):
+    async def get(self, name):
+        await self.run(lambda db, a: (nodes.group_view(nodes.get_group(db, a, name)), None))
+
+    async def patch(self, name):
+        body = self.body
+        await self.run(lambda db, a: (nodes.group_view(nodes.update_group(db, a, name, body)), None))
+
+
+class NodeListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([nodes.node_view(db, n) for n in nodes.list_nodes(db, a)], None))
+
+
+def _session_answer(db, s) -> dict:
+    view = sessions.session_view(s)
+    view["queue_position"] = sessions.position_of(db, s)
+    return view
+
+
+class SessionListHandler(APIHandler):
+    async def get(self):
+        filters = {k: self.query_arg(k) for k in ("user", "project", "domain", "status")}
+        await self.run(
+            lambda db, a: ([sessions.session_view(s) for s in sessions.list_sessions(db, a, filters)], None)
+        )
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            if actor.role == "monitor":
+                raise Forbidden("a monitor changes nothing")
+            return _session_answer(db, sessions.admit(db, actor, body)), None
+
+        await self.run(op, status=201)
+
+
+class SessionHandler(APIHandler):
+    async def get(self, session_id):
+        await self.run(lambda db, a: (_session_answer(db, sessions.readable(db, a, session_id)), None))
+
+    async def patch(self, session_id):
+        body = self.body
+        await self.run(
+            lambda db, a: (_session_answer(db, sessions.update_status(db, a, session_id, body)), None)
+        )
+
+    async def delete(self, session_id):
+        await self.run(lambda db, a: (sessions.session_view(sessions.terminate(db, a, session_id)), None))
+
+
+class QueueHandler(APIHandler):
+    async def get(self):
+        group_name = self.query_arg("resource_group") or nodes.DEFAULT_GROUP
+
+        def op(db, actor):
+            group = nodes.get_group(db, actor, group_name)
+            readable = {s.id for s in sessions.list_sessions(db, actor, {"status": "PENDING"})}
+            # Positions count everyone's sessions; only the caller's own (or their domain's) are shown.
+            return [row for row in sessions.queue_view(db, group) if row["id"] in readable], None
+
+        await self.run(op)
+
+
 # ---------------------------------------------------------------- the Hub's own calls (authenticator)
 
 
@@ -454,6 +531,12 @@ def routes(prefix: str) -> list[tuple]:
         (api + rf"/policies/(keypair|user|project)/{name}", PolicyHandler),
         (api + r"/keypairs", KeypairListHandler),
         (api + rf"/keypairs/{name}", KeypairHandler),
+        (api + r"/resource-groups", ResourceGroupListHandler),
+        (api + rf"/resource-groups/{name}", ResourceGroupHandler),
+        (api + r"/nodes", NodeListHandler),
+        (api + r"/sessions", SessionListHandler),
+        (api + rf"/sessions/{name}", SessionHandler),
+        (api + r"/scheduler/queue", QueueHandler),
         (api + r"/auth/password", PasswordLoginHandler),
         (api + r"/auth/identity", IdentityHandler),
         (api + rf"/auth/users/{name}", AuthUserHandler),

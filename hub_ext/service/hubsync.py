@@ -95,6 +95,13 @@ class HubSync:
             await self._call("DELETE", f"/groups/{quote(group, safe='')}/users", {"users": [name]})
         self.log.info("Hub groups of %s: %s", name, sorted(desired))
 
+    async def running_servers(self) -> set[tuple[str, str]] | None:
+        """(user, server name) of every server the Hub runs or is starting; None if unreadable."""
+        code, users = await self._call("GET", "/users?state=active&limit=10000")
+        if code != 200 or not isinstance(users, list):
+            return None
+        return {(u["name"], name) for u in users for name in (u.get("servers") or {})}
+
     async def sync_all(self, names: list[str]) -> None:
         for name in names:
             await self.sync_user(name)
