@@ -1,26 +1,37 @@
 """What a user may use and what is left: keypair, project and domain limits.
 
-``used`` comes from the allocations of live sessions.  Sessions and allocations
-arrive with the scheduler; until then nothing is allocated and ``used`` is zero.
+``used`` is what admission counts: the slots charged to every admitted session that
+has not ended (queued ones included), whole devices counted as shares too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .models import User
+from .models import HOLDING_STATUSES, ComputeSession, User
 from .policies import policy_view
-from .slots import ResourceSlots
+from .slots import ResourceSlots, charged
 
 
 def allocated(db: Session, **scope: Any) -> ResourceSlots:
-    """Slots held by live sessions in a scope (keypair=, user=, project=, domain=).
-
-    No table of sessions exists yet (the scheduler adds it), so nothing is held.
-    """
-    return ResourceSlots()
+    """Slots charged to live sessions in one scope: keypair=, user=, project= or domain= (an id)."""
+    column = {
+        "keypair": ComputeSession.keypair_id,
+        "user": ComputeSession.user_id,
+        "project": ComputeSession.project_id,
+        "domain": ComputeSession.domain_id,
+    }
+    ((kind, ident),) = scope.items()
+    q = select(ComputeSession.requested_slots).where(
+        column[kind] == ident, ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING"))
+    )
+    total = ResourceSlots()
+    for slots in db.scalars(q):
+        total = total + charged(ResourceSlots.parse(slots))
+    return total
 
 
 def _left(limit: ResourceSlots, used: ResourceSlots, unlimited_unspecified: bool) -> dict[str, Any]:

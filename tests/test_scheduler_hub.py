@@ -70,8 +70,9 @@ def test_fractional_placement_queue_quota_and_release(env):
     after = hub.api("GET", f"/sessions/{waiting.json()['id']}", alice).json()
     assert after["status"] == "SCHEDULED"
     assert sorted(d["allocated"] for d in _gpu_devices(hub, alice)) == [1.0, 1.0]
-    me = hub.api("GET", "/me", alice).json()
-    assert me["username"] == "alice"
+    # /me shows what admission counts: two whole devices = 2 of the project's 2.5 shares.
+    quota = hub.api("GET", "/me", alice).json()["quota"]["projects"]["acme/ml"]
+    assert quota["used"]["gpu.shares"] == 2 and quota["left"]["gpu.shares"] == 0.5
 
 
 def test_bad_session_requests(env):
