@@ -112,6 +112,19 @@ def _apply_group_fields(group: ResourceGroup, body: dict[str, Any]) -> None:
         ]
 
 
+def _new_group(name: str, description: str = "", *, is_public: bool = False) -> ResourceGroup:
+    """A group with the defaults: fifo queue, fgd placement, every session type, no timeout."""
+    return ResourceGroup(
+        name=name,
+        description=description,
+        is_public=is_public,
+        scheduler="fifo",
+        placement="fgd",
+        allowed_session_types=list(SESSION_TYPES),
+        pending_timeout=0,
+    )
+
+
 def create_group(db: Session, actor: Actor, body: Any) -> ResourceGroup:
     body = check_fields(body, required=["name"], optional=GROUP_FIELDS)
     name = check_name(body["name"], "resource group name")
@@ -119,15 +132,7 @@ def create_group(db: Session, actor: Actor, body: Any) -> ResourceGroup:
         raise Forbidden("only a superadmin can create resource groups")
     if db.scalar(select(ResourceGroup).where(ResourceGroup.name == name)):
         raise Conflict(f"resource group {name!r} already exists")
-    group = ResourceGroup(
-        name=name,
-        description="",
-        is_public=False,
-        scheduler="fifo",
-        placement="fgd",
-        allowed_session_types=list(SESSION_TYPES),
-        pending_timeout=0,
-    )
+    group = _new_group(name)
     _apply_group_fields(group, body)
     db.add(group)
     db.flush()
@@ -160,14 +165,8 @@ def list_groups(db: Session, actor: Actor) -> list[ResourceGroup]:
 def ensure_default_group(db: Session) -> ResourceGroup:
     group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == DEFAULT_GROUP))
     if group is None:
-        group = ResourceGroup(
-            name=DEFAULT_GROUP,
-            description="The Hub host and the nodes nobody assigned elsewhere",
-            is_public=True,
-            scheduler="fifo",
-            placement="fgd",
-            allowed_session_types=list(SESSION_TYPES),
-            pending_timeout=0,
+        group = _new_group(
+            DEFAULT_GROUP, "The Hub host and the nodes nobody assigned elsewhere", is_public=True
         )
         db.add(group)
         db.flush()

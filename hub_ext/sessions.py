@@ -399,25 +399,7 @@ def schedule_group(db: Session, group: ResourceGroup) -> list[str]:
         else:
             live.append(s)
     by_id = {s.id: s for s in live}
-    items = [
-        queueing.PendingItem(
-            session_id=s.id, user=s.user.username, created_at=s.created_at.timestamp(), slots=s.slots
-        )
-        for s in live
-    ]
-    capacity = ResourceSlots()
-    usage: dict[str, ResourceSlots] = defaultdict(ResourceSlots)
-    for n in group.nodes:
-        capacity = capacity + ResourceSlots(
-            {"cpu": Decimal(n.cpu), "mem": n.mem, "gpu.shares": len(n.devices)}
-        )
-    for s in db.scalars(
-        select(ComputeSession).where(
-            ComputeSession.resource_group_id == group.id, ComputeSession.status.in_(HOLDING_STATUSES)
-        )
-    ):
-        usage[s.user.username] = usage[s.user.username] + _drf_slots(s.slots)
-    ordered = queueing.order_queue(items, group.scheduler, dict(usage), capacity)
+    ordered = _ordered_queue(db, group, live)
     scheduled = []
     for item in ordered:
         s = by_id[item.session_id]
@@ -426,6 +408,32 @@ def schedule_group(db: Session, group: ResourceGroup) -> list[str]:
         if _try_place(db, s):
             scheduled.append(s.id)
     return scheduled
+
+
+def _ordered_queue(
+    db: Session, group: ResourceGroup, pending: list[ComputeSession]
+) -> list[queueing.PendingItem]:
+    """The group's queue in its scheduler's order (DRF looks at what each user holds now)."""
+    items = [
+        queueing.PendingItem(
+            session_id=s.id, user=s.user.username, created_at=s.created_at.timestamp(), slots=s.slots
+        )
+        for s in pending
+    ]
+    usage: dict[str, ResourceSlots] = defaultdict(ResourceSlots)
+    held = select(ComputeSession).where(
+        ComputeSession.resource_group_id == group.id, ComputeSession.status.in_(HOLDING_STATUSES)
+    )
+    for s in db.scalars(held):
+        usage[s.user.username] = usage[s.user.username] + _drf_slots(s.slots)
+    return queueing.order_queue(items, group.scheduler, dict(usage), _group_capacity(group))
+
+
+def _group_capacity(group: ResourceGroup) -> ResourceSlots:
+    total = ResourceSlots()
+    for n in group.nodes:
+        total = total + ResourceSlots({"cpu": Decimal(n.cpu), "mem": n.mem, "gpu.shares": len(n.devices)})
+    return total
 
 
 def _drf_slots(slots: ResourceSlots) -> ResourceSlots:
@@ -442,19 +450,7 @@ def queue_view(db: Session, group: ResourceGroup) -> list[dict[str, Any]]:
             )
         )
     )
-    items = [
-        queueing.PendingItem(
-            session_id=s.id, user=s.user.username, created_at=s.created_at.timestamp(), slots=s.slots
-        )
-        for s in pending
-    ]
-    usage: dict[str, ResourceSlots] = defaultdict(ResourceSlots)
-    capacity = ResourceSlots()
-    for n in group.nodes:
-        capacity = capacity + ResourceSlots(
-            {"cpu": Decimal(n.cpu), "mem": n.mem, "gpu.shares": len(n.devices)}
-        )
-    ordered = queueing.order_queue(items, group.scheduler, dict(usage), capacity)
+    ordered = _ordered_queue(db, group, pending)
     positions = queueing.queue_positions(ordered)
     by_id = {s.id: s for s in pending}
     return [dict(session_view(by_id[i.session_id]), position=positions[i.session_id]) for i in ordered]
