@@ -23,15 +23,10 @@ os.environ.setdefault("LABFLEET_DB_URL", f"sqlite:///{state_dir / 'labfleet.sqli
 os.environ.setdefault("LABFLEET_DEVICE_PLUGINS", "mock")
 os.environ.setdefault("LABFLEET_MOCK_DEVICES", '[{"model": "A100-80GB", "memory": "80g", "count": 2}]')
 
-configure(c, state_dir)
+configure(c, state_dir)  # the service, the authenticator and the spawner
 
 c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
 
-# Sessions: local processes, one home per user under the state directory.  The GPU-aware
-# labfleet spawner replaces this when its local backend lands.
-c.JupyterHub.spawner_class = "simple"
-c.Spawner.default_url = "/lab"
-c.SimpleLocalProcessSpawner.home_dir_template = str(state_dir / "homes" / "{username}")
-if os.geteuid() == 0:
-    c.Spawner.args = ["--allow-root"]
+# Sessions: the labfleet spawner's local backend (homes under the state directory, sandboxed with
+# bubblewrap when it is installed); LABFLEET_BACKEND=docker runs them in Docker containers.

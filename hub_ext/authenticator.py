@@ -17,9 +17,6 @@ Two ways of logging in:
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import quote
@@ -27,10 +24,11 @@ from urllib.parse import quote
 from jupyterhub import roles as hub_roles
 from jupyterhub.auth import Authenticator
 from jupyterhub.utils import maybe_future
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Bool, Dict, Float, List, Unicode, default, import_item, validate
 
-DEFAULT_SERVICE_URL = "http://127.0.0.1:10101/services/labfleet/api"
+from .client import Reply as _Reply
+from .client import default_service_token, default_service_url, service_call
+
 LABFLEET_ROLES = ("superadmin", "admin", "user", "monitor")
 
 _MISSING = object()
@@ -50,15 +48,6 @@ class LabfleetAuthModel(dict):
     def __init__(self, *args: Any, service_name: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.service_name = service_name
-
-
-@dataclass
-class _Reply:
-    """What the labfleet service answered: ``code`` 0 when it could not be reached."""
-
-    code: int
-    data: Any = None
-    message: str = ""
 
 
 def _remote_addr(handler: Any) -> str:
@@ -111,7 +100,7 @@ class LabfleetBaseAuthenticator(Authenticator):
 
     @default("service_url")
     def _service_url_default(self) -> str:
-        return os.environ.get("LABFLEET_SERVICE_API_URL") or DEFAULT_SERVICE_URL
+        return default_service_url()
 
     service_token = Unicode(
         help="""The labfleet service's API token, shared by the Hub and the service.
@@ -123,7 +112,7 @@ class LabfleetBaseAuthenticator(Authenticator):
 
     @default("service_token")
     def _service_token_default(self) -> str:
-        return os.environ.get("LABFLEET_SERVICE_TOKEN", "")
+        return default_service_token()
 
     request_timeout = Float(
         10.0,
@@ -157,54 +146,15 @@ class LabfleetBaseAuthenticator(Authenticator):
 
     async def _service_call(self, method: str, path: str, body: dict | None = None) -> _Reply:
         """One request to the labfleet service. Never raises; never logs the token or the body."""
-        url = self.service_url.rstrip("/") + path
-        if not self.service_token:
-            self.log.error(
-                "labfleet: no service token configured (set $LABFLEET_SERVICE_TOKEN or"
-                " c.LabfleetBaseAuthenticator.service_token); refusing %s %s",
-                method,
-                url,
-            )
-            return _Reply(0, message="no service token")
-        request = HTTPRequest(
-            url,
-            method=method,
-            headers={
-                "Authorization": f"token {self.service_token}",
-                "Accept": "application/json",
-                "Content-Type": "application/json",
-            },
-            body=None if body is None else json.dumps(body),
-            connect_timeout=self.request_timeout,
-            request_timeout=self.request_timeout,
-            follow_redirects=False,
+        return await service_call(
+            self.service_url,
+            self.service_token,
+            method,
+            path,
+            body,
+            timeout=self.request_timeout,
+            log=self.log,
         )
-        try:
-            response = await AsyncHTTPClient().fetch(request, raise_error=False)
-        except (HTTPClientError, OSError, ValueError) as e:
-            self.log.error("labfleet service unreachable: %s %s failed: %s", method, url, e)
-            return _Reply(0, message=str(e))
-        data = None
-        if response.body:
-            try:
-                data = json.loads(response.body)
-            except ValueError:
-                data = None
-        message = ""
-        if isinstance(data, dict):
-            message = str(data.get("message") or "")
-        if response.code == 401:
-            self.log.error(
-                "labfleet service rejected the Hub's token on %s %s (401): the service token the Hub"
-                " uses is not the service's own API token",
-                method,
-                url,
-            )
-        elif response.code >= 500 or response.code not in (200, 400, 403, 404):
-            self.log.error(
-                "labfleet service answered %s to %s %s: %s", response.code, method, url, message or "-"
-            )
-        return _Reply(response.code, data, message)
 
     def _hub_default_role(self, name: str) -> dict:
         """The Hub's own ``user`` or ``admin`` role spec, as the Hub loaded it at start-up.

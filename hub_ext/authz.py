@@ -23,6 +23,9 @@ class Actor:
     # "user" (a person), "cli" (the labfleet command, trusted like a superadmin),
     # "hub" (the Hub process, through the service's own token: authenticator and spawners).
     kind: str = "user"
+    # The access key of the keypair that signed the request; None for tokens and logins
+    # (those count against the user's main keypair).
+    keypair: str | None = None
 
     @classmethod
     def cli(cls) -> Actor:

@@ -71,6 +71,7 @@ class _LazyModule:
 
 
 dbmod: Any = _LazyModule("hub_ext.db")
+images: Any = _LazyModule("hub_ext.images")
 keypairs: Any = _LazyModule("hub_ext.keypairs")
 policies: Any = _LazyModule("hub_ext.policies")
 secretbox: Any = _LazyModule("hub_ext.secretbox")
@@ -1430,6 +1431,116 @@ class KeypairApp(GroupCommand):
     }
 
 
+# ---------------------------------------------------------------- images
+
+
+def _image_row(v: dict[str, Any]) -> list[Any]:
+    ports = ",".join(f"{p['name']}:{p['protocol']}:{p['port']}" for p in v["service_ports"])
+    return [
+        v["name"],
+        v["display_name"],
+        _slots_text(v["min_resource_slots"]),
+        ",".join(v["accelerators"]) or "-",
+        ports or "-",
+        ",".join(v["projects"] + v["domains"]) or "everyone",
+    ]
+
+
+class ImageRegister(LabfleetCommand):
+    name = "labfleet image register"
+    description = "Register an image (environment) that sessions may start."
+    examples = (
+        "labfleet image register repo/pytorch:2.5 --display-name 'PyTorch 2.5' --min cpu=1,mem=2g "
+        "--accelerators cuda --ports tensorboard:http:6006 --projects acme/ml\n"
+        "labfleet image register labfleet/singleuser:test --from-docker"
+    )
+    arguments = ("IMAGE",)
+    display_name = Text(None, allow_none=True, help="The name people see on the spawn form.").tag(config=True)
+    min_slots = Text(None, allow_none=True, help="Minimum resources of a session, e.g. cpu=1,mem=2g.").tag(
+        config=True
+    )
+    accelerators = Text(None, allow_none=True, help="Accelerators it can use, comma-separated (cuda).").tag(
+        config=True
+    )
+    ports = Text(None, allow_none=True, help="Service ports, name:protocol:port comma-separated.").tag(
+        config=True
+    )
+    projects = Text(
+        None, allow_none=True, help="Only these projects (DOMAIN/PROJECT, comma-separated) may use it."
+    ).tag(config=True)
+    domains = Text(None, allow_none=True, help="Only these domains (comma-separated) may use it.").tag(
+        config=True
+    )
+    from_docker = Bool(False, help="Read the image's ai.labfleet.* labels from the local Docker engine.").tag(
+        config=True
+    )
+    aliases = {
+        **LabfleetCommand.aliases,
+        "display-name": "ImageRegister.display_name",
+        "min": "ImageRegister.min_slots",
+        "accelerators": "ImageRegister.accelerators",
+        "ports": "ImageRegister.ports",
+        "projects": "ImageRegister.projects",
+        "domains": "ImageRegister.domains",
+    }
+    flags = {
+        **LabfleetCommand.flags,
+        "from-docker": ({"ImageRegister": {"from_docker": True}}, "Read the labels from Docker."),
+    }
+
+    def run(self) -> None:
+        body: dict[str, Any] = {"name": self.extra_args[0]}
+        if self.display_name is not None:
+            body["display_name"] = self.display_name
+        if self.min_slots is not None:
+            body["min_resource_slots"] = _check_slots_option(self.min_slots, "--min")
+        for option, key in (
+            ("accelerators", "accelerators"),
+            ("projects", "projects"),
+            ("domains", "domains"),
+        ):
+            value = getattr(self, option)
+            if value is not None:
+                body[key] = _split_list([value])
+        if self.ports is not None:
+            body["service_ports"] = _split_list([self.ports])
+        labels = images.docker_labels(body["name"]) if self.from_docker else None
+        view = self.transaction(lambda db: images.image_view(images.register(db, self.actor, body, labels)))
+        self.out(f"Registered image {view['name']} ({view['display_name']}).")
+
+
+class ImageList(ListCommand):
+    name = "labfleet image list"
+    description = "List the registered images."
+
+    def run(self) -> None:
+        views = self.transaction(
+            lambda db: [images.image_view(i) for i in images.list_images(db, self.actor)]
+        )
+        self.emit(views, ["image", "display name", "min", "accelerators", "ports", "for"], _image_row)
+
+
+class ImageRemove(LabfleetCommand):
+    name = "labfleet image remove"
+    description = "Remove an image from the registry; running sessions keep running."
+    arguments = ("IMAGE",)
+
+    def run(self) -> None:
+        name = self.extra_args[0]
+        self.transaction(lambda db: images.remove(db, self.actor, name))
+        self.out(f"Removed image {name}.")
+
+
+class ImageApp(GroupCommand):
+    name = "labfleet image"
+    description = "Manage images (environments)."
+    subcommands = {
+        "register": (ImageRegister, ImageRegister.description),
+        "list": (ImageList, ImageList.description),
+        "remove": (ImageRemove, ImageRemove.description),
+    }
+
+
 # ---------------------------------------------------------------- demo
 
 DEMO_DOMAIN = ("demo", "cpu=32,mem=128g,gpu=2,gpu.shares=2")
@@ -1545,6 +1656,7 @@ class LabfleetApp(LabfleetCommand):
         "user": (UserApp, UserApp.description),
         "policy": (PolicyApp, PolicyApp.description),
         "keypair": (KeypairApp, KeypairApp.description),
+        "image": (ImageApp, ImageApp.description),
         "demo": (DemoApp, "Seed demo tenants and users and print their logins."),
     }
 

@@ -6,6 +6,7 @@ own config and then override what they need (authenticator, spawner, DB URL).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import sys
@@ -19,6 +20,12 @@ SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
 # Passed to the service, which describes this node with them (see hub_ext.service.app).
 NODE_ENV = ("LABFLEET_NODE_NAME", "LABFLEET_DEVICE_PLUGINS", "LABFLEET_MOCK_DEVICES")
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
+BACKEND_ENV = "LABFLEET_BACKEND"
+SESSION_LOG_DIR_ENV = "LABFLEET_SESSION_LOG_DIR"
+# The local backend runs the Hub host's own Python environment: one image stands for it.
+LOCAL_IMAGE = {"name": "local/host", "display_name": "JupyterLab on the Hub host (local sessions)"}
+DOCKER_IMAGE_ENV = "LABFLEET_DOCKER_IMAGE"
+DEFAULT_DOCKER_IMAGE = "labfleet/singleuser:test"
 DEFAULT_SERVICE_PORT = 10101
 
 # What the labfleet service may do on the Hub: keep users and groups in step, read servers.
@@ -56,6 +63,9 @@ def configure(c, state_dir: str | Path | None = None) -> None:
     key_file = key_file_path()
     ensure_key_file(key_file)
     repo_root = str(Path(__file__).parent.parent)
+    log_dir = os.environ.setdefault(SESSION_LOG_DIR_ENV, str(state / "session-logs"))
+    backend = os.environ.get(BACKEND_ENV, "local")
+    default_images = configure_spawner(c, backend, state)
 
     c.JupyterHub.services = [
         s
@@ -72,6 +82,8 @@ def configure(c, state_dir: str | Path | None = None) -> None:
             "environment": {
                 "LABFLEET_DB_URL": db_url,
                 KEY_FILE_ENV: str(key_file),
+                SESSION_LOG_DIR_ENV: log_dir,
+                "LABFLEET_DEFAULT_IMAGES": json.dumps(default_images),
                 **{k: v for k, v in os.environ.items() if k in NODE_ENV},
                 # So the service imports this checkout even when labfleet is not installed.
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
@@ -100,3 +112,29 @@ def configure(c, state_dir: str | Path | None = None) -> None:
     c.JupyterHub.authenticator_class = "labfleet"
     c.LabfleetBaseAuthenticator.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
     c.LabfleetBaseAuthenticator.service_token = token
+    c.LabfleetSpawnerMixin.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
+    c.LabfleetSpawnerMixin.service_token = token
+    c.LabfleetSpawnerMixin.session_log_dir = log_dir
+
+
+def configure_spawner(c, backend: str, state: Path) -> list[dict]:
+    """The labfleet spawner for ``backend`` (local | docker); returns the images to register."""
+    c.Spawner.default_url = "/lab"
+    # A user runs several sessions at once (named servers); labfleet's policies limit how many.
+    c.JupyterHub.allow_named_servers = True
+    if backend == "local":
+        c.JupyterHub.spawner_class = "labfleet-local"
+        c.LabfleetLocalSpawner.home_dir_template = str(state / "homes" / "{username}")
+        c.LabfleetSpawnerMixin.default_image = LOCAL_IMAGE["name"]
+        if os.geteuid() == 0:
+            c.LabfleetLocalSpawner.args = ["--allow-root"]
+        return [LOCAL_IMAGE]
+    if backend == "docker":
+        image = os.environ.get(DOCKER_IMAGE_ENV, DEFAULT_DOCKER_IMAGE)
+        c.JupyterHub.spawner_class = "labfleet-docker"
+        c.LabfleetSpawnerMixin.default_image = image
+        # Host networking: the Hub reaches each server on 127.0.0.1 (see the README).
+        c.DockerSpawner.network_name = "host"
+        c.JupyterHub.hub_connect_ip = "127.0.0.1"
+        return [{"name": image, "inspect": True}]
+    raise ValueError(f"{BACKEND_ENV} must be local or docker, not {backend!r}")

@@ -292,6 +292,9 @@ class ResourceGroup(Base):
     allowed_session_types: Mapped[list[Any]] = mapped_column(JSON, default=list)
     pending_timeout: Mapped[int] = mapped_column(Integer, default=0)  # seconds; 0 = wait forever
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Bumped by every transaction that changes the group's allocations, nodes or devices, so
+    # a process's cached placement state (hub_ext.clustercache) knows when it is out of date.
+    alloc_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     nodes: Mapped[list[Node]] = relationship(back_populates="resource_group", order_by="Node.name")
     grants: Mapped[list[ResourceGroupGrant]] = relationship(cascade="all, delete-orphan")
@@ -405,3 +408,31 @@ class Allocation(Base):
     session: Mapped[ComputeSession] = relationship(back_populates="allocations")
     node: Mapped[Node] = relationship()
     device: Mapped[Device | None] = relationship()
+
+
+class Image(Base):
+    """An environment admins registered: only these can be started.
+
+    ``min_slots`` is what a session of this image must ask at least; ``accelerators`` the
+    device kinds it can use (e.g. ``cuda``; empty: CPU only); ``service_ports`` the apps it
+    serves, as ``{"name", "protocol", "port"}``.  ``projects`` and ``domains`` restrict who may
+    use it (both empty: everyone).  ``labels`` keeps what the image itself declared.
+    """
+
+    __tablename__ = "images"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)  # the reference, e.g. repo/name:tag
+    display_name: Mapped[str] = mapped_column(String(255), default="")
+    min_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    accelerators: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    service_ports: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    projects: Mapped[list[Any]] = mapped_column(JSON, default=list)  # DOMAIN/PROJECT names
+    domains: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    @property
+    def min_slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.min_resource_slots)

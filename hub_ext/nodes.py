@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from . import audit
+from . import audit, clustercache
 from .authz import Actor
 from .errors import Conflict, Forbidden, InvalidInput, NotFound
 from .models import Allocation, Device, Node, ResourceGroup, ResourceGroupGrant, User, utcnow
@@ -188,6 +188,9 @@ def register_node(db: Session, info: Any, group_name: str = DEFAULT_GROUP) -> No
     if group is None:
         raise InvalidInput(f"no resource group {group_name!r}")
     node = db.scalar(select(Node).where(Node.name == info.name))
+    # Bump before changing anything: cached clusters of the group are out of date from here on
+    # (and on PostgreSQL this takes the group's lock, so no decision sees half a registration).
+    clustercache.bump(db, group.id if node is None else node.resource_group_id)
     if node is None:
         node = Node(name=info.name, resource_group=group, cpu="0", mem=0, labels={}, status="ALIVE")
         db.add(node)

@@ -15,10 +15,10 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from . import audit, authz
+from . import audit, authz, clustercache, images
 from .authz import Actor
 from .errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
 from .models import (
@@ -28,6 +28,7 @@ from .models import (
     ComputeSession,
     Device,
     Domain,
+    Keypair,
     Node,
     Project,
     ResourceGroup,
@@ -35,9 +36,7 @@ from .models import (
 )
 from .nodes import DEFAULT_GROUP, SESSION_TYPES
 from .scheduler import admission, queueing
-from .scheduler.placement import Cluster, Request
-from .scheduler.placement import Device as PDevice
-from .scheduler.placement import Node as PNode
+from .scheduler.placement import Placement, PlacementError, Request
 from .slots import ResourceSlots, charged
 from .validate import (
     check_choice,
@@ -58,6 +57,16 @@ SPAWNER_TRANSITIONS = {
     "RUNNING": {"TERMINATING", "TERMINATED", "ERROR"},
     "TERMINATING": {"TERMINATED", "ERROR"},
     "PENDING": {"CANCELLED"},
+}
+
+
+# Who may not (403) versus what does not fit the limits now (409).
+REFUSAL_STATUS = {
+    admission.RESOURCE_GROUP_DENIED: 403,
+    admission.SESSION_TYPE_NOT_ALLOWED: 403,
+    admission.IMAGE_NOT_FOUND: 403,
+    admission.IMAGE_NOT_ALLOWED: 403,
+    admission.IMAGE_MIN_RESOURCES: 400,
 }
 
 
@@ -112,60 +121,18 @@ def _in_quota(db: Session, domain_id: int) -> list[ComputeSession]:
     )
 
 
-def _cluster(db: Session, group: ResourceGroup) -> tuple[Cluster, dict[str, Device], dict[str, Node]]:
-    """The group's ALIVE nodes with what their allocations hold, as a placement Cluster."""
-    nodes = list(db.scalars(select(Node).where(Node.resource_group_id == group.id, Node.status == "ALIVE")))
-    node_ids = [n.id for n in nodes]
-    held_cpu: dict[int, int] = defaultdict(int)
-    held_mem: dict[int, int] = defaultdict(int)
-    held_dev: dict[int, int] = defaultdict(int)
-    if node_ids:
-        for a in db.scalars(select(Allocation).where(Allocation.node_id.in_(node_ids))):
-            held_cpu[a.node_id] += a.cpu_milli
-            held_mem[a.node_id] += a.mem
-            if a.device_id is not None:
-                held_dev[a.device_id] += a.shares_centi
-    devices: dict[str, Device] = {}
-    pnodes = []
-    for n in nodes:
-        pdevs = []
-        for i, d in enumerate(n.devices):  # position, not NVML index: MIG instances share theirs
-            devices[d.uuid] = d
-            pdevs.append(
-                PDevice(
-                    id=d.uuid,
-                    index=i,
-                    model=d.model,
-                    memory=d.memory_bytes,
-                    allocated=Decimal(held_dev[d.id]) / 100,
-                )
-            )
-        pnodes.append(
-            PNode(
-                name=n.name,
-                cpu=Decimal(n.cpu),
-                mem=n.mem,
-                devices=pdevs,
-                cpu_allocated=Decimal(held_cpu[n.id]) / 1000,
-                mem_allocated=held_mem[n.id],
-                labels=dict(n.labels or {}),
-            )
-        )
-    return Cluster(pnodes), devices, {n.name: n for n in nodes}
+def _cluster(db: Session, group: ResourceGroup) -> clustercache.Entry:
+    """The group's ALIVE nodes with what their allocations hold, as a placement Cluster.
+
+    Cached per process and checked against the group's alloc_version (see hub_ext.clustercache);
+    call it holding the group lock.
+    """
+    return clustercache.get(db, group.id)
 
 
-def _fits_empty(group_nodes: dict[str, Node], req: Request) -> bool:
+def _fits_empty(entry: clustercache.Entry, req: Request) -> bool:
     """Could the request fit on some node of the group if that node were empty?"""
-    empty = [
-        PNode(
-            name=n.name,
-            cpu=Decimal(n.cpu),
-            mem=n.mem,
-            devices=[PDevice(id=d.uuid, index=i, model=d.model) for i, d in enumerate(n.devices)],
-        )
-        for n in group_nodes.values()
-    ]
-    return Cluster(empty).place(req, "pack", None) is not None
+    return entry.empty().place(req, "pack", None) is not None
 
 
 # ---------------------------------------------------------------- admission
@@ -224,9 +191,7 @@ def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
     group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == req["resource_group"]))
     if group is None:
         raise NotFound(f"no resource group {req['resource_group']!r}")
-    keypair = user.main_keypair
-    if keypair is None:
-        raise Conflict(f"{username} has no active main keypair")
+    keypair = _charged_keypair(db, actor, user)
 
     _lock(db, user.domain_id, group.id)
     session = ComputeSession(
@@ -254,19 +219,13 @@ def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
             details={"reason": refusal.message, "code": refusal.code, "project": project.full_name},
             success=False,
         )
-        raise Refused(refusal, 403 if refusal.code in ("access", "session_type", "image") else 409)
+        raise Refused(refusal, REFUSAL_STATUS.get(refusal.code, 409))
     db.add(session)
     set_status(session, "PENDING", "waiting for the scheduler")
     db.flush()
     placed = _try_place(db, session)
     if not placed:
-        cluster_nodes = {
-            n.name: n
-            for n in db.scalars(
-                select(Node).where(Node.resource_group_id == group.id, Node.status == "ALIVE")
-            )
-        }
-        if not _fits_empty(cluster_nodes, _request_of(session)):
+        if not _fits_empty(_cluster(db, group), _request_of(session)):
             db.delete(session)
             db.flush()
             message = f"no node of resource group {group.name} could ever hold {session.slots.to_cli() or 'this request'}"
@@ -281,6 +240,21 @@ def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
         details={"project": project.full_name, "slots": session.slots.to_json(), "status": session.status},
     )
     return session
+
+
+def _charged_keypair(db: Session, actor: Actor, user: User) -> Keypair:
+    """The keypair a new session is charged to: the one that signed the request, else the main one."""
+    if actor.keypair is not None and actor.name == user.username:
+        kp = db.scalar(select(Keypair).where(Keypair.access_key == actor.keypair))
+        if kp is None or kp.user_id != user.id:
+            raise Forbidden(f"keypair {actor.keypair} does not belong to {user.username}")
+        if not kp.is_active:
+            raise Forbidden(f"keypair {actor.keypair} is not active")
+        return kp
+    keypair = user.main_keypair
+    if keypair is None:
+        raise Conflict(f"{user.username} has no active main keypair")
+    return keypair
 
 
 def _request_of(s: ComputeSession) -> Request:
@@ -333,44 +307,70 @@ def check(db: Session, s: ComputeSession) -> admission.Refusal | None:
             users=frozenset(g.target for g in group.grants if g.kind == "user"),
             is_public=group.is_public,
         ),
-        image=None,
+        image=_image_snapshot(db, s.image, project.full_name),
     )
     return admission.check_admission(ctx)
 
 
+def _image_snapshot(db: Session, name: str | None, project: str) -> admission.ImageSnapshot | None:
+    image = images.find(db, name)
+    if image is None or not image.is_active:
+        return None  # with a name asked, admission refuses it as not registered
+    allowed = None if images.allowed_for(image, project) else frozenset(image.projects or ())
+    return admission.ImageSnapshot(name=image.name, min_slots=image.min_slots, allowed_projects=allowed)
+
+
 def _try_place(db: Session, s: ComputeSession) -> bool:
     """Place ``s`` on its group's nodes; on success write allocations and mark it SCHEDULED."""
-    cluster, devices, nodes = _cluster(db, s.resource_group)
-    placement = cluster.place(_request_of(s), s.resource_group.placement, None)
+    group = s.resource_group
+    entry = _cluster(db, group)
+    placement = entry.cluster.place(_request_of(s), group.placement, None)
     if placement is None:
         return False
-    node = nodes[placement.node]
+    version = clustercache.bump(db, group.id)
+    node_id = entry.nodes[placement.node]
+    node = db.get(Node, node_id)
     s.node = node
     cpu_milli = int(placement.cpu * 1000)
-    first = True
-    for dev_uuid, shares in placement.devices:
-        db.add(
+    taken = []
+    rows = []
+    for i, (dev_uuid, shares) in enumerate(placement.devices):
+        centi = int(shares * 100)
+        rows.append(
             Allocation(
                 session=s,
-                node=node,
-                device=devices[dev_uuid],
-                shares_centi=int(shares * 100),
-                cpu_milli=cpu_milli if first else 0,
-                mem=placement.mem if first else 0,
+                node_id=node_id,
+                device_id=entry.devices[dev_uuid].id,
+                shares_centi=centi,
+                cpu_milli=cpu_milli if i == 0 else 0,
+                mem=placement.mem if i == 0 else 0,
             )
         )
-        first = False
-    if first:
-        db.add(
+        taken.append((dev_uuid, Decimal(centi) / 100))
+    if not placement.devices:
+        rows.append(
             Allocation(
-                session=s, node=node, device=None, shares_centi=0, cpu_milli=cpu_milli, mem=placement.mem
+                session=s,
+                node_id=node_id,
+                device_id=None,
+                shares_centi=0,
+                cpu_milli=cpu_milli,
+                mem=placement.mem,
             )
         )
+    clustercache.expect(db, rows)
+    db.add_all(rows)
     where = ", ".join(
-        f"{shares} of {devices[u].model} #{devices[u].index}" for u, shares in placement.devices
+        f"{shares} of {entry.devices[u].model} #{entry.devices[u].index}" for u, shares in placement.devices
     )
-    set_status(s, "SCHEDULED", f"on {node.name}" + (f": {where}" if where else ""))
+    set_status(s, "SCHEDULED", f"on {placement.node}" + (f": {where}" if where else ""))
     db.flush()
+    # The cached cluster takes exactly what the rows say, so a rebuild from the DB equals it.
+    clustercache.claim(db, group.id, entry)
+    entry.cluster.apply(
+        Placement(node=placement.node, devices=tuple(taken), cpu=Decimal(cpu_milli) / 1000, mem=placement.mem)
+    )
+    entry.version = version
     return True
 
 
@@ -398,6 +398,8 @@ def schedule_group(db: Session, group: ResourceGroup) -> list[str]:
             set_status(s, "CANCELLED", f"waited longer than the pending timeout of {group.pending_timeout}s")
         else:
             live.append(s)
+    if not live:
+        return []  # nothing waits: no need to order the queue (DRF reads every node for it)
     by_id = {s.id: s for s in live}
     ordered = _ordered_queue(db, group, live)
     scheduled = []
@@ -420,19 +422,28 @@ def _ordered_queue(
         )
         for s in pending
     ]
+    if group.scheduler != "drf":
+        return queueing.order_queue(items, group.scheduler)  # only DRF looks at usage and capacity
     usage: dict[str, ResourceSlots] = defaultdict(ResourceSlots)
     held = select(ComputeSession).where(
         ComputeSession.resource_group_id == group.id, ComputeSession.status.in_(HOLDING_STATUSES)
     )
     for s in db.scalars(held):
         usage[s.user.username] = usage[s.user.username] + _drf_slots(s.slots)
-    return queueing.order_queue(items, group.scheduler, dict(usage), _group_capacity(group))
+    return queueing.order_queue(items, group.scheduler, dict(usage), _group_capacity(db, group))
 
 
-def _group_capacity(group: ResourceGroup) -> ResourceSlots:
+def _group_capacity(db: Session, group: ResourceGroup) -> ResourceSlots:
+    # One query for every node and its device count, not one per node.
+    rows = db.execute(
+        select(Node.cpu, Node.mem, func.count(Device.id))
+        .outerjoin(Device, Device.node_id == Node.id)
+        .where(Node.resource_group_id == group.id)
+        .group_by(Node.id, Node.cpu, Node.mem)
+    ).all()
     total = ResourceSlots()
-    for n in group.nodes:
-        total = total + ResourceSlots({"cpu": Decimal(n.cpu), "mem": n.mem, "gpu.shares": len(n.devices)})
+    for cpu, mem, n_devices in rows:
+        total = total + ResourceSlots({"cpu": Decimal(cpu), "mem": mem, "gpu.shares": n_devices})
     return total
 
 
@@ -469,11 +480,53 @@ def position_of(db: Session, s: ComputeSession) -> int | None:
 
 
 def _release(db: Session, s: ComputeSession, status: str, reason: str) -> None:
-    for a in list(s.allocations):
-        db.delete(a)
-    s.allocations.clear()
+    group_id = s.resource_group_id
+    if db.get_bind().dialect.name == "postgresql":
+        db.execute(select(ResourceGroup.id).where(ResourceGroup.id == group_id).with_for_update())
+    # Read them again under the group lock: a concurrent stop or placement may have changed them.
+    allocations = list(db.scalars(select(Allocation).where(Allocation.session_id == s.id)))
+    if allocations:
+        version = clustercache.bump(db, group_id)
+        entry = clustercache.lookup(db, group_id, version - 1)
+        given_back = _placement_of(entry, allocations) if entry is not None else None
+        clustercache.expect(db, allocations)
+        for a in allocations:
+            db.delete(a)
+        if entry is not None and given_back is not None:
+            clustercache.claim(db, group_id, entry)
+            try:
+                entry.cluster.release(given_back)
+                entry.version = version
+            except PlacementError:
+                pass  # the cache disagrees with the rows: leave it stale, the next decision rebuilds
+        # Otherwise the cached cluster keeps its old version, and the next decision rebuilds it.
     set_status(s, status, reason)
     db.flush()
+    db.expire(s, ["allocations"])
+
+
+def _placement_of(entry: clustercache.Entry, allocations: list[Allocation]) -> Placement | None:
+    """What ``allocations`` hold, as a placement on the cached cluster; None if it has not their node."""
+    node = entry.node_names.get(allocations[0].node_id)
+    if (
+        node is None
+        or node not in entry.cluster.nodes
+        or any(a.node_id != allocations[0].node_id for a in allocations)
+    ):
+        return None
+    devices = []
+    for a in allocations:
+        if a.device_id is not None:
+            dev_uuid = entry.device_uuids.get(a.device_id)
+            if dev_uuid is None:
+                return None
+            devices.append((dev_uuid, Decimal(a.shares_centi) / 100))
+    return Placement(
+        node=node,
+        devices=tuple(devices),
+        cpu=Decimal(sum(a.cpu_milli for a in allocations)) / 1000,
+        mem=sum(a.mem for a in allocations),
+    )
 
 
 def readable(db: Session, actor: Actor, session_id: str) -> ComputeSession:
@@ -573,6 +626,7 @@ def session_view(s: ComputeSession) -> dict[str, Any]:
             "uuid": a.device.uuid,
             "index": a.device.index,
             "model": a.device.model,
+            "memory": a.device.memory_bytes,
             "shares": float(Decimal(a.shares_centi) / 100),
         }
         for a in s.allocations

@@ -30,12 +30,12 @@ CHP_MAJOR="5"
 # ---------------------------------------------------------------------------------------------------------
 APT_RUNTIME="python3 python3-venv python3-dev gcc git ca-certificates"
 APT_NODE="nodejs npm"        # only when `node` is missing (a NodeSource nodejs already ships npm)
+APT_SANDBOX="bubblewrap"     # the local backend sandboxes sessions with bwrap
 APT_TEST="postgresql"        # server binaries under /usr/lib/postgresql/*/bin (tests/postgres_server.py)
+APT_DOCKER="docker.io"       # the docker backend's tests run a real engine (scripts/docker.sh starts it)
+APT_IMAGES="debootstrap"     # the test image is built from a debootstrapped Debian, no registry
 # Planned groups (add them to `wanted_packages` when the features land):
-# APT_DOCKER="docker.io"
 # APT_BROWSER="chromium"
-# APT_SANDBOX="bubblewrap"
-# APT_IMAGES="debootstrap"
 
 WITH_TEST=0
 usage() {
@@ -79,12 +79,12 @@ pkg_satisfied() { # pkg_satisfied NAME
 }
 
 wanted_packages() {
-    local pkgs="$APT_RUNTIME"
+    local pkgs="$APT_RUNTIME $APT_SANDBOX"
     if ! command -v node >/dev/null 2>&1; then
         pkgs="$pkgs $APT_NODE"
     fi
     if [ "$WITH_TEST" = 1 ]; then
-        pkgs="$pkgs $APT_TEST"
+        pkgs="$pkgs $APT_TEST $APT_DOCKER $APT_IMAGES"
     fi
     echo "$pkgs"
 }

@@ -55,6 +55,7 @@ class Hub:
     proc: subprocess.Popen
     log_path: Path
     env: dict = field(default_factory=dict)
+    ports: tuple = ()
 
     @property
     def api_url(self) -> str:
@@ -118,14 +119,18 @@ def wait_for(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 
     raise RuntimeError(f"{url} did not answer in {timeout}s:\n{log_path.read_text()[-5000:]}")
 
 
-def start_hub(state: Path, db_url: str | None = None, extra_config: str = "", do_seed: bool = True) -> Hub:
+def start_hub(
+    state: Path, db_url: str | None = None, extra_config: str = "", do_seed: bool = True, ports: tuple = ()
+) -> Hub:
+    """Start the Hub; ``ports`` from an earlier Hub restarts it where running servers expect it."""
     if not shutil.which("configurable-http-proxy"):
         raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
     state.mkdir(parents=True, exist_ok=True)
     db_url = db_url or f"sqlite:///{state / 'labfleet.sqlite'}"
     admin_token = os.urandom(16).hex()
     service_token = os.urandom(16).hex()
-    port, hub_port, proxy_api, service_port = (free_port() for _ in range(4))
+    ports = ports or tuple(free_port() for _ in range(4))
+    port, hub_port, proxy_api, service_port = ports
     env = dict(os.environ)
     env.update(
         LABFLEET_STATE_DIR=str(state),
@@ -151,7 +156,7 @@ def start_hub(state: Path, db_url: str | None = None, extra_config: str = "", do
         "c.JupyterHub.log_level = 'DEBUG'\n" % (admin_token, hub_port, proxy_api) + extra_config
     )
     log_path = state / "jupyterhub.log"
-    log = open(log_path, "w")
+    log = open(log_path, "a")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterhub", "-f", str(cfg), "--ip", "127.0.0.1", "--port", str(port)],
         cwd=state,
@@ -160,7 +165,7 @@ def start_hub(state: Path, db_url: str | None = None, extra_config: str = "", do
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    hub = Hub(url, state, db_url, admin_token, service_token, proc, log_path, env)
+    hub = Hub(url, state, db_url, admin_token, service_token, proc, log_path, env, ports)
     try:
         wait_for(f"{url}/hub/api", proc, log_path)
         wait_for(f"{url}/services/labfleet/api/openapi.yaml", proc, log_path)

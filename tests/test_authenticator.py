@@ -45,6 +45,7 @@ from hub_ext.authenticator import (
     LabfleetDelegatingMixin,
     labfleet_authenticator_for,
 )
+from hub_ext.client import DEFAULT_SERVICE_URL
 
 TOKEN = "svc-" + secrets.token_hex(16)
 API = "/services/labfleet/api"
@@ -251,7 +252,7 @@ async def test_defaults_and_traits(monkeypatch):
     assert a.service_token == "from-env"
     assert await a.load_managed_roles() == []
     monkeypatch.delenv("LABFLEET_SERVICE_API_URL")
-    assert LabfleetAuthenticator().service_url == lfauth.DEFAULT_SERVICE_URL
+    assert LabfleetAuthenticator().service_url == DEFAULT_SERVICE_URL
     for name in ("service_url", "service_token", "request_timeout"):
         assert len(LabfleetAuthenticator.class_traits()[name].help) > 40
 

@@ -48,6 +48,7 @@ def world(tmp_path_factory):
         ok("POST", "/users", {"username": f"join-{a}", "domain": "acme"})
         ok("POST", "/users", {"username": f"leave-{a}", "domain": "acme", "projects": ["ml"]})
         ok("POST", "/projects", {"domain": "globex", "name": f"del-{a}"})
+        ok("POST", "/images", {"name": f"del/{a}:1"})
     alice_keys = {a: ok("POST", "/keypairs", {"username": "alice"})["access_key"] for a in ACTORS}
     main_alice = next(k["access_key"] for k in ok("GET", "/keypairs?username=alice") if k["is_main"])
     tokens = {"anon": None, "root": root}
@@ -130,6 +131,13 @@ MATRIX = [
     ("PATCH", "/sessions/{alice_session}", {"status": "RUNNING"}, _row(401, 403, 404, 403, 404, 403, 403)),
     ("DELETE", "/sessions/{alice_session}", None, _row(401, 200, 404, 200, 404, 403, 200)),
     ("GET", "/scheduler/queue", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("GET", "/images", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("POST", "/images", {"name": "img/{a}:1"}, _row(401, 403, 403, 403, 403, 403, 201)),
+    # bob is in no project, so no image is his to see; everyone else may use local/host.
+    ("GET", "/images/local/host", None, _row(401, 200, 404, 200, 200, 200, 200)),
+    ("PATCH", "/images/local/host", {"display_name": "x"}, _row(401, 403, 404, 403, 403, 403, 200)),
+    ("DELETE", "/images/del/{a}:1", None, _row(401, 403, 404, 403, 403, 403, 200)),
+    ("GET", "/users/alice/launch-options", None, _row(401, 200, 404, 200, 404, 200, 200)),
     (
         "POST",
         "/auth/password",
@@ -158,6 +166,21 @@ def test_route_statuses(world, method, path, body, expected):
         if r.status_code >= 400:
             assert r.json()["message"]
     assert got == expected
+
+
+def test_session_logs_for_owner_and_admins_only(world):
+    hub, tokens, keys, _ = world
+    expected = _row(401, 200, 404, 200, 404, 404, 200)
+    got = {}
+    for actor in ACTORS:
+        r = hub.api("GET", f"/sessions/{keys['alice']['alice_session']}/logs", tokens[actor])
+        got[actor] = r.status_code
+        if r.status_code == 200:
+            assert r.headers["Content-Type"].startswith("text/plain")
+    assert got == expected
+    assert hub.api("GET", "/sessions/nope/logs", tokens["root"]).status_code == 404
+    r = hub.api("GET", f"/sessions/{keys['alice']['alice_session']}/logs?tail=-1", tokens["alice"])
+    assert r.status_code == 400
 
 
 def test_nobody_promotes_themselves(world):

@@ -424,3 +424,39 @@ def test_help_and_version(cli):
     assert "Usage: labfleet domain create NAME" in out and "--slots" in out
     assert cli("help", "user", "create").startswith("Usage: labfleet user create NAME")
     assert re.match(r"^\d+\.\d+", cli("--version"))
+
+
+# ---------------------------------------------------------------- images
+
+
+def test_image_commands(cli):
+    out = cli(
+        "image",
+        "register",
+        "repo/torch:2.5",
+        "--display-name",
+        "Torch",
+        "--min",
+        "cpu=1,mem=2g",
+        "--accelerators",
+        "cuda",
+        "--ports",
+        "tensorboard:http:6006",
+        "--projects",
+        "acme/vision",
+    )
+    assert "Registered image repo/torch:2.5 (Torch)" in out
+    (img,) = cli.json("image", "list")
+    assert img["min_resource_slots"] == {"cpu": 1, "mem": 2 * 2**30}
+    assert img["service_ports"] == [{"name": "tensorboard", "protocol": "http", "port": 6006}]
+    assert img["projects"] == ["acme/vision"] and img["accelerators"] == ["cuda"]
+    # Bad input: one line, non-zero, nothing registered.
+    assert "not a valid image reference" in cli.fails("image", "register", "bad image")
+    assert "name:protocol:port" in cli.fails("image", "register", "repo/x:1", "--ports", "tb:ftp:1")
+    assert "unknown accelerator" in cli.fails("image", "register", "repo/x:1", "--accelerators", "tpu")
+    assert "no project acme/nope" in cli.fails("image", "register", "repo/x:1", "--projects", "acme/nope")
+    assert "already registered" in cli.fails("image", "register", "repo/torch:2.5")
+    assert [i["name"] for i in cli.json("image", "list")] == ["repo/torch:2.5"]
+    cli("image", "remove", "repo/torch:2.5")
+    assert cli.json("image", "list") == []
+    assert "no image" in cli.fails("image", "remove", "repo/torch:2.5")

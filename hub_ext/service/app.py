@@ -24,8 +24,10 @@ from traitlets import Bool, Dict, Integer, List, Unicode, default
 from traitlets.config import Application
 
 from .. import db as lfdb
-from .. import nodes, sessions
+from .. import images, nodes, sessions
+from ..authz import Actor
 from ..devices import describe_node, get_plugin
+from ..errors import LabfleetError
 from ..models import User
 from ..policies import ensure_default_keypair_policy
 from ..secretbox import SecretBox
@@ -103,6 +105,25 @@ class LabfleetService(Application):
     def _mock_devices(self):
         return json.loads(os.environ.get("LABFLEET_MOCK_DEVICES") or "[]")
 
+    session_log_dir = Unicode(
+        help="""Folder of the sessions' logs, one file per session id, written by the spawners and read
+        at /api/sessions/{id}/logs (default: $LABFLEET_SESSION_LOG_DIR, else session-logs here).""",
+    ).tag(config=True)
+
+    @default("session_log_dir")
+    def _session_log_dir(self):
+        return os.environ.get("LABFLEET_SESSION_LOG_DIR") or str(Path.cwd() / "session-logs")
+
+    default_images = List(
+        Dict(),
+        help="""Images registered at start when missing, as POST /api/images bodies (with "inspect": true
+        their labels are read from Docker). Default: $LABFLEET_DEFAULT_IMAGES as JSON.""",
+    ).tag(config=True)
+
+    @default("default_images")
+    def _default_images(self):
+        return json.loads(os.environ.get("LABFLEET_DEFAULT_IMAGES") or "[]")
+
     register_local_node = Bool(
         True, help="Register this machine as a node of the 'default' resource group."
     ).tag(config=True)
@@ -129,6 +150,7 @@ class LabfleetService(Application):
             nodes.ensure_default_group(db)
         if self.register_local_node:
             self.register_node()
+        self.ensure_images()
         self.secretbox = SecretBox()
         self.limiter = RateLimiter()
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
@@ -152,6 +174,21 @@ class LabfleetService(Application):
             len(info.devices),
             f" ({info.reason})" if info.reason else "",
         )
+
+    def ensure_images(self) -> None:
+        for body in self.default_images:
+            with lfdb.session_scope(self.session_factory) as db:
+                if images.find(db, body.get("name")) is not None:
+                    continue
+            labels = None
+            try:
+                if body.get("inspect"):
+                    labels = images.docker_labels(body["name"])
+                with lfdb.session_scope(self.session_factory) as db:
+                    images.register(db, Actor.cli(), body, labels)
+                self.log.info("Registered image %s", body["name"])
+            except LabfleetError as e:
+                self.log.warning("Could not register image %s: %s", body.get("name"), e.message)
 
     async def reconcile_with_hub(self) -> None:
         """Release allocations of sessions whose Hub server is not running (after a restart)."""

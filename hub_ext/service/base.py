@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -130,7 +131,8 @@ class APIHandler(BaseHandler):
                 raise Unauthorized(problem)
             self._rate_limit(kp.access_key, kp.rate_limit)
             kp.last_used = datetime.now(timezone.utc)
-            return actor_for(kp.user, remote)
+            # Sessions started with this signature are charged to this keypair and its policy.
+            return replace(actor_for(kp.user, remote), keypair=kp.access_key)
 
     def _rate_limit(self, key: str, limit: int) -> None:
         self.rate = self.lf.limiter.hit(key, limit)

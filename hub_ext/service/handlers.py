@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timezone
 from pathlib import Path
 
 from tornado import web
 
-from .. import audit, hubmap, keypairs, nodes, policies, sessions, tenancy
+from .. import audit, authz, hubmap, images, keypairs, nodes, policies, sessions, tenancy
 from ..authz import Actor
-from ..errors import Forbidden, InvalidInput, NotFound
+from ..errors import Forbidden, InvalidInput, LabfleetError, NotFound
+from ..launchoptions import launch_options
 from ..passwords import verify_password
 from ..quota import me_view
 from ..validate import check_bool, check_fields, check_int, check_name, check_text, check_username
@@ -344,6 +346,43 @@ class SessionHandler(APIHandler):
         await self.run(lambda db, a: (sessions.session_view(sessions.terminate(db, a, session_id)), None))
 
 
+MAX_LOG_TAIL = 8 << 20
+
+
+class SessionLogsHandler(APIHandler):
+    """The session's backend output (process output, container logs), for its owner and admins."""
+
+    async def get(self, session_id):
+        tail = self.query_arg("tail")
+        try:
+            limit = check_int(int(tail), "tail", minimum=1, maximum=MAX_LOG_TAIL) if tail else MAX_LOG_TAIL
+        except (ValueError, LabfleetError):
+            self.send_error_json(400, f"tail must be a number of bytes from 1 to {MAX_LOG_TAIL}")
+            return
+
+        def op(db, actor):
+            s = sessions.readable(db, actor, session_id)
+            if actor.role == "monitor" and actor.name != s.user.username:
+                raise NotFound(f"no logs for session {session_id}")
+            return s.id, None
+
+        try:
+            with self.db() as db:
+                sid, _ = op(db, self.actor)
+        except LabfleetError as e:
+            self.send_error_json(e.status, e.message)
+            return
+        path = Path(self.lf.session_log_dir) / f"{sid}.log"
+        data = b""
+        if path.is_file():
+            with path.open("rb") as f:
+                size = f.seek(0, 2)
+                f.seek(max(0, size - limit))
+                data = f.read(limit)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(data)
+
+
 class QueueHandler(APIHandler):
     async def get(self):
         group_name = self.query_arg("resource_group") or nodes.DEFAULT_GROUP
@@ -353,6 +392,60 @@ class QueueHandler(APIHandler):
             readable = {s.id for s in sessions.list_sessions(db, actor, {"status": "PENDING"})}
             # Positions count everyone's sessions; only the caller's own (or their domain's) are shown.
             return [row for row in sessions.queue_view(db, group) if row["id"] in readable], None
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- images, launch options
+
+
+class ImageListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([images.image_view(i) for i in images.list_images(db, a)], None))
+
+    async def post(self):
+        body = self.body
+        labels = None
+        if isinstance(body, dict) and body.get("inspect"):
+            # Read the image's own labels from the Docker engine (off the event loop).
+            try:
+                name = images.check_image_name(body.get("name"))
+                labels = await asyncio.to_thread(images.docker_labels, name)
+            except LabfleetError as e:
+                self.send_error_json(e.status, e.message)
+                return
+        await self.run(
+            lambda db, a: (images.image_view(images.register(db, a, body, labels)), None), status=201
+        )
+
+
+class ImageHandler(APIHandler):
+    async def get(self, name):
+        await self.run(lambda db, a: (images.image_view(images.get_image(db, a, name)), None))
+
+    async def patch(self, name):
+        body = self.body
+        await self.run(lambda db, a: (images.image_view(images.update(db, a, name, body)), None))
+
+    async def delete(self, name):
+        def op(db, actor):
+            images.remove(db, actor, name)
+            return {"removed": name}, None
+
+        await self.run(op)
+
+
+class LaunchOptionsHandler(APIHandler):
+    """What a user may launch (spawn form, sidebar, launcher widget)."""
+
+    async def get(self, username):
+        def op(db, actor):
+            user = tenancy.get_user(db, username)
+            if user is None or not (
+                actor.kind in ("hub", "cli") or authz.can_read_user(actor, user.username, user.domain.name)
+            ):
+                raise NotFound(f"no user {username!r}")
+            return launch_options(db, user), None
 
         await self.run(op)
 
@@ -536,7 +629,11 @@ def routes(prefix: str) -> list[tuple]:
         (api + r"/nodes", NodeListHandler),
         (api + r"/sessions", SessionListHandler),
         (api + rf"/sessions/{name}", SessionHandler),
+        (api + rf"/sessions/{name}/logs", SessionLogsHandler),
         (api + r"/scheduler/queue", QueueHandler),
+        (api + r"/images", ImageListHandler),
+        (api + r"/images/(.+)", ImageHandler),
+        (api + rf"/users/{name}/launch-options", LaunchOptionsHandler),
         (api + r"/auth/password", PasswordLoginHandler),
         (api + r"/auth/identity", IdentityHandler),
         (api + rf"/auth/users/{name}", AuthUserHandler),

@@ -1,0 +1,158 @@
+"""A LaunchSpec as a Docker container: a pure builder, in the style of KubeSpawner's ``make_pod``.
+
+:func:`container_config` turns what the placement decided (:class:`~spawner.launch.LaunchSpec`)
+into the settings DockerSpawner takes (image, limits, volumes, host config, create kwargs).  No
+daemon, no I/O: the Docker backend (:mod:`spawner.docker`) applies the result.
+
+Hardening that every session gets: all capabilities dropped, ``no-new-privileges``, a pids limit,
+an init process (reaps the orphans of batch commands).  The server runs as an unprivileged user,
+so it needs no capability back.  Devices are requested by UUID: Docker does not choose devices,
+the placement does.  A fraction of a device is limited through MPS when ``mps_pipe_dir`` is
+given (the client talks to the node's MPS daemon through its pipe directory and the host IPC
+namespace), else by the framework caps already in the spec's environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .launch import LaunchSpec
+
+LABEL_SESSION_ID = "ai.labfleet.session-id"
+LABEL_USER = "ai.labfleet.user"
+LABEL_PROJECT = "ai.labfleet.project"
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+# Docker refuses a memory limit under 6 MiB.
+MIN_MEM = 6 * 2**20
+NO_NEW_PRIVILEGES = "no-new-privileges:true"
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """What DockerSpawner needs for one session (its trait names)."""
+
+    image: str
+    mem_limit: int | None  # bytes; None: no limit
+    cpu_limit: float | None  # cores; None: no limit
+    environment: dict[str, str]
+    # DockerSpawner's form: {host_path: {"bind": container_path, "mode": "ro" | "rw"}}
+    volumes: dict[str, dict[str, str]]
+    # keyword arguments of docker-py's create_host_config
+    extra_host_config: dict[str, Any]
+    # keyword arguments of docker-py's create_container (labels, user)
+    extra_create_kwargs: dict[str, Any]
+    network_name: str
+    # None: the image's own command.  Every session type runs the image's command: for batch and
+    # inference sessions the runner inside (server_ext) reads LABFLEET_SESSION_TYPE and LABFLEET_COMMAND.
+    cmd: list[str] | None = None
+
+
+def _device_requests(uuids: list[str], driver: str) -> list[Any]:
+    from docker.types import DeviceRequest  # docker-py: the `docker` extra
+
+    return [DeviceRequest(driver=driver, device_ids=list(uuids), capabilities=[["gpu"]])]
+
+
+def container_config(
+    spec: LaunchSpec,
+    *,
+    network_name: str = "host",
+    mps_pipe_dir: str | None = None,
+    gpu_driver: str | None = "nvidia",
+    user: str | None = None,
+    init: bool = True,
+    extra_labels: Mapping[str, str] | None = None,
+) -> ContainerConfig:
+    """The container for ``spec``.
+
+    - ``network_name``: ``host`` (the server listens on the host's loopback, the Hub connects to
+      127.0.0.1:port) or a Docker network (bridge, overlay) shared with the Hub.
+    - ``mps_pipe_dir``: the node's MPS pipe directory; needed when the spec limits a fraction of a
+      device with MPS (``spec.mps``).
+    - ``gpu_driver``: the device driver to ask Docker for (``nvidia``); None requests no device
+      (devices Docker cannot give, such as mock devices: only the environment names them then).
+    - ``user``: ``uid:gid`` to run as; None keeps the image's user.
+
+    Raises ValueError for a spec a container cannot express.
+    """
+    if not spec.image:
+        raise ValueError(f"session {spec.session_id} has no image to run")
+    if not network_name or not network_name.strip():
+        raise ValueError("network_name must name a Docker network (host, bridge or your own)")
+    if spec.cpu is not None and spec.cpu <= 0:
+        raise ValueError(f"cpu limit must be more than 0, not {spec.cpu}")
+    if spec.mem is not None and spec.mem < MIN_MEM:
+        raise ValueError(f"memory limit {spec.mem} bytes is under Docker's minimum ({MIN_MEM} bytes)")
+    if spec.pids_limit <= 0:
+        raise ValueError(f"pids limit must be more than 0, not {spec.pids_limit}")
+    if len(spec.gpus) > 1 and any(g.shares != 1 for g in spec.gpus):
+        raise ValueError("a session has either whole devices or a fraction of one device, not both")
+    if any(g.shares <= 0 or g.shares > 1 for g in spec.gpus):
+        raise ValueError("a device share must be more than 0 and at most 1")
+    if len(set(spec.gpu_uuids)) != len(spec.gpus):
+        raise ValueError("the same device is assigned twice")
+    use_mps = spec.mps and spec.fractional
+    if use_mps and not mps_pipe_dir:
+        raise ValueError("the spec limits a device fraction with MPS, but no MPS pipe directory is given")
+    if mps_pipe_dir is not None and not mps_pipe_dir.startswith("/"):
+        raise ValueError(f"the MPS pipe directory must be an absolute path, not {mps_pipe_dir!r}")
+
+    environment = {str(k): str(v) for k, v in spec.env.items()}
+    volumes: dict[str, dict[str, str]] = {}
+    targets: set[str] = set()
+
+    def bind(source: str, target: str, mode: str) -> None:
+        if source in volumes:
+            raise ValueError(f"host folder {source} is mounted twice (Docker binds a host path once)")
+        if target in targets:
+            raise ValueError(f"two mounts have the same target {target}")
+        volumes[source] = {"bind": target, "mode": mode}
+        targets.add(target)
+
+    for m in spec.mounts:
+        # wd (write + delete) is a writable mount to the kernel; the difference is labfleet's policy.
+        bind(m.source, m.target, "ro" if m.read_only else "rw")
+
+    host_config: dict[str, Any] = {
+        "pids_limit": spec.pids_limit,
+        "security_opt": [NO_NEW_PRIVILEGES],
+        "cap_drop": ["ALL"],
+        "network_mode": network_name,
+        "init": init,
+    }
+    if spec.mem is not None:
+        # No swap beyond the limit (ignored by kernels without swap accounting).
+        host_config["memswap_limit"] = spec.mem
+    if spec.gpus and gpu_driver:
+        host_config["device_requests"] = _device_requests(spec.gpu_uuids, gpu_driver)
+    if use_mps:
+        assert mps_pipe_dir is not None
+        # MPS clients reach the daemon through its pipes and share its IPC namespace.
+        bind(mps_pipe_dir, mps_pipe_dir, "rw")
+        host_config["ipc_mode"] = "host"
+        environment[MPS_PIPE_ENV] = mps_pipe_dir
+
+    labels = {
+        LABEL_SESSION_ID: spec.session_id,
+        LABEL_USER: spec.user,
+        LABEL_PROJECT: spec.project,
+    }
+    if extra_labels:
+        labels = {**{str(k): str(v) for k, v in extra_labels.items()}, **labels}
+    create_kwargs: dict[str, Any] = {"labels": labels}
+    if user:
+        create_kwargs["user"] = user
+
+    return ContainerConfig(
+        image=spec.image,
+        mem_limit=spec.mem,
+        cpu_limit=float(spec.cpu) if spec.cpu is not None else None,
+        environment=environment,
+        volumes=volumes,
+        extra_host_config=host_config,
+        extra_create_kwargs=create_kwargs,
+        network_name=network_name,
+        cmd=None,
+    )

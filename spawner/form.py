@@ -1,0 +1,190 @@
+"""The spawn form: a pure HTML builder from what the labfleet service says a user may launch.
+
+``render(choices)`` takes the service's ``GET /api/users/{name}/launch-options`` answer: the
+user's projects with the quota left for each, the images and resource groups they may use.  It
+offers only those, bounds the CPU / memory / GPU inputs by the quota left, and shows that quota.
+The Hub wraps this in its own spawn page (Bootstrap 5 classes, like the Hub's templates).
+Everything the service sends is escaped: names come from admins and users.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from html import escape
+from typing import Any
+
+from .options import SESSION_TYPES
+
+_SLOT_LABELS = {"cpu": "CPU cores", "mem": "Memory", "gpu": "Whole GPUs", "gpu.shares": "GPU shares"}
+
+
+def _fmt_amount(slot: str, value: Any) -> str:
+    if value is None:
+        return "unlimited"
+    if slot == "mem":
+        amount = Decimal(str(value))
+        for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+            if amount >= size:
+                return f"{(amount / size).quantize(Decimal('0.1')).normalize():f} {unit}"
+        return f"{amount:f} B"
+    return f"{Decimal(str(value)).normalize():f}"
+
+
+def _options(items: Sequence[tuple[str, str, Mapping[str, str]]], selected: str | None) -> str:
+    out = []
+    for value, label, attrs in items:
+        extra = "".join(f' {k}="{escape(v)}"' for k, v in attrs.items())
+        sel = " selected" if value == selected else ""
+        out.append(f'<option value="{escape(value)}"{extra}{sel}>{escape(label)}</option>')
+    return "\n".join(out)
+
+
+def _quota_table(project: Mapping[str, Any]) -> str:
+    left = project.get("left") or {}
+    rows = "".join(
+        f"<tr><th scope='row'>{escape(_SLOT_LABELS.get(slot, slot))}</th>"
+        f"<td>{escape(_fmt_amount(slot, left.get(slot)))}</td></tr>"
+        for slot in ("cpu", "mem", "gpu", "gpu.shares")
+    )
+    return (
+        f'<table class="table table-sm lf-quota" data-project="{escape(project["name"])}" hidden>'
+        f"<caption>Left for {escape(project['name'])}</caption><tbody>{rows}</tbody></table>"
+    )
+
+
+def _script_json(data: Any) -> str:
+    """JSON safe inside <script>: no '</script>' or HTML from names can end the element."""
+    return json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def unavailable(message: str) -> str:
+    """Shown instead of the form when the service cannot say what the user may launch."""
+    return (
+        '<div class="alert alert-danger" role="alert">labfleet cannot offer sessions right now: '
+        f"{escape(message)}</div>"
+    )
+
+
+def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -> str:
+    previous = previous or {}
+    projects = list(choices.get("projects") or [])
+    if not projects:
+        return unavailable("you are not a member of any project; ask your domain admin to add you to one")
+    images = list(choices.get("images") or [])
+    groups = list(choices.get("resource_groups") or [])
+    _Item = tuple[str, str, Mapping[str, str]]
+    project_items: list[_Item] = [(p["name"], p["name"], {}) for p in projects]
+    image_items = [
+        (
+            i["name"],
+            i.get("display_name") or i["name"],
+            {
+                "data-projects": " ".join(i.get("projects") or []),
+                "data-min": json.dumps(i.get("min_slots") or {}),
+            },
+        )
+        for i in images
+    ]
+    group_items = [
+        (g["name"], g["name"], {"data-types": " ".join(g.get("session_types") or SESSION_TYPES)})
+        for g in groups
+    ]
+    type_items: list[_Item] = [(t, t, {}) for t in SESSION_TYPES]
+    left = _script_json({p["name"]: p.get("left") or {} for p in projects})
+
+    def prev(key: str, default: str = "") -> str:
+        return escape(str(previous.get(key, default)))
+
+    quotas = "\n".join(_quota_table(p) for p in projects)
+    return f"""
+<div class="labfleet-spawn-form">
+  <div class="mb-3">
+    <label for="lf-project" class="form-label">Project</label>
+    <select id="lf-project" name="project" class="form-select" required>
+{_options(project_items, previous.get("project"))}
+    </select>
+  </div>
+  <div class="mb-3">
+    <label for="lf-image" class="form-label">Environment (image)</label>
+    <select id="lf-image" name="image" class="form-select" required>
+{_options(image_items, previous.get("image"))}
+    </select>
+  </div>
+  <div class="mb-3">
+    <label for="lf-group" class="form-label">Resource group</label>
+    <select id="lf-group" name="resource_group" class="form-select">
+{_options(group_items, previous.get("resource_group"))}
+    </select>
+  </div>
+  <div class="row g-3 mb-3">
+    <div class="col-sm-4">
+      <label for="lf-cpu" class="form-label">CPU cores</label>
+      <input id="lf-cpu" name="cpu" type="number" class="form-control" min="0.1" step="0.1"
+             value="{prev("cpu", "1")}">
+    </div>
+    <div class="col-sm-4">
+      <label for="lf-mem" class="form-label">Memory</label>
+      <input id="lf-mem" name="mem" type="text" class="form-control" pattern="[0-9.]+ *[kKmMgGtT]?i?[bB]?"
+             value="{prev("mem", "2g")}" aria-describedby="lf-mem-help">
+      <div id="lf-mem-help" class="form-text">e.g. 512m, 4g</div>
+    </div>
+    <div class="col-sm-4">
+      <label for="lf-gpu" class="form-label">GPU</label>
+      <input id="lf-gpu" name="gpu" type="number" class="form-control" min="0" step="0.01" list="lf-gpu-steps"
+             value="{prev("gpu", "0")}" aria-describedby="lf-gpu-help">
+      <datalist id="lf-gpu-steps"><option value="0.25"><option value="0.5"><option value="1"><option value="2"></datalist>
+      <div id="lf-gpu-help" class="form-text">Whole devices (1, 2) or a fraction of one (0.25, 0.5)</div>
+    </div>
+  </div>
+  <div class="mb-3">
+    <label for="lf-type" class="form-label">Session type</label>
+    <select id="lf-type" name="type" class="form-select">
+{_options(type_items, previous.get("type", "interactive"))}
+    </select>
+  </div>
+  <div class="mb-3" id="lf-command-row">
+    <label for="lf-command" class="form-label">Command (batch and inference)</label>
+    <textarea id="lf-command" name="command" class="form-control" rows="2"
+              placeholder="python train.py --epochs 3">{prev("command")}</textarea>
+  </div>
+  <div class="lf-quotas">
+{quotas}
+  </div>
+</div>
+<script>
+(function () {{
+  var left = {left};
+  var project = document.getElementById("lf-project");
+  var image = document.getElementById("lf-image");
+  var type = document.getElementById("lf-type");
+  var command = document.getElementById("lf-command-row");
+  function bound(id, value) {{
+    var input = document.getElementById(id);
+    if (value === null || value === undefined) {{ input.removeAttribute("max"); }}
+    else {{ input.setAttribute("max", value); }}
+  }}
+  function update() {{
+    var p = project.value, q = left[p] || {{}};
+    document.querySelectorAll(".lf-quota").forEach(function (t) {{ t.hidden = t.dataset.project !== p; }});
+    Array.prototype.forEach.call(image.options, function (o) {{
+      o.hidden = o.dataset.projects.split(" ").indexOf(p) < 0;
+    }});
+    if (image.selectedOptions.length && image.selectedOptions[0].hidden) {{
+      var first = Array.prototype.find.call(image.options, function (o) {{ return !o.hidden; }});
+      if (first) {{ image.value = first.value; }}
+    }}
+    bound("lf-cpu", q.cpu);
+    var g = q["gpu.shares"];
+    bound("lf-gpu", g === undefined ? q.gpu : g);
+    // A disabled field is not sent: an interactive session takes no command.
+    command.hidden = type.value === "interactive";
+    document.getElementById("lf-command").disabled = command.hidden;
+  }}
+  project.addEventListener("change", update);
+  type.addEventListener("change", update);
+  update();
+}})();
+</script>
+"""

@@ -1,0 +1,198 @@
+"""What to launch for an admitted session: a pure builder from the service's placement.
+
+:func:`build_launch` turns the session as the labfleet service answers it (``GET
+/api/sessions/{id}``: placement, slots, type) and the validated spawn options into a
+:class:`LaunchSpec`: limits, devices, mounts and the environment the session sees.  Backends
+(:mod:`spawner.local`, :mod:`spawner.docker`) translate a LaunchSpec into their own terms; no
+backend decides anything the placement already decided (Docker does not choose devices, the
+placement does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from .options import SessionOptions
+
+# A fraction of one device: how the session is told to limit itself.
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+DEFAULT_PIDS_LIMIT = 4096
+MOUNT_MODES = ("ro", "rw", "wd")
+
+
+@dataclass(frozen=True)
+class GPUAssignment:
+    uuid: str
+    index: int  # the device's index on its node (NVML's), for people and for MPS limits
+    model: str
+    memory: int  # bytes of device memory, 0 when unknown
+    shares: Decimal  # 1 for a whole device
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory in the session: ``target`` is absolute inside the session."""
+
+    source: str
+    target: str
+    mode: str = "rw"  # ro | rw | wd (wd writes and deletes; both are writable mounts)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MOUNT_MODES:
+            raise ValueError(f"mount mode must be one of {', '.join(MOUNT_MODES)}, not {self.mode!r}")
+        if not self.source.startswith("/") or not self.target.startswith("/"):
+            raise ValueError("mount source and target must be absolute paths")
+
+    @property
+    def read_only(self) -> bool:
+        return self.mode == "ro"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    session_id: str
+    user: str
+    server_name: str
+    session_type: str  # interactive | batch | inference
+    command: str  # the batch / inference command, "" for interactive
+    image: str | None
+    project: str  # DOMAIN/PROJECT
+    node: str | None
+    cpu: Decimal | None  # cores; None means no limit
+    mem: int | None  # bytes; None means no limit
+    gpus: tuple[GPUAssignment, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    mps: bool = False
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        return [g.uuid for g in self.gpus]
+
+    @property
+    def gpu_shares(self) -> Decimal:
+        return sum((g.shares for g in self.gpus), Decimal(0))
+
+    @property
+    def fractional(self) -> bool:
+        """One device, not all of it: the session must limit itself (MPS or framework caps)."""
+        return len(self.gpus) == 1 and self.gpus[0].shares < 1
+
+
+def _amount(value: Any) -> Decimal | None:
+    if value is None:
+        return None
+    return Decimal(str(value))
+
+
+def _gpus(devices: list[Mapping[str, Any]]) -> tuple[GPUAssignment, ...]:
+    out = []
+    for d in devices:
+        out.append(
+            GPUAssignment(
+                uuid=str(d["uuid"]),
+                index=int(d.get("index", 0)),
+                model=str(d.get("model", "")),
+                memory=int(d.get("memory", 0) or 0),
+                shares=Decimal(str(d["shares"])),
+            )
+        )
+    return tuple(out)
+
+
+def _fmt(amount: Decimal) -> str:
+    return format(amount.normalize(), "f")
+
+
+def gpu_env(gpus: tuple[GPUAssignment, ...], *, mps: bool, in_container: bool) -> dict[str, str]:
+    """The environment that pins and limits the session's GPUs.
+
+    Local processes see the node's devices, so CUDA_VISIBLE_DEVICES names them by UUID (CUDA
+    accepts UUIDs there).  A container sees only what Docker gave it, renumbered from 0.
+    ``LABFLEET_GPU_SHARES`` is always set, so code in the session (and the server extension)
+    knows its share even where nothing enforces it.
+    """
+    env: dict[str, str] = {}
+    total = sum((g.shares for g in gpus), Decimal(0))
+    env["LABFLEET_GPU_SHARES"] = _fmt(total)
+    if not gpus:
+        # No device for this session: hide the node's devices from CUDA.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        return env
+    uuids = ",".join(g.uuid for g in gpus)
+    env["LABFLEET_GPU_UUIDS"] = uuids
+    env["NVIDIA_VISIBLE_DEVICES"] = uuids
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus))) if in_container else uuids
+    if len(gpus) == 1 and gpus[0].shares < 1:
+        g = gpus[0]
+        fraction = g.shares
+        env["LABFLEET_GPU_FRACTION"] = _fmt(fraction)
+        if g.memory:
+            env["LABFLEET_GPU_MEMORY_LIMIT"] = str(int(g.memory * fraction))
+        if mps:
+            # MPS enforces both: a share of the SMs and a cap on pinned device memory.
+            env[MPS_THREADS_ENV] = str(max(1, int(fraction * 100)))
+            if g.memory:
+                env[MPS_MEMORY_ENV] = f"0={int(g.memory * fraction) // 2**20}M"
+        else:
+            # No MPS daemon: ask the frameworks to stay inside the share (advisory).
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = _fmt(fraction)
+            env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+    return env
+
+
+def build_launch(
+    session: Mapping[str, Any],
+    options: SessionOptions,
+    *,
+    mounts: tuple[Mount, ...] = (),
+    mps: bool = False,
+    in_container: bool = False,
+    pids_limit: int = DEFAULT_PIDS_LIMIT,
+) -> LaunchSpec:
+    """From the service's session view (placement included) and the options to a LaunchSpec."""
+    slots = session.get("slots") or {}
+    gpus = _gpus(session.get("devices") or [])
+    cpu = _amount(slots.get("cpu"))
+    mem_value = slots.get("mem")
+    mem = int(Decimal(str(mem_value))) if mem_value is not None else None
+    env = {
+        "LABFLEET_SESSION_ID": str(session["id"]),
+        "LABFLEET_SESSION_TYPE": options.type,
+        "LABFLEET_PROJECT": str(session.get("project", "")),
+        "LABFLEET_IMAGE": options.image or "",
+        "LABFLEET_RESOURCE_GROUP": str(session.get("resource_group", "")),
+        "LABFLEET_NODE": str(session.get("node") or ""),
+    }
+    if options.command:
+        env["LABFLEET_COMMAND"] = options.command
+    if cpu is not None:
+        env["LABFLEET_CPU_LIMIT"] = _fmt(cpu)
+        # Thread pools (OpenMP, MKL, BLAS) follow the CPU share instead of the node's core count.
+        env["OMP_NUM_THREADS"] = str(max(1, int(cpu)))
+    if mem is not None:
+        env["LABFLEET_MEM_LIMIT"] = str(mem)
+    env.update(gpu_env(gpus, mps=mps, in_container=in_container))
+    return LaunchSpec(
+        session_id=str(session["id"]),
+        user=str(session.get("user", "")),
+        server_name=str(session.get("name", "")),
+        session_type=options.type,
+        command=options.command,
+        image=options.image,
+        project=str(session.get("project", "")),
+        node=session.get("node"),
+        cpu=cpu,
+        mem=mem,
+        gpus=gpus,
+        mounts=mounts,
+        env=env,
+        pids_limit=pids_limit,
+        mps=mps,
+    )

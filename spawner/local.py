@@ -1,0 +1,155 @@
+"""The local backend: one ``jupyterhub-singleuser`` process per session on the Hub host.
+
+The embedded default.  Each user gets a home under ``home_dir_template``; where bubblewrap
+(``bwrap``) is installed the process runs in a sandbox: the system read-only, a private /tmp,
+its own /proc, and only the session's home and its mounts writable.  Devices and shares reach it
+through the environment (CUDA_VISIBLE_DEVICES by UUID, LABFLEET_GPU_SHARES, MPS limits).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from jupyterhub.spawner import SimpleLocalProcessSpawner
+from traitlets import Bool, List, Unicode
+
+from .launch import LaunchSpec, Mount
+from .mixin import LabfleetSpawnerMixin
+from .sandbox import bwrap_command
+
+
+class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
+    """labfleet sessions as local processes, sandboxed with bubblewrap when it is there."""
+
+    sandbox = Unicode(
+        "auto",
+        help="""Run sessions inside bubblewrap: `auto` (when `bwrap` is found and works), `yes` (a spawn
+        fails without it), `no`.""",
+    ).tag(config=True)
+
+    bwrap_path = Unicode("bwrap", help="The bubblewrap program (a name on PATH or a full path).").tag(
+        config=True
+    )
+
+    sandbox_writable = List(
+        Unicode(),
+        help="""Extra host directories the sandboxed session may write (besides its home, its run
+        directory and its mounts), e.g. a shared scratch space.""",
+    ).tag(config=True)
+
+    sandbox_share_net = Bool(
+        True,
+        help="""Keep the host's network in the sandbox. The Hub's proxy reaches the server on 127.0.0.1,
+        so a session without the host network would be unreachable; turn off only with another route.""",
+    ).tag(config=True)
+
+    extra_mounts = List(
+        help="""Host folders to mount in every session, as {"source": "/abs/host/dir", "target":
+        "name or /abs/path", "mode": "ro"|"rw"|"wd"}; a relative target is under the session's home.""",
+    ).tag(config=True)
+
+    _log_file = None
+
+    def _bwrap(self) -> str | None:
+        if self.sandbox == "no":
+            return None
+        path = shutil.which(self.bwrap_path)
+        if path and _bwrap_works(path):
+            return path
+        if self.sandbox == "yes":
+            raise RuntimeError(f"sandbox = yes, but {self.bwrap_path!r} is missing or cannot run here")
+        return None
+
+    def lf_mounts(self, options) -> tuple[Mount, ...]:
+        out = []
+        for m in self.extra_mounts:
+            target = m["target"] if str(m["target"]).startswith("/") else f"{self.home_dir}/{m['target']}"
+            out.append(Mount(source=str(m["source"]), target=target, mode=m.get("mode", "rw")))
+        return tuple(out)
+
+    async def lf_prepare(self, launch: LaunchSpec) -> None:
+        # A few mkdirs and one cached bwrap probe: quick enough to run on the loop.
+        self._prepare(launch)
+
+    def _prepare(self, launch: LaunchSpec) -> None:
+        home = Path(self.home_dir)
+        home.mkdir(parents=True, exist_ok=True)
+        log_path = self.session_log_path
+        if log_path is not None:
+            # The process writes its output straight into the session's log file.
+            self._log_file = open(log_path, "ab", buffering=0)  # closed after Popen
+            self.popen_kwargs = {"stdout": self._log_file, "stderr": subprocess.STDOUT}
+        bwrap = self._bwrap()
+        if bwrap:
+            for m in launch.mounts:
+                if m.target.startswith(str(home) + "/"):
+                    Path(m.target).mkdir(parents=True, exist_ok=True)
+            self.shell_cmd = bwrap_command(
+                bwrap,
+                home=str(home),
+                mounts=launch.mounts,
+                writable=list(self.sandbox_writable),
+                share_net=self.sandbox_share_net,
+            )
+        else:
+            self.shell_cmd = []
+            if launch.mounts:
+                # Without a sandbox a mount is a symlink, and ro cannot be enforced: say so.
+                for m in launch.mounts:
+                    target = Path(m.target)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if not target.exists():
+                        target.symlink_to(m.source)
+                self.log.warning("labfleet: no sandbox for %s; mounts are plain symlinks", self._log_name)
+
+    async def _signal(self, sig):
+        """Signal the whole sandbox: bwrap, and the server in its own PID namespace.
+
+        bwrap does not pass signals on, so a signal to its pid alone would leave the server
+        running; they share a process group (JupyterHub starts a new session for each server, so
+        the group is the server's alone, also after a Hub restart).
+        """
+        try:
+            leader = os.getpgid(self.pid) == self.pid
+        except ProcessLookupError:
+            return False
+        if not leader:
+            return await super()._signal(sig)
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return await super()._signal(sig)
+        return True
+
+    async def start(self):
+        try:
+            return await super().start()
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()  # the child has its own copy
+                self._log_file = None
+
+
+def _bwrap_works(path: str) -> bool:
+    """bwrap can be installed yet refused by the kernel (no user namespaces): try it once."""
+    cached = _BWRAP_OK.get(path)
+    if cached is None:
+        try:
+            r = subprocess.run(
+                [path, "--ro-bind", "/", "/", "--dev", "/dev", "--", "/bin/true"],
+                capture_output=True,
+                timeout=10,
+            )
+            cached = r.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            cached = False
+        _BWRAP_OK[path] = cached
+    return cached
+
+
+_BWRAP_OK: dict[str, bool] = {}

@@ -1,0 +1,457 @@
+"""The labfleet spawner logic, shared by every backend.
+
+``LabfleetSpawnerMixin`` goes before a JupyterHub spawner class (``class X(LabfleetSpawnerMixin,
+LocalProcessSpawner)``).  It
+
+1. offers the spawn form (the user's projects, images, resource groups and quota, from the service);
+2. checks ``user_options`` (untrusted: the REST API can send anything) in ``apply_user_options``,
+   which JupyterHub turns into a 400 with our message;
+3. asks the labfleet service to admit and place the session before anything starts, waits in the
+   queue while it is PENDING (``progress()`` tells the position), and fails with the service's
+   reason when it is refused or cancelled;
+4. hands the backend a :class:`~spawner.launch.LaunchSpec` (``lf_prepare``), starts it, reports
+   RUNNING, and gives the allocation back on stop, on a failed start and when ``poll()`` finds the
+   server gone (with the exit code of a batch command);
+5. keeps the session id in the Hub's state (``get_state`` / ``load_state``) so a Hub restart finds
+   its allocation again.
+
+Backends implement ``lf_prepare`` (apply the LaunchSpec to themselves) and may override
+``lf_exit_code`` and ``lf_in_container``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from jupyterhub.spawner import SpawnException
+from traitlets import Float, Integer, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from hub_ext.client import Reply, default_service_token, default_service_url, service_call
+
+from . import form
+from .launch import LaunchSpec, Mount, build_launch
+from .options import OptionsError, SessionOptions, options_from_form, parse_options
+
+PENDING = "PENDING"
+LIVE = ("SCHEDULED", "PREPARING", "RUNNING")
+ENDED = ("TERMINATED", "ERROR", "CANCELLED")
+_EXIT = re.compile(r"ExitCode=(-?\d+)")
+
+
+def _refusal(reply: Reply, what: str) -> SpawnException:
+    """A service answer that stops the spawn, as the Hub shows it (form message, API status)."""
+    if reply.code == 0:
+        return SpawnException(
+            f"{what}: the labfleet service is unreachable, try again shortly",
+            reason="labfleet-unreachable",
+            status_code=503,
+        )
+    status = reply.code if 400 <= reply.code < 500 else 502
+    return SpawnException(
+        f"{what}: {reply.message or f'the labfleet service answered {reply.code}'}",
+        reason="labfleet-refused" if status < 500 else "labfleet-error",
+        status_code=status,
+    )
+
+
+class LabfleetSpawnerMixin(LoggingConfigurable):
+    """Admission, queueing, launch spec and release around a JupyterHub spawner (see module doc).
+
+    A Configurable, so ``c.LabfleetSpawnerMixin.<option>`` configures every labfleet backend.
+    """
+
+    # Set by backends that run the server in a container (device numbering restarts at 0 there).
+    lf_in_container = False
+
+    service_url = Unicode(
+        help="""Base URL of the labfleet service's REST API, as the Hub reaches it.
+
+        Defaults to $LABFLEET_SERVICE_API_URL, else http://127.0.0.1:10101/services/labfleet/api.
+        """,
+    ).tag(config=True)
+
+    @default("service_url")
+    def _service_url_default(self) -> str:
+        return default_service_url()
+
+    service_token = Unicode(
+        help="""The labfleet service's API token (the Hub's identity at the service).
+
+        Defaults to $LABFLEET_SERVICE_TOKEN. Never logged.
+        """,
+    ).tag(config=True)
+
+    @default("service_token")
+    def _service_token_default(self) -> str:
+        return default_service_token()
+
+    service_timeout = Float(
+        10.0, help="Seconds to wait for one answer of the labfleet service before the spawn fails."
+    ).tag(config=True)
+
+    queue_poll_interval = Float(
+        1.0,
+        help="""Seconds between two looks at a queued (PENDING) session. The queue wait itself is bounded
+        by the resource group's pending timeout, after which the service cancels the session.""",
+    ).tag(config=True)
+
+    backend_start_timeout = Integer(
+        120,
+        help="""Seconds the backend may take to start the server once the session is placed.
+
+        `start_timeout` covers the whole start, queue wait included, so labfleet raises it; this
+        bounds the backend's part alone.""",
+    ).tag(config=True)
+
+    batch_poll_interval = Integer(
+        2,
+        help="""Poll interval (seconds) for batch and inference sessions, so that the end of their command
+        frees the allocation quickly. Interactive sessions keep `poll_interval`.""",
+    ).tag(config=True)
+
+    default_image = Unicode(
+        "",
+        help="""Image used when the options name none. Empty: the first image the session's project may
+        use, as the labfleet service lists them.""",
+    ).tag(config=True)
+
+    session_log_dir = Unicode(
+        help="""Folder where each session's backend output (process output, container logs) is kept,
+        one file per session id; the labfleet service serves them at /api/sessions/{id}/logs.
+
+        Defaults to $LABFLEET_SESSION_LOG_DIR, else `session-logs` in the Hub's working directory.""",
+    ).tag(config=True)
+
+    @default("session_log_dir")
+    def _session_log_dir_default(self) -> str:
+        return os.environ.get("LABFLEET_SESSION_LOG_DIR") or str(Path.cwd() / "session-logs")
+
+    mps = Unicode(
+        "auto",
+        help="""Whether nodes run an NVIDIA MPS daemon: `yes` (fractions limited with
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), `no` (framework memory
+        caps), or `auto` (yes when $CUDA_MPS_PIPE_DIRECTORY exists on the Hub host).""",
+    ).tag(config=True)
+
+    @default("start_timeout")
+    def _start_timeout_default(self) -> int:
+        # The queue wait is part of start(); the group's pending timeout bounds it, not this.
+        return 24 * 3600
+
+    @default("options_form")
+    def _options_form_default(self):
+        return self._lf_options_form
+
+    @default("apply_user_options")
+    def _apply_user_options_default(self):
+        return LabfleetSpawnerMixin._lf_apply_user_options
+
+    # ------------------------------------------------------------------ state
+
+    lf_session_id: str | None = None
+    lf_session: dict[str, Any] | None = None
+    lf_options: SessionOptions | None = None
+    lf_launch: LaunchSpec | None = None
+    lf_exit: int | None = None
+    lf_overhead_ms: float | None = None
+    _lf_queue_message = ""
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()  # type: ignore[misc]
+        if self.lf_session_id:
+            state["labfleet_session_id"] = self.lf_session_id
+        if self.lf_options is not None:
+            state["labfleet_options"] = self.lf_options.to_json()
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)  # type: ignore[misc]
+        self.lf_session_id = state.get("labfleet_session_id") or None
+        raw = state.get("labfleet_options")
+        if raw:
+            try:
+                self.lf_options = parse_options(raw)
+            except OptionsError:
+                self.lf_options = None
+
+    def clear_state(self) -> None:
+        # The backend clears its state when its server is gone (LocalProcessSpawner does it inside
+        # poll()); the session id stays until the allocation is given back (_lf_release).
+        super().clear_state()  # type: ignore[misc]
+        self.lf_session = None
+        self.lf_launch = None
+
+    # ------------------------------------------------------------------ the service
+
+    async def lf_call(self, method: str, path: str, body: Any = None) -> Reply:
+        return await service_call(
+            self.service_url,
+            self.service_token,
+            method,
+            path,
+            body,
+            timeout=self.service_timeout,
+            log=self.log,  # type: ignore[attr-defined]
+        )
+
+    @property
+    def lf_username(self) -> str:
+        return self.user.name  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ options
+
+    async def _lf_options_form(self, spawner: Any = None) -> str:
+        reply = await self.lf_call("GET", f"/users/{quote(self.lf_username, safe='')}/launch-options")
+        if not reply.ok or not isinstance(reply.data, dict):
+            return form.unavailable(reply.message or "the labfleet service did not answer")
+        return form.render(reply.data, previous=self.user_options or {})  # type: ignore[attr-defined]
+
+    async def _lf_only_project(self) -> str | None:
+        reply = await self.lf_call("GET", f"/users/{quote(self.lf_username, safe='')}/launch-options")
+        projects = reply.data.get("projects") if reply.ok and isinstance(reply.data, dict) else None
+        return projects[0]["name"] if projects and len(projects) == 1 else None
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        return options_from_form(formdata)
+
+    @staticmethod
+    async def _lf_apply_user_options(spawner: LabfleetSpawnerMixin, user_options: Any) -> None:
+        user_options = user_options or {}
+        if isinstance(user_options, dict) and not user_options.get("project"):
+            # "Start my server" with no options: a user in exactly one project means that one.
+            only = await spawner._lf_only_project()
+            if only:
+                user_options = {**user_options, "project": only}
+        try:
+            spawner.lf_options = parse_options(user_options)
+        except OptionsError as e:
+            raise SpawnException(f"Invalid options: {e}", reason="invalid-options", status_code=400) from None
+
+    # ------------------------------------------------------------------ start
+
+    def lf_mps(self) -> bool:
+        if self.mps == "yes":
+            return True
+        if self.mps == "no":
+            return False
+        pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+        return bool(pipe and os.path.isdir(pipe))
+
+    @property
+    def session_log_path(self) -> Path | None:
+        """This session's log file (backends write their output there)."""
+        if not self.lf_session_id:
+            return None
+        return Path(self.session_log_dir) / f"{self.lf_session_id}.log"
+
+    def lf_mounts(self, options: SessionOptions) -> tuple[Mount, ...]:
+        """Folders to mount in the session. Virtual folders arrive with their own issue: until then
+        naming one is refused (see _lf_admission_body), and backends may add mounts of their own."""
+        return ()
+
+    def _lf_admission_body(self, options: SessionOptions) -> dict[str, Any]:
+        if options.vfolders:
+            raise SpawnException(
+                f"Invalid options: virtual folders are not available on this hub yet"
+                f" ({', '.join(options.vfolders)})",
+                reason="invalid-options",
+                status_code=400,
+            )
+        body: dict[str, Any] = {
+            "project": options.project,
+            "username": self.lf_username,
+            "name": self.name,  # type: ignore[attr-defined]
+            "type": options.type,
+            "slots": options.slots(),
+        }
+        image = options.image or self.default_image
+        if image:
+            body["image"] = image
+        if options.resource_group:
+            body["resource_group"] = options.resource_group
+        return body
+
+    async def start(self):
+        options = self.lf_options
+        if options is None:
+            # apply_user_options was replaced by config: check the options here instead.
+            await self._lf_apply_user_options(self, self.user_options or {})  # type: ignore[attr-defined]
+            options = self.lf_options
+        assert options is not None
+        self.lf_exit = None
+        t0 = time.perf_counter()
+        reply = await self.lf_call("POST", "/sessions", self._lf_admission_body(options))
+        if not reply.ok:
+            raise _refusal(reply, "labfleet refused the session")
+        session = reply.data
+        self.lf_session_id = session["id"]
+        self.lf_session = session
+        try:
+            t_admitted = time.perf_counter()
+            session = await self._lf_wait_for_placement(session)
+            t_placed = time.perf_counter()
+            if options.image is None and session.get("image"):
+                options = SessionOptions(**{**options.__dict__, "image": session["image"]})
+                self.lf_options = options
+            await self._lf_report("PREPARING", "starting the server")
+            self.lf_launch = build_launch(
+                session,
+                options,
+                mounts=self.lf_mounts(options),
+                mps=self.lf_mps(),
+                in_container=self.lf_in_container,
+            )
+            if options.type != "interactive":
+                self.poll_interval = self.batch_poll_interval  # type: ignore[attr-defined]
+            if self.session_log_path is not None:
+                self.session_log_path.parent.mkdir(parents=True, exist_ok=True)
+            await self.lf_prepare(self.lf_launch)
+            t_prepared = time.perf_counter()
+            url = await asyncio.wait_for(super().start(), timeout=self.backend_start_timeout)  # type: ignore[misc]
+        except BaseException as e:  # cancelled or failed: the allocation goes back at once
+            await self._lf_release("ERROR", f"the server did not start: {e}"[:900])
+            raise
+        t_started = time.perf_counter()
+        await self._lf_report("RUNNING", "server started")
+        # What labfleet adds to a spawn (queue wait and the backend's own start excluded);
+        # benchmarks/spawn_overhead.py reads this line.
+        self.lf_overhead_ms = 1000 * (
+            (t_admitted - t0) + (t_prepared - t_placed) + (time.perf_counter() - t_started)
+        )
+        self.log.info(  # type: ignore[attr-defined]
+            "labfleet: %s admitted in %.1f ms, queued %.1f ms; labfleet overhead %.1f ms",
+            self._log_name,  # type: ignore[attr-defined]
+            1000 * (t_admitted - t0),
+            1000 * (t_placed - t_admitted),
+            self.lf_overhead_ms,
+        )
+        return url
+
+    async def _lf_wait_for_placement(self, session: dict[str, Any]) -> dict[str, Any]:
+        """Wait while the session is queued; the service schedules it (or cancels it)."""
+        sid = session["id"]
+        while session["status"] == PENDING:
+            position = session.get("queue_position")
+            self._lf_queue_message = (
+                f"Queued in resource group {session.get('resource_group')}"
+                + (f" at position {position}" if position else "")
+                + f": {session.get('status_reason') or 'waiting for free capacity'}"
+            )
+            await asyncio.sleep(self.queue_poll_interval)
+            reply = await self.lf_call("GET", f"/sessions/{quote(sid, safe='')}")
+            if reply.code == 0:
+                continue  # the service restarts: keep the place in the queue
+            if not reply.ok:
+                raise _refusal(reply, "labfleet lost the queued session")
+            session = reply.data
+        self.lf_session = session
+        if session["status"] in ENDED:
+            raise SpawnException(
+                f"labfleet did not start the session: {session.get('status_reason') or session['status']}",
+                reason="labfleet-cancelled",
+                status_code=409,
+            )
+        return session
+
+    async def progress(self):
+        """The Hub's progress stream: queue position while PENDING, then the backend's events."""
+        last = None
+        while self.lf_session is None or self.lf_session.get("status") == PENDING:
+            message = self._lf_queue_message or "Asking labfleet for resources"
+            if message != last:
+                yield {"progress": 10, "message": message}
+                last = message
+            await asyncio.sleep(0.5)
+            if not getattr(self, "_spawn_pending", True):
+                return
+        session = self.lf_session
+        where = ", ".join(
+            f"{d['shares']} of {d['model']} #{d['index']}" for d in (session.get("devices") or [])
+        )
+        yield {
+            "progress": 40,
+            "message": f"Placed on {session.get('node')}" + (f": {where}" if where else ""),
+        }
+        parent = super().progress()  # type: ignore[misc]
+        async for event in parent:
+            yield event
+
+    # ------------------------------------------------------------------ backends
+
+    async def lf_prepare(self, launch: LaunchSpec) -> None:
+        """Apply the launch spec to the backend (limits, devices, mounts) before it starts."""
+
+    def lf_exit_code(self, status: Any) -> int | None:
+        """The server's exit code from a poll() status: an int (processes) or "ExitCode=N" (Docker)."""
+        if isinstance(status, bool) or status is None:
+            return None
+        if isinstance(status, int):
+            return status
+        m = _EXIT.search(str(status))
+        return int(m.group(1)) if m else None
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()  # type: ignore[misc]
+        if self.lf_launch is not None:
+            env.update(self.lf_launch.env)
+        return env
+
+    # ------------------------------------------------------------------ stop, poll, release
+
+    async def _lf_report(self, status: str, reason: str, exit_code: int | None = None) -> Reply | None:
+        if not self.lf_session_id:
+            return None
+        body: dict[str, Any] = {"status": status, "reason": reason}
+        if exit_code is not None:
+            body["exit_code"] = max(-255, min(255, exit_code))
+        reply = await self.lf_call("PATCH", f"/sessions/{quote(self.lf_session_id, safe='')}", body)
+        if reply.code not in (200, 409):
+            self.log.warning(  # type: ignore[attr-defined]
+                "labfleet: reporting %s for session %s failed: %s %s",
+                status,
+                self.lf_session_id,
+                reply.code,
+                reply.message,
+            )
+        return reply
+
+    async def _lf_release(self, status: str, reason: str) -> None:
+        """Give the allocation back (queued sessions are cancelled); safe to call twice."""
+        sid = self.lf_session_id
+        if not sid:
+            return
+        reply = await self._lf_report(status, reason, self.lf_exit)
+        if reply is not None and reply.code == 409:
+            # Not a transition the spawner may make (e.g. still PENDING): ask for a plain stop.
+            await self.lf_call("DELETE", f"/sessions/{quote(sid, safe='')}")
+        self.lf_session_id = None
+
+    async def poll(self):
+        status = await super().poll()  # type: ignore[misc]
+        if status is not None and self.lf_session_id:
+            code = self.lf_exit_code(status)
+            if code is not None:
+                self.lf_exit = code
+            await self._lf_release(
+                "TERMINATED", "the server exited" + (f" with code {code}" if code is not None else "")
+            )
+        return status
+
+    async def stop(self, now: bool = False):
+        if self.lf_session_id and self.lf_exit is None:
+            try:
+                code = self.lf_exit_code(await super().poll())  # type: ignore[misc]
+            except Exception:
+                code = None
+            self.lf_exit = code
+        try:
+            await super().stop(now=now)  # type: ignore[misc]
+        finally:
+            await self._lf_release("TERMINATED", "stopped")

@@ -1,0 +1,44 @@
+"""bubblewrap command lines for local sessions: a pure builder, no I/O.
+
+The sandbox sees the host read-only, gets a private /tmp and /dev, its own /proc and PID
+namespace, and writes only its home, the extra writable folders and its rw/wd mounts; ro
+mounts are bound read-only.  The host network stays (the proxy reaches the server on
+127.0.0.1).  The session command is appended as one shell string (JupyterHub's ``shell_cmd``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .launch import Mount
+
+
+def bwrap_command(
+    bwrap: str,
+    *,
+    home: str,
+    mounts: Iterable[Mount] = (),
+    writable: Iterable[str] = (),
+    share_net: bool = True,
+) -> list[str]:
+    """``shell_cmd`` for LocalProcessSpawner: bwrap's arguments, then ``/bin/sh -c``."""
+    args = [
+        bwrap,
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+        "--tmpfs", "/var/tmp",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+    ]  # fmt: skip
+    if not share_net:
+        args.append("--unshare-net")
+    args += ["--bind", home, home]
+    for path in writable:
+        args += ["--bind", path, path]
+    for m in mounts:
+        args += ["--ro-bind" if m.read_only else "--bind", m.source, m.target]
+    args += ["--chdir", home, "--setenv", "HOME", home, "--", "/bin/sh", "-c"]
+    return args

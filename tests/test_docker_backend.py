@@ -1,0 +1,373 @@
+"""The Docker backend on a real Docker engine and a real Hub: the test image built locally
+(scripts/build-image.sh), registered with the labfleet service, spawned through the Hub REST API
+with user_options; limits, hardening, host networking and the placement's environment checked
+with `docker inspect`; JupyterLab reached through the proxy; ro and rw mounts; a batch session
+ending with its command's exit code and its logs; stop freeing the allocation.
+
+The module starts Docker itself (scripts/docker.sh): a missing engine is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import time
+from urllib.parse import quote
+
+import pytest
+import requests
+
+from tests.hubfixture import REPO, free_port, start_hub
+
+pytestmark = pytest.mark.docker
+
+IMAGE = "labfleet/singleuser:test"
+GIB = 2**30
+
+
+def _run_script(name: str, timeout: float) -> str:
+    try:
+        r = subprocess.run(
+            ["bash", str(REPO / "scripts" / name)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"scripts/{name} did not finish in {timeout}s:\n{e.stdout}\n{e.stderr}")
+    if r.returncode != 0:
+        pytest.fail(f"scripts/{name} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """A Docker engine that answers and the test image, built here if missing or stale."""
+    _run_script("docker.sh", 240)
+    out = _run_script("build-image.sh", 900)
+    print(out)
+    import docker
+
+    client = docker.from_env(version="auto", timeout=60)
+    assert client.images.get(IMAGE).labels["ai.labfleet.source-hash"]
+    yield client
+    client.close()
+
+
+def _token(hub, name):
+    for _ in range(100):
+        if hub.hub_api("GET", f"/users/{name}").status_code == 200:
+            return hub.user_token(name)
+        time.sleep(0.2)
+    raise AssertionError(f"Hub user {name} never appeared")
+
+
+def _start_docker_hub(state, extra, **kw):
+    """The Hub with the Docker backend (LABFLEET_BACKEND=docker, as a deployment sets it)."""
+    saved = {k: os.environ.get(k) for k in ("LABFLEET_BACKEND", "LABFLEET_DOCKER_IMAGE")}
+    os.environ.update(LABFLEET_BACKEND="docker", LABFLEET_DOCKER_IMAGE=IMAGE)
+    try:
+        return start_hub(state, extra_config=extra, **kw)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def env(engine, tmp_path_factory):
+    state = tmp_path_factory.mktemp("docker-hub")
+    # Folders mounted into every session: one read-only, one writable by the session user (uid 1000).
+    ro, rw = state / "mnt-ro", state / "mnt-rw"
+    ro.mkdir()
+    rw.mkdir()
+    (ro / "given.txt").write_text("read me\n")
+    os.chmod(rw, 0o777)
+    base = tmp_path_factory.getbasetemp()
+    for p in (state, base, base.parent):
+        # The session user (uid 1000) must reach the mounts: pytest's tmp dirs are 0700.
+        os.chmod(p, p.stat().st_mode | 0o011)
+    prefix = "lftest" + secrets.token_hex(3)
+    extra = f"""
+c.JupyterHub.spawner_class = "spawner.docker.LabfleetDockerSpawner"
+c.DockerSpawner.network_name = "host"
+c.DockerSpawner.pull_policy = "never"
+c.DockerSpawner.name_template = "{prefix}-{{username}}--{{servername}}"
+c.LabfleetSpawnerMixin.queue_poll_interval = 0.3
+# Sessions outlive a Hub restart (test_hub_restart_...); the fixture's teardown removes what is left.
+# The restarted Hub keeps its API port: the running servers call it there.
+c.JupyterHub.cleanup_servers = False
+c.JupyterHub.hub_port = {free_port()}
+c.LabfleetDockerSpawner.extra_mounts = [
+    {{"source": {str(ro)!r}, "target": "ro-data", "mode": "ro"}},
+    {{"source": {str(rw)!r}, "target": "/home/jovyan/rw-data", "mode": "rw"}},
+]
+"""
+    hub = _start_docker_hub(state, extra)
+    box = {"hub": hub, "extra": extra, "state": state}
+    try:
+        root = _token(hub, "root")
+        for method, path, body in [
+            ("POST", "/domains", {"name": "acme"}),
+            ("POST", "/projects", {"domain": "acme", "name": "ml"}),
+            ("POST", "/users", {"username": "alice", "domain": "acme", "projects": ["ml"]}),
+        ]:
+            r = hub.api(method, path, root, json=body)
+            assert r.status_code == 201, (path, r.text)
+        box.update(root=root, alice=_token(hub, "alice"), ro=ro, rw=rw, prefix=prefix)
+        yield box
+    finally:
+        hub = box["hub"]  # a test may have restarted it
+        for server in ("a", "b", "r"):
+            hub.hub_api("DELETE", f"/users/alice/servers/{server}")
+        hub.stop()
+        for c in engine.containers.list(all=True, filters={"name": prefix}):
+            c.remove(force=True)
+
+
+def _image_path() -> str:
+    return "/images/" + quote(IMAGE, safe="")
+
+
+def _register_image(env) -> dict:
+    hub, root = env["hub"], env["root"]
+    r = hub.api("GET", _image_path(), root)
+    if r.status_code == 404:
+        r = hub.api("POST", "/images", root, json={"name": IMAGE, "inspect": True})
+        assert r.status_code == 201, r.text
+    else:
+        assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _spawn(hub, server, options):
+    return hub.hub_api("POST", f"/users/alice/servers/{server}", json=options)
+
+
+def _wait_ready(hub, server, timeout=90):
+    deadline = time.monotonic() + timeout
+    model = None
+    while time.monotonic() < deadline:
+        model = hub.hub_api("GET", "/users/alice").json()["servers"].get(server)
+        if model and model.get("ready"):
+            return model
+        time.sleep(0.2)
+    raise AssertionError(f"alice/{server} never became ready: {model}\n{hub.log_text()[-5000:]}")
+
+
+def _session(hub, token, server):
+    live = [
+        s
+        for s in hub.api("GET", "/sessions", token).json()
+        if s["name"] == server and s["status"] not in ("TERMINATED", "CANCELLED", "ERROR")
+    ]
+    assert len(live) == 1, live
+    return live[0]
+
+
+def _wait_status(hub, token, sid, statuses, timeout=60):
+    deadline = time.monotonic() + timeout
+    s = None
+    while time.monotonic() < deadline:
+        s = hub.api("GET", f"/sessions/{sid}", token).json()
+        if s["status"] in statuses:
+            return s
+        time.sleep(0.3)
+    raise AssertionError(f"session {sid} never reached {statuses}: {s}\n{hub.log_text()[-4000:]}")
+
+
+def _container(engine, sid):
+    found = engine.containers.list(all=True, filters={"label": f"ai.labfleet.session-id={sid}"})
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _exec(container, cmd):
+    r = container.exec_run(["bash", "-c", cmd])
+    return r.exit_code, r.output.decode(errors="replace")
+
+
+def test_image_is_registered_with_its_labels(env):
+    hub, root = env["hub"], env["root"]
+    # LABFLEET_BACKEND=docker registers the default image when the service starts; register it
+    # again by hand, through the API, with its labels read from the Docker engine.
+    _register_image(env)
+    assert hub.api("DELETE", _image_path(), root).status_code == 200
+    assert hub.api("GET", _image_path(), root).status_code == 404
+    r = hub.api("POST", "/images", root, json={"name": IMAGE, "inspect": True})
+    assert r.status_code == 201, r.text
+    image = r.json()
+    assert image["name"] == IMAGE
+    assert image["display_name"] == "Python 3 + JupyterLab (test)"
+    assert image["accelerators"] == ["cuda"]
+    assert image["service_ports"] == [{"name": "jupyter", "protocol": "http", "port": 8888}]
+    assert float(image["min_resource_slots"]["cpu"]) == 0.5
+    assert int(image["min_resource_slots"]["mem"]) == 256 * 2**20
+    assert len(image["labels"]["ai.labfleet.source-hash"]) == 32
+    missing = hub.api("POST", "/images", root, json={"name": "labfleet/not-built:1", "inspect": True})
+    assert missing.status_code == 400 and "has no image" in missing.json()["message"], missing.text
+
+
+def test_interactive_session_limits_hardening_mounts_and_stop(env, engine):
+    hub, alice, root = env["hub"], env["alice"], env["root"]
+    _register_image(env)
+    options = {"project": "ml", "image": IMAGE, "cpu": 1, "mem": "1g", "gpu": 0.5}
+    t0 = time.monotonic()
+    r = _spawn(hub, "a", options)
+    assert r.status_code in (201, 202), r.text
+    _wait_ready(hub, "a")
+    print(f"spawn to ready: {time.monotonic() - t0:.1f}s")
+    s = _session(hub, alice, "a")
+    assert s["status"] == "RUNNING" and s["image"] == IMAGE
+    assert [d["shares"] for d in s["devices"]] == [0.5]
+
+    c = _container(engine, s["id"])
+    info = engine.api.inspect_container(c.id)
+    host = info["HostConfig"]
+    # Limits: 1 CPU (CFS quota over period), 1 GiB of memory and no swap beyond it, pids.
+    assert host["CpuQuota"] / host["CpuPeriod"] == 1.0 and host["CpuPeriod"] == 100_000
+    assert host["Memory"] == GIB and host["MemorySwap"] == GIB
+    assert host["PidsLimit"] == 4096
+    # Hardening: no capability, no privilege gain, an init process, an unprivileged user.
+    assert host["SecurityOpt"] == ["no-new-privileges:true"]
+    assert [x.upper() for x in host["CapDrop"]] == ["ALL"] and not host.get("CapAdd")
+    assert host["Init"] is True and host["Privileged"] is False
+    assert info["Config"]["User"] == "1000:1000"
+    # Host networking; mock devices are accounted but not requested from Docker.
+    assert host["NetworkMode"] == "host"
+    assert not host.get("DeviceRequests")
+    assert info["Config"]["Labels"]["ai.labfleet.session-id"] == s["id"]
+    assert info["Config"]["Labels"]["ai.labfleet.user"] == "alice"
+    assert info["Config"]["Labels"]["ai.labfleet.project"] == "acme/ml"
+    env_ = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env_["LABFLEET_SESSION_ID"] == s["id"]
+    assert env_["LABFLEET_GPU_SHARES"] == "0.5"
+    assert env_["LABFLEET_GPU_FRACTION"] == "0.5"
+    assert env_["CUDA_VISIBLE_DEVICES"] == "0"  # renumbered inside the container
+    assert env_["NVIDIA_VISIBLE_DEVICES"] == s["devices"][0]["uuid"]
+    assert env_["LABFLEET_CPU_LIMIT"] == "1" and env_["LABFLEET_MEM_LIMIT"] == str(GIB)
+    assert env_["JUPYTERHUB_SERVICE_URL"].startswith("http://127.0.0.1:")
+    assert "LABFLEET_SERVICE_TOKEN" not in env_
+
+    # The limits reach the kernel: the container's own cgroup and process status.
+    code, out = _exec(
+        c,
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; "
+        "id -u; grep CapEff /proc/self/status",
+    )
+    assert code == 0, out
+    mem, uid, capeff = out.split("\n")[:3]
+    assert int(mem) == GIB and uid == "1000"
+    assert capeff.split()[1] == "0000000000000000"
+
+    # JupyterLab through the Hub's proxy, with the user's token.
+    lab = requests.get(
+        f"{hub.url}/user/alice/a/api/status", headers={"Authorization": f"token {alice}"}, timeout=30
+    )
+    assert lab.status_code == 200, lab.text
+
+    # Mounts: ro cannot be written, rw can (and the file lands on the host, owned by the session user).
+    code, out = _exec(c, "cat ~/ro-data/given.txt && touch ~/ro-data/new.txt")
+    assert code != 0 and "read me" in out and "Read-only file system" in out, out
+    assert not (env["ro"] / "new.txt").exists()
+    code, out = _exec(c, "echo written > /home/jovyan/rw-data/new.txt")
+    assert code == 0, out
+    assert (env["rw"] / "new.txt").read_text() == "written\n"
+    assert (env["rw"] / "new.txt").stat().st_uid == 1000
+
+    # Stop: the container goes, the allocation comes back at once.
+    assert hub.hub_api("DELETE", "/users/alice/servers/a").status_code in (202, 204)
+    after = _wait_status(hub, alice, s["id"], ("TERMINATED",))
+    assert after["devices"] == []
+    nodes = hub.api("GET", "/nodes", root).json()
+    assert all(d["allocated"] == 0 for n in nodes for d in n["devices"])
+    deadline = time.monotonic() + 30
+    while engine.containers.list(all=True, filters={"label": f"ai.labfleet.session-id={s['id']}"}):
+        assert time.monotonic() < deadline, "the stopped session's container was not removed"
+        time.sleep(0.3)
+
+
+def test_batch_session_ends_with_its_exit_code_and_keeps_its_logs(env, engine):
+    hub, alice, root = env["hub"], env["alice"], env["root"]
+    _register_image(env)
+    options = {
+        "project": "ml",
+        "image": IMAGE,
+        "cpu": 0.5,
+        "mem": "512m",
+        "gpu": 0.25,
+        "type": "batch",
+        "command": "echo from-batch; exit 3",
+    }
+    r = _spawn(hub, "b", options)
+    # A command quicker than the spawn: the session waits for the Hub to see it up before it exits
+    # (server_ext), so the spawn itself succeeds.
+    assert r.status_code in (201, 202), r.text
+    deadline = time.monotonic() + 30
+    while True:
+        sessions = [s for s in hub.api("GET", "/sessions", alice).json() if s["name"] == "b"]
+        if sessions:
+            break
+        assert time.monotonic() < deadline, "no session for the batch spawn"
+        time.sleep(0.2)
+    (s,) = sessions
+    assert s["type"] == "batch"
+    done = _wait_status(hub, alice, s["id"], ("TERMINATED", "ERROR"), timeout=120)
+    assert done["status"] == "TERMINATED", done
+    assert done["exit_code"] == 3, done
+    assert done["devices"] == []
+    # The container's output, kept by the backend and served by the service.
+    logs = hub.api("GET", f"/sessions/{s['id']}/logs", alice)
+    assert logs.status_code == 200, logs.text
+    assert "from-batch" in logs.text, logs.text[-3000:]
+    # The exited container is removed once its exit code was read; the Hub has no server left.
+    deadline = time.monotonic() + 30
+    while engine.containers.list(all=True, filters={"label": f"ai.labfleet.session-id={s['id']}"}):
+        assert time.monotonic() < deadline, "the batch session's container was not removed"
+        time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while (model := hub.hub_api("GET", "/users/alice").json()["servers"].get("b")) is not None:
+        assert time.monotonic() < deadline, model
+        time.sleep(0.3)
+    nodes = hub.api("GET", "/nodes", root).json()
+    assert all(d["allocated"] == 0 for n in nodes for d in n["devices"])
+
+
+def test_hub_restart_keeps_the_container_its_allocation_and_its_log(env, engine):
+    hub, alice = env["hub"], env["alice"]
+    _register_image(env)
+    r = _spawn(hub, "r", {"project": "ml", "image": IMAGE, "cpu": 0.5, "mem": "512m", "gpu": 0.25})
+    assert r.status_code in (201, 202), r.text
+    _wait_ready(hub, "r")
+    s = _session(hub, alice, "r")
+    c = _container(engine, s["id"])
+    hub.stop()
+    c.reload()
+    assert c.status == "running", "the session must survive the Hub's restart"
+    again = _start_docker_hub(env["state"], env["extra"], db_url=hub.db_url, do_seed=False)
+    env["hub"] = again
+    token = _token(again, "alice")
+    time.sleep(2)  # the service reconciles with the Hub's servers at start
+    after = again.api("GET", f"/sessions/{s['id']}", token).json()
+    assert after["status"] == "RUNNING" and after["devices"][0]["shares"] == 0.25
+    lab = requests.get(
+        f"{again.url}/user/alice/r/api/status", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    assert lab.status_code == 200
+    # The new Hub follows the container's output again: a request shows up in the session log.
+    marker = "/user/alice/r/api/contents/marker-" + secrets.token_hex(4)
+    requests.get(again.url + marker, headers={"Authorization": f"token {token}"}, timeout=30)
+    deadline = time.monotonic() + 20
+    while marker not in (text := again.api("GET", f"/sessions/{s['id']}/logs", token).text):
+        assert time.monotonic() < deadline, text[-2000:]
+        time.sleep(0.3)
+    assert again.hub_api("DELETE", "/users/alice/servers/r").status_code in (202, 204)
+    assert _wait_status(again, token, s["id"], ("TERMINATED",))["devices"] == []
+    deadline = time.monotonic() + 30
+    while engine.containers.list(all=True, filters={"label": f"ai.labfleet.session-id={s['id']}"}):
+        assert time.monotonic() < deadline, "the stopped session's container was not removed"
+        time.sleep(0.3)

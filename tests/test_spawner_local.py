@@ -1,0 +1,295 @@
+"""The labfleet spawner's local backend on a real Hub: spawn through the REST API with
+user_options, reach JupyterLab through the proxy, the session RUNNING with its allocation in the
+service, refusals with their reasons, the queue, stop, and a Hub restart with sessions running."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.hubfixture import start_hub
+
+pytestmark = pytest.mark.hub
+
+RESTARTABLE = "c.JupyterHub.cleanup_servers = False\nc.LabfleetSpawnerMixin.queue_poll_interval = 0.3\n"
+
+
+def _token(hub, name):
+    for _ in range(100):
+        if hub.hub_api("GET", f"/users/{name}").status_code == 200:
+            return hub.user_token(name)
+        time.sleep(0.2)
+    raise AssertionError(f"Hub user {name} never appeared")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    state = tmp_path_factory.mktemp("spawn")
+    hub = start_hub(state, extra_config=RESTARTABLE)
+    root = _token(hub, "root")
+    for method, path, body in [
+        ("POST", "/domains", {"name": "acme"}),
+        ("POST", "/projects", {"domain": "acme", "name": "ml", "total_resource_slots": {"gpu.shares": 2}}),
+        ("POST", "/projects", {"domain": "acme", "name": "web"}),
+        (
+            "POST",
+            "/users",
+            {
+                "username": "alice",
+                "domain": "acme",
+                "projects": ["ml", "web"],
+                "password": "alice-password-1",
+            },
+        ),
+        ("POST", "/users", {"username": "bob", "domain": "acme", "projects": ["ml"]}),
+        ("POST", "/images", {"name": "web/only:1", "projects": ["acme/web"]}),
+    ]:
+        r = hub.api(method, path, root, json=body)
+        assert r.status_code == 201, (path, r.text)
+    tokens = {name: _token(hub, name) for name in ("alice", "bob")}
+    yield hub, state, root, tokens
+    for name in ("alice", "bob"):
+        for server in ("", "a", "b", "q"):
+            hub.hub_api("DELETE", f"/users/{name}/servers/{server}" if server else f"/users/{name}/server")
+    hub.stop()
+
+
+def _spawn(hub, name, server, options):
+    path = f"/users/{name}/servers/{server}" if server else f"/users/{name}/server"
+    return hub.hub_api("POST", path, json=options)
+
+
+def _wait_ready(hub, name, server="", timeout=60):
+    deadline = time.monotonic() + timeout
+    model = None
+    while time.monotonic() < deadline:
+        model = hub.hub_api("GET", f"/users/{name}").json()["servers"].get(server)
+        if model and model.get("ready"):
+            return model
+        if model is None or not model.get("pending"):
+            if model is None and time.monotonic() > deadline - timeout + 5:
+                break
+        time.sleep(0.3)
+    raise AssertionError(f"{name}/{server} never became ready: {model}\n{hub.log_text()[-4000:]}")
+
+
+def _sessions(hub, token, **filters):
+    return hub.api("GET", "/sessions", token, params=filters).json()
+
+
+def _spawner_state(state: Path, name: str, server: str) -> dict:
+    db = sqlite3.connect(state / "jupyterhub.sqlite")
+    try:
+        rows = db.execute(
+            "select spawners.state from spawners join users on spawners.user_id = users.id"
+            " where users.name = ? and spawners.name = ?",
+            (name, server),
+        ).fetchall()
+    finally:
+        db.close()
+    return json.loads(rows[0][0] or "{}") if rows else {}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment of the session's process (bwrap execs the server as its child)."""
+    out = {}
+    for p in [pid, *_children(pid)]:
+        try:
+            raw = Path(f"/proc/{p}/environ").read_bytes()
+        except OSError:
+            continue
+        out = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        if "JUPYTERHUB_USER" in out:
+            return out
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for child in Path("/proc").iterdir():
+        if child.name.isdigit():
+            try:
+                ppid = int((child / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out += [int(child.name), *_children(int(child.name))]
+    return out
+
+
+def test_spawn_half_gpu_reach_lab_and_stop(env):
+    hub, state, root, tokens = env
+    r = _spawn(hub, "alice", "a", {"project": "ml", "cpu": 1, "mem": "1g", "gpu": 0.5})
+    assert r.status_code in (201, 202), r.text
+    _wait_ready(hub, "alice", "a")
+    # JupyterLab answers through the proxy, with the user's token.
+    lab = requests.get(
+        f"{hub.url}/user/alice/a/api/status",
+        headers={"Authorization": f"token {tokens['alice']}"},
+        timeout=30,
+    )
+    assert lab.status_code == 200, lab.text
+    (s,) = _sessions(hub, tokens["alice"], status="RUNNING")
+    assert s["name"] == "a" and s["project"] == "acme/ml" and s["image"] == "local/host"
+    assert [(d["shares"], d["model"]) for d in s["devices"]] == [(0.5, "A100-80GB")]
+    assert [h["status"] for h in s["status_history"]] == ["PENDING", "SCHEDULED", "PREPARING", "RUNNING"]
+    # The Hub keeps the session id (a restart finds the allocation again) and the process
+    # sees its placement.
+    st = _spawner_state(state, "alice", "a")
+    assert st["labfleet_session_id"] == s["id"]
+    env_ = _environ(st["pid"])
+    assert env_["LABFLEET_SESSION_ID"] == s["id"]
+    assert env_["LABFLEET_GPU_SHARES"] == "0.5"
+    assert env_["CUDA_VISIBLE_DEVICES"] == s["devices"][0]["uuid"]
+    assert env_["LABFLEET_CPU_LIMIT"] == "1" and env_["LABFLEET_MEM_LIMIT"] == str(2**30)
+    # Stop: the allocation is freed at once.
+    assert hub.hub_api("DELETE", "/users/alice/servers/a").status_code in (202, 204)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        after = hub.api("GET", f"/sessions/{s['id']}", tokens["alice"]).json()
+        if after["status"] == "TERMINATED":
+            break
+        time.sleep(0.2)
+    assert after["status"] == "TERMINATED" and after["devices"] == []
+    nodes = hub.api("GET", "/nodes", root).json()
+    assert all(d["allocated"] == 0 for d in nodes[0]["devices"])
+
+
+@pytest.mark.parametrize(
+    "options, status, words",
+    [
+        ({"project": "ml", "gpu": 3}, 409, "project acme/ml would use 3 of its 2 gpu.shares"),
+        ({"project": "ml", "image": "web/only:1"}, 403, "web/only:1"),
+        ({"project": "ml", "image": "not/registered:1"}, 403, "not registered"),
+        ({"project": "nope"}, 403, "not a member"),
+        ({"project": "ml", "colour": "blue"}, 400, "unknown option(s) colour"),
+        ({"project": "ml", "cpu": -1}, 400, "cpu cannot be negative"),
+        ({"project": "ml", "cpu": "lots"}, 400, "cpu must be a number"),
+        ({"project": "ml", "gpu": 0.333}, 400, "gpu takes steps of 0.01"),
+        ({"project": "ml", "mem": 10**18}, 400, "more than any node has"),
+        ({"project": "ml", "type": "batch"}, 400, "a batch session needs a command"),
+        ({"project": "ml", "type": "interactive", "command": "rm -rf /"}, 400, "takes no command"),
+        ({"gpu": 1}, 400, "choose a project"),
+    ],
+)
+def test_refused_spawns_say_why_and_start_nothing(env, options, status, words):
+    hub, state, root, tokens = env
+    before = len(_sessions(hub, root))
+    # bob is in one project (taken when none is named); alice is in two, so she must choose.
+    user = "bob" if "project" in options else "alice"
+    r = _spawn(hub, user, "b", options)
+    assert r.status_code == status, r.text
+    assert words in r.json()["message"], r.text
+    model = hub.hub_api("GET", f"/users/{user}").json()["servers"].get("b")
+    assert model is None or not model.get("ready")
+    # Nothing held: refused before admission, or admission said no and kept nothing.
+    live = [s for s in _sessions(hub, root) if s["status"] not in ("TERMINATED", "CANCELLED", "ERROR")]
+    assert live == [] and len(_sessions(hub, root)) == before
+
+
+def test_queued_spawn_reports_position_and_starts_when_capacity_frees(env):
+    hub, state, root, tokens = env
+    assert _spawn(hub, "alice", "a", {"project": "ml", "gpu": 1}).status_code in (201, 202)
+    _wait_ready(hub, "alice", "a")
+    assert _spawn(hub, "alice", "b", {"project": "web", "gpu": 1}).status_code in (201, 202)
+    _wait_ready(hub, "alice", "b")
+    # Both devices are taken: bob's spawn waits in the queue, and the progress stream says so.
+    r = _spawn(hub, "bob", "q", {"project": "ml", "gpu": 0.5})
+    assert r.status_code == 202, r.text
+    progress = requests.get(
+        f"{hub.url}/hub/api/users/bob/servers/q/progress",
+        headers={"Authorization": f"token {tokens['bob']}"},
+        stream=True,
+        timeout=30,
+    )
+    queued = None
+    for line in progress.iter_lines(decode_unicode=True):
+        if line.startswith("data:"):
+            event = json.loads(line[5:])
+            if "Queued" in event.get("message", ""):
+                queued = event["message"]
+                break
+    progress.close()
+    assert queued is not None and "position 1" in queued, queued
+    (waiting,) = _sessions(hub, tokens["bob"], status="PENDING")
+    # Capacity frees: bob's session is placed and its server starts.
+    assert hub.hub_api("DELETE", "/users/alice/servers/a").status_code in (202, 204)
+    _wait_ready(hub, "bob", "q")
+    assert hub.api("GET", f"/sessions/{waiting['id']}", tokens["bob"]).json()["status"] == "RUNNING"
+    for name, server in (("alice", "b"), ("bob", "q")):
+        hub.hub_api("DELETE", f"/users/{name}/servers/{server}")
+
+
+def test_hub_restart_keeps_running_sessions_and_their_allocations(env, tmp_path):
+    hub, state, root, tokens = env
+    assert _spawn(hub, "alice", "a", {"project": "ml", "gpu": 0.25}).status_code in (201, 202)
+    _wait_ready(hub, "alice", "a")
+    (s,) = _sessions(hub, tokens["alice"], status="RUNNING")
+    pid = _spawner_state(state, "alice", "a")["pid"]
+    hub.stop()
+    assert os.path.exists(f"/proc/{pid}"), "the session must survive the Hub's restart"
+    again = start_hub(state, db_url=hub.db_url, do_seed=False, extra_config=RESTARTABLE, ports=hub.ports)
+    env[0].__dict__.update(again.__dict__)  # later fixture teardown stops the new Hub
+    root2 = _token(again, "root")
+    time.sleep(2)  # the service reconciles with the Hub's servers at start
+    after = again.api("GET", f"/sessions/{s['id']}", root2).json()
+    assert after["status"] == "RUNNING" and after["devices"][0]["shares"] == 0.25
+    token = _token(again, "alice")
+    lab = requests.get(
+        f"{again.url}/user/alice/a/api/status", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    assert lab.status_code == 200
+    assert again.hub_api("DELETE", "/users/alice/servers/a").status_code in (202, 204)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if again.api("GET", f"/sessions/{s['id']}", root2).json()["status"] == "TERMINATED":
+            break
+        time.sleep(0.2)
+    assert again.api("GET", f"/sessions/{s['id']}", root2).json()["status"] == "TERMINATED"
+    assert not os.path.exists(f"/proc/{pid}") or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_spawn_form_offers_the_users_choices_and_reports_errors(env):
+    hub, state, root, tokens = env
+    browser = hub.login("alice", "alice-password-1")
+    assert browser.login_status == 302
+    page = browser.get(f"{hub.url}/hub/spawn/alice/f", timeout=30)
+    assert page.status_code == 200
+    html = page.text
+    # Only alice's projects, the images they may use, and the quota left.
+    assert 'value="acme/ml"' in html and 'value="acme/web"' in html
+    assert 'value="local/host"' in html and 'data-projects="acme/web"' in html  # web/only:1
+    assert "Left for acme/ml" in html
+    xsrf = browser.cookies.get("_xsrf")
+    bad = browser.post(
+        f"{hub.url}/hub/spawn/alice/f",
+        data={"project": "acme/ml", "gpu": "-1", "_xsrf": xsrf},
+        timeout=30,
+    )
+    assert "gpu cannot be negative" in bad.text, bad.text[bad.text.find("<form") :][:3000]
+    assert hub.hub_api("GET", "/users/alice").json()["servers"].get("f") is None or not hub.hub_api(
+        "GET", "/users/alice"
+    ).json()["servers"]["f"].get("ready")
+    good = browser.post(
+        f"{hub.url}/hub/spawn/alice/f",
+        data={
+            "project": "acme/ml",
+            "image": "local/host",
+            "cpu": "1",
+            "mem": "1g",
+            "gpu": "0.25",
+            "_xsrf": xsrf,
+        },
+        timeout=60,
+    )
+    assert good.status_code == 200
+    _wait_ready(hub, "alice", "f")
+    (s,) = [x for x in _sessions(hub, tokens["alice"], status="RUNNING") if x["name"] == "f"]
+    assert s["slots"]["gpu.shares"] == 0.25
+    assert hub.hub_api("DELETE", "/users/alice/servers/f").status_code in (202, 204)

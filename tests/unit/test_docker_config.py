@@ -1,0 +1,317 @@
+"""spawner.docker_config: a LaunchSpec as DockerSpawner settings (pure, no daemon)."""
+
+from dataclasses import replace
+from decimal import Decimal
+
+import pytest
+from docker.types import DeviceRequest
+
+from spawner.docker_config import ContainerConfig, container_config
+from spawner.launch import LaunchSpec, Mount, build_launch
+from spawner.options import parse_options
+
+U0 = "GPU-11111111-2222-3333-4444-555555555555"
+U1 = "GPU-66666666-7777-8888-9999-000000000000"
+GIB = 2**30
+HARDENING = {
+    "pids_limit": 4096,
+    "security_opt": ["no-new-privileges:true"],
+    "cap_drop": ["ALL"],
+    "init": True,
+}
+LABELS = {
+    "ai.labfleet.session-id": "s-1",
+    "ai.labfleet.user": "alice",
+    "ai.labfleet.project": "acme/ml",
+}
+
+
+def _spec(devices=(), slots=None, mounts=(), mps=False, **options) -> LaunchSpec:
+    session = {
+        "id": "s-1",
+        "name": "gpu",
+        "user": "alice",
+        "project": "acme/ml",
+        "resource_group": "default",
+        "node": "node-1",
+        "slots": {"cpu": "2", "mem": 4 * GIB} if slots is None else slots,
+        "devices": list(devices),
+    }
+    opts = parse_options({"project": "acme/ml", "image": "lab/py:1", **options})
+    return build_launch(session, opts, mounts=tuple(mounts), mps=mps, in_container=True)
+
+
+def _gpu(uuid, index, shares):
+    return {"uuid": uuid, "index": index, "model": "A100-80GB", "memory": 80 * GIB, "shares": shares}
+
+
+def test_no_gpu_session():
+    spec = _spec()
+    cfg = container_config(spec)
+    assert isinstance(cfg, ContainerConfig)
+    assert cfg == ContainerConfig(
+        image="lab/py:1",
+        mem_limit=4 * GIB,
+        cpu_limit=2.0,
+        environment=dict(spec.env),
+        volumes={},
+        extra_host_config={**HARDENING, "network_mode": "host", "memswap_limit": 4 * GIB},
+        extra_create_kwargs={"labels": LABELS},
+        network_name="host",
+        cmd=None,
+    )
+    # The spec's environment says there is no device; no device is requested from Docker.
+    assert cfg.environment["CUDA_VISIBLE_DEVICES"] == ""
+    assert cfg.environment["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert cfg.environment["LABFLEET_GPU_SHARES"] == "0"
+    assert cfg.environment["LABFLEET_SESSION_ID"] == "s-1"
+    assert "device_requests" not in cfg.extra_host_config
+    assert "ipc_mode" not in cfg.extra_host_config
+
+
+def test_whole_devices_are_requested_by_uuid():
+    spec = _spec(devices=[_gpu(U0, 0, 1), _gpu(U1, 1, 1)], gpu=2)
+    cfg = container_config(spec)
+    requests = cfg.extra_host_config["device_requests"]
+    assert requests == [DeviceRequest(driver="nvidia", device_ids=[U0, U1], capabilities=[["gpu"]])]
+    assert requests[0] == {
+        "Driver": "nvidia",
+        "Count": 0,
+        "DeviceIDs": [U0, U1],
+        "Capabilities": [["gpu"]],
+        "Options": {},
+    }
+    # Inside the container the devices are renumbered from 0.
+    assert cfg.environment["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert cfg.environment["NVIDIA_VISIBLE_DEVICES"] == f"{U0},{U1}"
+    assert cfg.environment["LABFLEET_GPU_SHARES"] == "2"
+    assert "ipc_mode" not in cfg.extra_host_config
+    assert cfg.volumes == {}
+
+
+def test_fraction_with_mps_binds_the_pipe_dir_and_shares_ipc():
+    spec = _spec(devices=[_gpu(U1, 1, 0.5)], mps=True, gpu=0.5)
+    cfg = container_config(spec, mps_pipe_dir="/run/nvidia-mps")
+    assert cfg.extra_host_config == {
+        **HARDENING,
+        "network_mode": "host",
+        "memswap_limit": 4 * GIB,
+        "device_requests": [DeviceRequest(driver="nvidia", device_ids=[U1], capabilities=[["gpu"]])],
+        "ipc_mode": "host",
+    }
+    assert cfg.volumes == {"/run/nvidia-mps": {"bind": "/run/nvidia-mps", "mode": "rw"}}
+    assert cfg.environment == {**spec.env, "CUDA_MPS_PIPE_DIRECTORY": "/run/nvidia-mps"}
+    assert cfg.environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert cfg.environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
+    assert cfg.environment["LABFLEET_GPU_SHARES"] == "0.5"
+    assert cfg.environment["CUDA_VISIBLE_DEVICES"] == "0"
+    # Pure: the spec is not changed.
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in spec.env
+
+
+def test_fraction_without_mps_uses_framework_caps_only():
+    spec = _spec(devices=[_gpu(U0, 0, 0.25)], gpu=0.25)
+    # A pipe directory alone does not turn MPS on: the spec decides.
+    cfg = container_config(spec, mps_pipe_dir="/run/nvidia-mps")
+    assert "ipc_mode" not in cfg.extra_host_config
+    assert cfg.volumes == {}
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in cfg.environment
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in cfg.environment
+    assert cfg.environment["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25"
+    assert cfg.environment["LABFLEET_GPU_MEMORY_LIMIT"] == str(20 * GIB)
+    assert cfg.extra_host_config["device_requests"] == [
+        DeviceRequest(driver="nvidia", device_ids=[U0], capabilities=[["gpu"]])
+    ]
+
+
+def test_whole_device_with_mps_on_the_node_needs_no_pipe():
+    # MPS limits only fractions; a whole device is the session's alone.
+    cfg = container_config(_spec(devices=[_gpu(U0, 0, 1)], mps=True, gpu=1))
+    assert "ipc_mode" not in cfg.extra_host_config
+    assert cfg.volumes == {}
+
+
+def test_mps_fraction_without_a_pipe_dir_is_refused():
+    spec = _spec(devices=[_gpu(U0, 0, 0.5)], mps=True, gpu=0.5)
+    with pytest.raises(ValueError, match="MPS pipe directory"):
+        container_config(spec)
+    with pytest.raises(ValueError, match="absolute path"):
+        container_config(spec, mps_pipe_dir="nvidia-mps")
+
+
+def test_no_gpu_driver_requests_no_device():
+    cfg = container_config(_spec(devices=[_gpu(U0, 0, 0.5)], gpu=0.5), gpu_driver=None)
+    assert "device_requests" not in cfg.extra_host_config
+    assert cfg.environment["NVIDIA_VISIBLE_DEVICES"] == U0
+
+
+def test_mounts_ro_rw_wd():
+    mounts = [
+        Mount("/srv/data/ref", "/home/jovyan/vfolders/ref", "ro"),
+        Mount("/srv/data/work", "/home/jovyan/vfolders/work", "rw"),
+        Mount("/srv/data/scratch", "/home/jovyan/vfolders/scratch", "wd"),
+    ]
+    cfg = container_config(_spec(mounts=mounts))
+    assert cfg.volumes == {
+        "/srv/data/ref": {"bind": "/home/jovyan/vfolders/ref", "mode": "ro"},
+        "/srv/data/work": {"bind": "/home/jovyan/vfolders/work", "mode": "rw"},
+        "/srv/data/scratch": {"bind": "/home/jovyan/vfolders/scratch", "mode": "rw"},
+    }
+
+
+def test_mounts_docker_cannot_express():
+    with pytest.raises(ValueError, match="mounted twice"):
+        container_config(_spec(mounts=[Mount("/srv/a", "/x/a", "ro"), Mount("/srv/a", "/x/b", "rw")]))
+    with pytest.raises(ValueError, match="same target"):
+        container_config(_spec(mounts=[Mount("/srv/a", "/x/a", "ro"), Mount("/srv/b", "/x/a", "rw")]))
+    spec = _spec(devices=[_gpu(U0, 0, 0.5)], mps=True, gpu=0.5, mounts=[Mount("/run/mps", "/data", "ro")])
+    with pytest.raises(ValueError, match="mounted twice"):
+        container_config(spec, mps_pipe_dir="/run/mps")
+
+
+def test_limits():
+    cfg = container_config(_spec(slots={"cpu": "0.5", "mem": 256 * 2**20}))
+    assert (cfg.cpu_limit, cfg.mem_limit) == (0.5, 256 * 2**20)
+    assert cfg.extra_host_config["memswap_limit"] == 256 * 2**20
+    unlimited = container_config(_spec(slots={}))
+    assert (unlimited.cpu_limit, unlimited.mem_limit) == (None, None)
+    assert "memswap_limit" not in unlimited.extra_host_config
+    assert "LABFLEET_CPU_LIMIT" not in unlimited.environment
+    pids = container_config(replace(_spec(), pids_limit=512))
+    assert pids.extra_host_config["pids_limit"] == 512
+
+
+def test_limits_docker_cannot_express():
+    with pytest.raises(ValueError, match="minimum"):
+        container_config(_spec(slots={"mem": 1024}))
+    with pytest.raises(ValueError, match="cpu limit"):
+        container_config(replace(_spec(), cpu=Decimal(0)))
+    with pytest.raises(ValueError, match="pids limit"):
+        container_config(replace(_spec(), pids_limit=0))
+
+
+def test_network_host_or_a_docker_network():
+    assert container_config(_spec()).extra_host_config["network_mode"] == "host"
+    cfg = container_config(_spec(), network_name="labfleet-net")
+    assert cfg.network_name == "labfleet-net"
+    assert cfg.extra_host_config["network_mode"] == "labfleet-net"
+    bridge = container_config(_spec(), network_name="bridge")
+    assert (bridge.network_name, bridge.extra_host_config["network_mode"]) == ("bridge", "bridge")
+    with pytest.raises(ValueError, match="network"):
+        container_config(_spec(), network_name=" ")
+
+
+def test_labels_user_and_command():
+    spec = _spec(type="batch", command="python train.py")
+    cfg = container_config(spec, user="1000:1000", extra_labels={"team": "vision", "ai.labfleet.user": "x"})
+    # labfleet's own labels win over extra ones.
+    assert cfg.extra_create_kwargs == {"labels": {"team": "vision", **LABELS}, "user": "1000:1000"}
+    # Batch sessions run the image's command; the runner inside reads the command from the env.
+    assert cfg.cmd is None
+    assert cfg.environment["LABFLEET_SESSION_TYPE"] == "batch"
+    assert cfg.environment["LABFLEET_COMMAND"] == "python train.py"
+    assert "user" not in container_config(spec).extra_create_kwargs
+
+
+def test_specs_a_container_cannot_run():
+    with pytest.raises(ValueError, match="no image"):
+        container_config(replace(_spec(), image=None))
+    gpus = _spec(devices=[_gpu(U0, 0, 1), _gpu(U1, 1, 1)], gpu=2).gpus
+    mixed = replace(_spec(), gpus=(gpus[0], replace(gpus[1], shares=Decimal("0.5"))))
+    with pytest.raises(ValueError, match="whole devices or a fraction"):
+        container_config(mixed)
+    twice = replace(_spec(), gpus=(gpus[0], gpus[0]))
+    with pytest.raises(ValueError, match="twice"):
+        container_config(twice)
+
+
+# -- the Docker backend applies a ContainerConfig (no daemon: only the spawner's settings) --------------
+
+
+class _User:
+    name = "alice"
+    url = "/user/alice/"
+
+
+class _OrmSpawner:
+    name = "gpu"
+    display_name = ""
+    server = None
+    state = None
+
+
+def _docker_spawner(**config):
+    from spawner.docker import LabfleetDockerSpawner
+
+    return LabfleetDockerSpawner(user=_User(), orm_spawner=_OrmSpawner(), **config)
+
+
+async def test_backend_applies_the_config_over_the_deployments_settings():
+    s = _docker_spawner(
+        network_name="host",
+        volumes={"/srv/shared/{username}": {"bind": "/shared", "mode": "ro"}},
+        extra_host_config={"cpu_period": 50_000, "cap_drop": ["NET_RAW"], "shm_size": "1g"},
+        extra_create_kwargs={"labels": {"team": "vision"}},
+    )
+    spec = _spec(
+        devices=[_gpu(U0, 0, 0.5)],
+        gpu=0.5,
+        mounts=[Mount("/srv/data/{odd}", "/home/jovyan/odd", "rw")],
+    )
+    await s.lf_prepare(spec)
+    assert s.image == "lab/py:1"
+    assert (s.mem_limit, s.cpu_limit) == (4 * GIB, 2.0)
+    # The deployment's volume template stays a template; labfleet's path is kept literal.
+    assert s.volumes == {
+        "/srv/shared/{username}": {"bind": "/shared", "mode": "ro"},
+        "/srv/data/{{odd}}": {"bind": "/home/jovyan/odd", "mode": "rw"},
+    }
+    host = s.extra_host_config
+    # labfleet's hardening wins; the deployment's other settings stay.
+    assert host["cap_drop"] == ["ALL"] and host["cpu_period"] == 50_000 and host["shm_size"] == "1g"
+    assert host["auto_remove"] is False and host["port_bindings"] is None
+    assert host["device_requests"] == [
+        DeviceRequest(driver="nvidia", device_ids=[U0], capabilities=[["gpu"]])
+    ]
+    assert s.extra_create_kwargs == {"labels": {"team": "vision", **LABELS}, "user": "1000:1000"}
+    # Host networking: loopback and a port of its own for every start.
+    assert s.ip == "127.0.0.1" and s.port != 8888
+    assert await s.get_ip_and_port() == ("127.0.0.1", s.port)
+    # labfleet admitted the image: DockerSpawner's allowed_images does not apply.
+    s.lf_launch = spec
+    assert await s.check_allowed("lab/py:1") == "lab/py:1"
+    # A second start begins again from the deployment's settings, not from the first start's.
+    await s.lf_prepare(_spec(slots={}))
+    assert s.volumes == {"/srv/shared/{username}": {"bind": "/shared", "mode": "ro"}}
+    assert (s.mem_limit, s.cpu_limit) == (0, 0.0)
+    assert "device_requests" not in s.extra_host_config
+
+
+async def test_backend_merges_a_callable_host_config_and_skips_mock_devices():
+    async def per_user(spawner):
+        return {"shm_size": f"{len(spawner.user.name)}g", "pids_limit": 10}
+
+    s = _docker_spawner(network_name="labfleet-net", extra_host_config=per_user, gpu_driver="nvidia")
+    mock = "GPU-mock-0123abcd-0000-0000-0000-000000000000"
+    await s.lf_prepare(_spec(devices=[_gpu(mock, 0, 1)], gpu=1))
+    host = await s.extra_host_config(s)
+    assert host["shm_size"] == "5g" and host["pids_limit"] == 4096
+    assert host["network_mode"] == "labfleet-net" and "port_bindings" not in host
+    assert "device_requests" not in host  # Docker cannot give a mock device
+    assert s.ip == "0.0.0.0" and s.port == 8888
+
+
+def test_backend_exit_codes():
+    s = _docker_spawner()
+    s.object_id = "abc"
+    assert s.lf_exit_code("ExitCode=3, Error='', FinishedAt=2026-01-01T00:00:00Z") == 3
+    assert s.lf_exit_code("ExitCode=137, Error='', FinishedAt=x") == 137
+    assert s.lf_exit_code(None) is None
+    s.object_id = ""
+    assert s.lf_exit_code(0) is None  # the container is gone: its exit code is unknown
+
+
+async def test_backend_refuses_a_spec_docker_cannot_express():
+    s = _docker_spawner()
+    with pytest.raises(RuntimeError, match="cannot run this session in Docker: .*no image"):
+        await s.lf_prepare(replace(_spec(), image=None))

@@ -1,0 +1,157 @@
+"""The spawner's pure parts: user_options checks, the launch spec, the form, the sandbox."""
+
+from decimal import Decimal
+
+import pytest
+
+from spawner.form import render, unavailable
+from spawner.launch import Mount, build_launch
+from spawner.options import OptionsError, options_from_form, parse_mem, parse_options
+from spawner.sandbox import bwrap_command
+
+GIB = 2**30
+
+
+def test_options_to_slots():
+    o = parse_options({"project": "acme/ml", "cpu": "2.5", "mem": "4g", "gpu": "0.5", "image": "repo/x:1"})
+    assert o.slots() == {"cpu": "2.5", "mem": 4 * GIB, "gpu.shares": "0.5"}
+    assert parse_options({"project": "ml", "gpu": 2}).slots() == {"gpu": 2}
+    assert parse_options({"project": "ml", "gpu": 1.5}).slots() == {"gpu.shares": "1.5"}
+    assert parse_options({"project": "ml", "gpu": 0}).slots() == {}
+    # Round trip through the Hub's state.
+    o2 = parse_options({"project": "ml", "type": "batch", "command": "python t.py", "vfolders": ["a", "b"]})
+    assert parse_options(o2.to_json()) == o2
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        ([], "must be a JSON object"),
+        ({}, "choose a project"),
+        ({"project": "ml", "x": 1}, "unknown option(s) x"),
+        ({"project": "../etc"}, "not a valid name"),
+        ({"project": "a/b/c"}, "not a valid name"),
+        ({"project": "ml", "cpu": -1}, "cannot be negative"),
+        ({"project": "ml", "cpu": 0}, "more than 0"),
+        ({"project": "ml", "cpu": True}, "must be a number"),
+        ({"project": "ml", "cpu": "nan"}, "finite"),
+        ({"project": "ml", "cpu": 10**6}, "more than any node has"),
+        ({"project": "ml", "gpu": 0.005}, "steps of 0.01"),
+        ({"project": "ml", "gpu": [1]}, "must be a number"),
+        ({"project": "ml", "mem": "lots"}, "size like 8g"),
+        ({"project": "ml", "mem": -5}, "more than 0"),
+        ({"project": "ml", "mem": "99999t"}, "more than any node has"),
+        ({"project": "ml", "type": "daemon"}, "type must be one of"),
+        ({"project": "ml", "type": "inference"}, "needs a command"),
+        ({"project": "ml", "command": "ls"}, "takes no command"),
+        ({"project": "ml", "type": "batch", "command": "a\x00b"}, "NUL"),
+        ({"project": "ml", "type": "batch", "command": "x" * 9000}, "longer than"),
+        ({"project": "ml", "vfolders": "a,a"}, "named twice"),
+        ({"project": "ml", "vfolders": [1]}, "must be a name"),
+        ({"project": "ml", "image": "bad image"}, "not a valid name"),
+    ],
+)
+def test_bad_options_say_why(raw, words):
+    with pytest.raises(OptionsError) as e:
+        parse_options(raw)
+    assert words in str(e.value)
+
+
+def test_form_fields_and_mem_units():
+    form = {"project": ["ml"], "gpu": ["0.25"], "cpu": [""], "vfolders": ["a", " "], "command": [""]}
+    raw = options_from_form(form)
+    o = parse_options(raw)  # blank fields count as not given
+    assert (o.cpu, o.gpu, o.vfolders, o.command) == (None, Decimal("0.25"), ("a",), "")
+    assert (
+        parse_mem("512m") == 512 * 2**20 and parse_mem("1.5GiB") == int(1.5 * GIB) and parse_mem(1024) == 1024
+    )
+
+
+SESSION = {
+    "id": "s1",
+    "name": "a",
+    "user": "alice",
+    "project": "acme/ml",
+    "resource_group": "default",
+    "node": "n1",
+    "slots": {"cpu": 2, "mem": 4 * GIB, "gpu.shares": 0.5},
+    "devices": [{"uuid": "GPU-aa", "index": 1, "model": "A100-80GB", "memory": 80 * GIB, "shares": 0.5}],
+}
+
+
+def test_launch_fraction_without_and_with_mps():
+    o = parse_options({"project": "ml", "gpu": 0.5, "cpu": 2, "mem": "4g"})
+    spec = build_launch(SESSION, o)
+    assert spec.cpu == 2 and spec.mem == 4 * GIB and spec.fractional and spec.gpu_uuids == ["GPU-aa"]
+    env = spec.env
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-aa" and env["LABFLEET_GPU_SHARES"] == "0.5"
+    assert env["LABFLEET_GPU_MEMORY_LIMIT"] == str(40 * GIB)
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5" and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
+    mps = build_launch(SESSION, o, mps=True, in_container=True).env
+    assert mps["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert mps["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
+    assert mps["CUDA_VISIBLE_DEVICES"] == "0"  # a container sees its devices from 0
+
+
+def test_launch_whole_devices_and_none():
+    two = dict(
+        SESSION,
+        devices=[
+            {"uuid": "GPU-a", "index": 0, "model": "A100", "memory": 0, "shares": 1},
+            {"uuid": "GPU-b", "index": 1, "model": "A100", "memory": 0, "shares": 1},
+        ],
+    )
+    spec = build_launch(two, parse_options({"project": "ml", "gpu": 2}))
+    assert not spec.fractional and spec.gpu_shares == 2
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b" and "LABFLEET_GPU_FRACTION" not in spec.env
+    none = build_launch(dict(SESSION, devices=[], slots={}), parse_options({"project": "ml"}))
+    assert none.env["CUDA_VISIBLE_DEVICES"] == "" and none.env["LABFLEET_GPU_SHARES"] == "0"
+    assert none.cpu is None and none.mem is None
+
+
+def test_batch_launch_carries_the_command():
+    o = parse_options({"project": "ml", "type": "batch", "command": "python train.py"})
+    env = build_launch(SESSION, o).env
+    assert env["LABFLEET_SESSION_TYPE"] == "batch" and env["LABFLEET_COMMAND"] == "python train.py"
+
+
+def test_mounts_are_checked():
+    with pytest.raises(ValueError):
+        Mount("/a", "/b", "rwx")
+    with pytest.raises(ValueError):
+        Mount("relative", "/b")
+    assert Mount("/a", "/b", "ro").read_only and not Mount("/a", "/b", "wd").read_only
+
+
+def test_sandbox_binds_home_and_mounts_with_their_mode():
+    cmd = bwrap_command(
+        "bwrap", home="/h/alice", mounts=[Mount("/d/ro", "/h/alice/r", "ro"), Mount("/d/rw", "/h/alice/w")]
+    )
+    text = " ".join(cmd)
+    assert cmd[0] == "bwrap" and cmd[-2:] == ["/bin/sh", "-c"]
+    assert "--ro-bind / /" in text and "--tmpfs /tmp" in text and "--unshare-pid" in text
+    assert "--bind /h/alice /h/alice" in text
+    assert "--ro-bind /d/ro /h/alice/r" in text and "--bind /d/rw /h/alice/w" in text
+    assert "--unshare-net" not in text
+    assert "--unshare-net" in bwrap_command("bwrap", home="/h", share_net=False)
+
+
+CHOICES = {
+    "projects": [
+        {"name": "acme/ml", "left": {"cpu": 4, "mem": 8 * GIB, "gpu": None, "gpu.shares": 1.5}},
+        {"name": "acme/<b>", "left": {"cpu": None, "mem": None, "gpu": None, "gpu.shares": None}},
+    ],
+    "images": [{"name": "repo/x:1", "display_name": "X <img>", "projects": ["acme/ml"], "min_slots": {}}],
+    "resource_groups": [{"name": "default", "session_types": ["interactive", "batch"]}],
+}
+
+
+def test_form_offers_only_the_choices_and_escapes_them():
+    html = render(CHOICES, previous={"project": "acme/ml", "gpu": "0.5"})
+    assert '<option value="acme/ml" selected>acme/ml</option>' in html
+    assert "acme/&lt;b&gt;" in html and "<b>" not in html and "X &lt;img&gt;" in html
+    assert 'data-projects="acme/ml"' in html and 'value="0.5"' in html
+    assert "Left for acme/ml" in html and "8 GiB" in html and "unlimited" in html
+    assert '"acme/ml": {"cpu": 4' in html  # the bounds the script applies to the inputs
+    assert "not a member of any project" in render({"projects": []})
+    assert "&lt;x&gt;" in unavailable("<x>")
