@@ -59,7 +59,7 @@ from hub_ext.authz import Actor  # noqa: E402
 from hub_ext.devices.base import DeviceInfo, NodeInfo  # noqa: E402
 from hub_ext.models import Allocation, ComputeSession, Device, Keypair, Project, User  # noqa: E402
 from hub_ext.models import Node as NodeRow  # noqa: E402
-from hub_ext.scheduler import POLICIES, Cluster, Node, Request  # noqa: E402
+from hub_ext.scheduler import POLICIES, Cluster, Node  # noqa: E402
 from hub_ext.secretbox import ensure_key_file  # noqa: E402
 from hub_ext.slots import ResourceSlots  # noqa: E402
 
@@ -107,28 +107,13 @@ class PlaceTimer:
 # ---------------------------------------------------------------- the world
 
 
-def storable_mem(mem: int) -> int:
-    """``mem`` if labfleet's slots store and read it back as is, else the next byte count that does.
-
-    Some amounts (e.g. 20g) are stored in exponent form that does not parse back; a byte or two
-    more changes nothing here, and once that is fixed this returns ``mem`` unchanged.
-    """
-    while True:
-        try:
-            if ResourceSlots.parse(ResourceSlots({"mem": mem}).to_db()).get_amount("mem") == mem:
-                return mem
-        except ValueError:
-            pass
-        mem += 1
-
-
 def slots_of(task: Task) -> dict[str, Any]:
     r = task.request
     out: dict[str, Any] = {}
     if r.cpu:
         out["cpu"] = str(r.cpu)
     if r.mem:
-        out["mem"] = storable_mem(r.mem)
+        out["mem"] = r.mem
     if r.gpu:
         out["gpu"] = r.gpu
     elif r.shares:
@@ -185,9 +170,6 @@ def prefill(
     while held < fill * world.capacity_milli:
         task = next(stream)
         req = task.request
-        req = Request(
-            cpu=req.cpu, mem=storable_mem(req.mem), gpu=req.gpu, shares=req.shares, models=req.models
-        )
         p = cluster.place(req, placement, None)
         i += 1
         if p is None:

@@ -13,7 +13,8 @@ import uuid
 from collections import defaultdict
 from datetime import datetime, timezone
 from decimal import Decimal
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -102,23 +103,52 @@ def _lock(db: Session, domain_id: int, group_id: int) -> None:
         db.execute(select(ResourceGroup.id).where(ResourceGroup.id == group_id).with_for_update())
 
 
-def _sum(sessions) -> ResourceSlots:
+class _Use(NamedTuple):
+    """One live session as quotas see it: who it charges and its charged slots."""
+
+    id: str
+    keypair_id: int
+    user_id: int
+    project_id: int
+    status: str
+    charged: ResourceSlots
+
+
+@lru_cache(maxsize=4096)
+def _charged(stored: tuple[tuple[str, Any], ...]) -> ResourceSlots:
+    # Sessions ask for a few distinct sizes: parse each once, not once per decision.
+    return charged(ResourceSlots.parse(dict(stored)))
+
+
+def _sum(uses) -> ResourceSlots:
     total = ResourceSlots()
-    for s in sessions:
-        total = total + charged(s.slots)
+    for u in uses:
+        total = total + u.charged
     return total
 
 
-def _in_quota(db: Session, domain_id: int) -> list[ComputeSession]:
-    """The domain's sessions that count against quotas: admitted and not ended."""
-    return list(
-        db.scalars(
-            select(ComputeSession).where(
-                ComputeSession.domain_id == domain_id,
-                ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")),
-            )
+def _in_quota(db: Session, domain_id: int) -> list[_Use]:
+    """The domain's sessions that count against quotas: admitted and not ended.
+
+    Plain rows, not ORM objects: admission reads every live session of the domain each time.
+    """
+    rows = db.execute(
+        select(
+            ComputeSession.id,
+            ComputeSession.keypair_id,
+            ComputeSession.user_id,
+            ComputeSession.project_id,
+            ComputeSession.status,
+            ComputeSession.requested_slots,
+        ).where(
+            ComputeSession.domain_id == domain_id,
+            ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")),
         )
     )
+    return [
+        _Use(sid, kp, user, project, status, _charged(tuple(sorted((slots or {}).items()))))
+        for sid, kp, user, project, status, slots in rows
+    ]
 
 
 def _cluster(db: Session, group: ResourceGroup) -> clustercache.Entry:

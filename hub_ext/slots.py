@@ -61,9 +61,15 @@ def parse_amount(name: str, value: Any) -> Decimal:
         raise SlotError(f"slot {name!r}: expected a number, got {value!r}")
     if base_slot(name) == "mem" and isinstance(value, str):
         m = _MEM_RE.match(value)
-        if not m:
-            raise SlotError(f"slot 'mem': cannot read {value!r} (write e.g. 512m, 32g, 1.5t)")
-        amount = Decimal(m.group(1)) * _MEM_UNITS[m.group(2).lower()]
+        if m:
+            amount = Decimal(m.group(1)) * _MEM_UNITS[m.group(2).lower()]
+        else:
+            try:  # plain bytes in exponent form, as older rows stored them (2.147483648E+10)
+                amount = Decimal(value.strip()) if "e" in value.lower() else Decimal("NaN")
+            except InvalidOperation:
+                amount = Decimal("NaN")
+            if amount.is_nan():
+                raise SlotError(f"slot 'mem': cannot read {value!r} (write e.g. 512m, 32g, 1.5t)")
     elif isinstance(value, (int, Decimal)):
         amount = Decimal(value)
     elif isinstance(value, float):
@@ -187,7 +193,9 @@ class ResourceSlots(Mapping[str, Decimal]):
 
     def to_db(self) -> dict[str, str]:
         """For storage: strings, so that no float ever touches a stored amount."""
-        return {n: str(v) for n, v in sorted(self._data.items())}
+        # format "f": normalize() turns 20g into 2.147483648E+10, which reads badly and
+        # did not parse back as a memory size.
+        return {n: format(v, "f") for n, v in sorted(self._data.items())}
 
     def to_cli(self) -> str:
         return ",".join(f"{n}={format_amount(n, v)}" for n, v in sorted(self._data.items()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
@@ -92,6 +93,7 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 home=str(home),
                 mounts=launch.mounts,
                 writable=list(self.sandbox_writable),
+                readonly=_hidden_by_private_tmp(self.get_env()),
                 share_net=self.sandbox_share_net,
             )
         else:
@@ -133,6 +135,20 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             if self._log_file is not None:
                 self._log_file.close()  # the child has its own copy
                 self._log_file = None
+
+
+def _hidden_by_private_tmp(env: dict[str, str]) -> list[str]:
+    """Folders the session needs (its Python, PATH and PYTHONPATH) that live under /tmp or /var/tmp."""
+    wanted = [sys.prefix, sys.base_prefix]
+    for var in ("PATH", "PYTHONPATH"):
+        wanted += [p for p in env.get(var, "").split(os.pathsep) if p]
+    out: list[str] = []
+    for path in wanted:
+        real = os.path.realpath(path)
+        if real.startswith(("/tmp/", "/var/tmp/")) and os.path.isdir(real) and real not in out:
+            out.append(real)
+    # A parent covers its children: bind the shortest paths only.
+    return [p for p in out if not any(p != q and p.startswith(q + "/") for q in out)]
 
 
 def _bwrap_works(path: str) -> bool:

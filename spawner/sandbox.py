@@ -19,6 +19,7 @@ def bwrap_command(
     home: str,
     mounts: Iterable[Mount] = (),
     writable: Iterable[str] = (),
+    readonly: Iterable[str] = (),
     share_net: bool = True,
 ) -> list[str]:
     """``shell_cmd`` for LocalProcessSpawner: bwrap's arguments, then ``/bin/sh -c``."""
@@ -35,6 +36,9 @@ def bwrap_command(
     ]  # fmt: skip
     if not share_net:
         args.append("--unshare-net")
+    # The private /tmp hides what lives under it (a venv or a checkout in /tmp): show those again.
+    for path in readonly:
+        args += ["--ro-bind", path, path]
     args += ["--bind", home, home]
     for path in writable:
         args += ["--bind", path, path]

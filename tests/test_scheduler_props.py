@@ -231,7 +231,7 @@ gpu_parts = st.one_of(
 slot_requests = st.builds(
     _slots,
     st.sampled_from(["0", "0.5", "1", "2", "4", "9"]),
-    st.sampled_from(["0", "1g", "8g", "24g"]),
+    st.sampled_from(["0", "1g", "8g", "20g"]),
     gpu_parts,
 )
 engine_ids = st.sampled_from([0, 0, 0, 1])  # mostly one process, so its cache is reused

@@ -71,3 +71,13 @@ def test_parse_slot_string_empty():
 def test_cli_format_of_round_numbers():
     s = ResourceSlots({"cpu": 100, "gpu.shares": "1.50", "mem": 3 * 2**30})
     assert s.to_cli() == "cpu=100,gpu.shares=1.5,mem=3g"
+
+
+def test_memory_round_trips_through_storage():
+    for text in ("20g", "10g", "1000", "1.5t"):
+        slots = ResourceSlots.parse({"mem": text, "cpu": "1E+1"})
+        stored = slots.to_db()
+        assert "E" not in stored["mem"] and "E" not in stored["cpu"]
+        assert ResourceSlots.parse(stored) == slots
+    # Rows written before the fix still read.
+    assert ResourceSlots.parse({"mem": "2.147483648E+10"}).get_amount("mem") == 20 * 2**30
