@@ -293,3 +293,63 @@ def test_spawn_form_offers_the_users_choices_and_reports_errors(env):
     (s,) = [x for x in _sessions(hub, tokens["alice"], status="RUNNING") if x["name"] == "f"]
     assert s["slots"]["gpu.shares"] == 0.25
     assert hub.hub_api("DELETE", "/users/alice/servers/f").status_code in (202, 204)
+
+
+def _wait_session(hub, token, server, statuses, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [s for s in _sessions(hub, token) if s["name"] == server]
+        if found and found[-1]["status"] in statuses:
+            return found[-1]
+        time.sleep(0.3)
+    raise AssertionError(f"session {server} never reached {statuses}: {found}\n{hub.log_text()[-3000:]}")
+
+
+def test_batch_session_records_its_exit_code_and_logs(env):
+    hub, state, root, tokens = env
+    options = {"project": "ml", "type": "batch", "command": "echo from-batch $LABFLEET_GPU_SHARES; exit 3"}
+    options["gpu"] = 0.25
+    assert _spawn(hub, "alice", "job", options).status_code in (201, 202)
+    done = _wait_session(hub, tokens["alice"], "job", ("TERMINATED", "ERROR"))
+    assert done["status"] == "TERMINATED" and done["exit_code"] == 3, done
+    assert done["devices"] == []  # the allocation went back when the command ended
+    logs = hub.api("GET", f"/sessions/{done['id']}/logs", tokens["alice"])
+    assert "from-batch 0.25" in logs.text
+    # The output is also in the session's home, where the Lab's file browser shows it.
+    assert "from-batch 0.25" in (state / "homes" / "alice" / "labfleet-batch.log").read_text()
+    assert hub.api("GET", f"/sessions/{done['id']}/logs", tokens["bob"]).status_code == 404
+
+
+def test_inference_endpoint_through_the_proxy_shared_with_a_scoped_token(env):
+    hub, state, root, tokens = env
+    options = {
+        "project": "ml",
+        "type": "inference",
+        "command": "python3 -m http.server {port} --bind 127.0.0.1 --directory .",
+    }
+    (state / "homes" / "alice").mkdir(parents=True, exist_ok=True)
+    (state / "homes" / "alice" / "model.txt").write_text("prediction: 42\n")
+    assert _spawn(hub, "alice", "infer", options).status_code in (201, 202)
+    _wait_ready(hub, "alice", "infer")
+    url = f"{hub.url}/user/alice/infer/labfleet/inference/model.txt"
+    # A token scoped to this server alone, as alice would share it.
+    r = hub.hub_api(
+        "POST",
+        "/users/alice/tokens",
+        json={"scopes": ["access:servers!server=alice/infer"], "expires_in": 600},
+    )
+    assert r.status_code == 201, r.text
+    shared = r.json()["token"]
+    deadline = time.monotonic() + 30
+    while True:
+        answer = requests.get(url, headers={"Authorization": f"token {shared}"}, timeout=30)
+        if answer.status_code != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)  # the command is still starting
+    assert answer.status_code == 200 and answer.text == "prediction: 42\n", answer.text[:300]
+    # bob's own token does not reach alice's endpoint.
+    denied = requests.get(
+        url, headers={"Authorization": f"token {tokens['bob']}"}, timeout=30, allow_redirects=False
+    )
+    assert denied.status_code in (302, 403), denied.status_code
+    assert hub.hub_api("DELETE", "/users/alice/servers/infer").status_code in (202, 204)
