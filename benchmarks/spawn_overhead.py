@@ -37,20 +37,11 @@ PLAIN = (
 OVERHEAD = re.compile(r"labfleet overhead ([0-9.]+) ms")
 
 
-def _wait_user(hub, name: str) -> None:
-    for _ in range(100):
-        if hub.hub_api("GET", f"/users/{name}").status_code == 200:
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"Hub user {name} never appeared")
-
-
 def _run(kind: str, n: int, options: dict) -> list[float]:
     with tempfile.TemporaryDirectory(prefix=f"lf-bench-{kind}-") as tmp:
         hub = start_hub(Path(tmp), extra_config=PLAIN if kind == "plain" else "")
         try:
-            _wait_user(hub, "root")
-            root = hub.user_token("root")
+            root = hub.wait_token("root")
             for method, path, body in [
                 ("POST", "/domains", {"name": "bench"}),
                 ("POST", "/projects", {"domain": "bench", "name": "p"}),
@@ -58,7 +49,7 @@ def _run(kind: str, n: int, options: dict) -> list[float]:
             ]:
                 r = hub.api(method, path, root, json=body)
                 assert r.status_code == 201, r.text
-            _wait_user(hub, "ann")
+            hub.wait_user("ann")
             times = []
             for i in range(n):
                 server = f"s{i}"

@@ -26,8 +26,8 @@ from jupyterhub.auth import Authenticator
 from jupyterhub.utils import maybe_future
 from traitlets import Bool, Dict, Float, List, Unicode, default, import_item, validate
 
+from .client import LabfleetServiceClient
 from .client import Reply as _Reply
-from .client import default_service_token, default_service_url, service_call
 
 LABFLEET_ROLES = ("superadmin", "admin", "user", "monitor")
 
@@ -81,7 +81,7 @@ def _strings(value: Any) -> list[str]:
     return [v.strip() for v in value if isinstance(v, str) and v.strip()]
 
 
-class LabfleetBaseAuthenticator(Authenticator):
+class LabfleetBaseAuthenticator(LabfleetServiceClient, Authenticator):
     """What both ways of logging in share: talking to the labfleet service and mapping its answer.
 
     labfleet decides who exists, who is active and what their groups and roles are: ``check_allowed``
@@ -89,30 +89,6 @@ class LabfleetBaseAuthenticator(Authenticator):
     ``auth_refresh_age`` seconds and before each spawn), ending the Hub session of a user who was
     deactivated or deleted.
     """
-
-    service_url = Unicode(
-        help="""Base URL of the labfleet service's REST API, as the Hub reaches it
-        (e.g. http://127.0.0.1:10101/services/labfleet/api).
-
-        Defaults to $LABFLEET_SERVICE_API_URL, else http://127.0.0.1:10101/services/labfleet/api.
-        """,
-    ).tag(config=True)
-
-    @default("service_url")
-    def _service_url_default(self) -> str:
-        return default_service_url()
-
-    service_token = Unicode(
-        help="""The labfleet service's API token, shared by the Hub and the service.
-
-        Sent as `Authorization: token ...` on the service's internal auth endpoints, which treat such
-        calls as the Hub. Keep it secret: it is never logged. Defaults to $LABFLEET_SERVICE_TOKEN.
-        """,
-    ).tag(config=True)
-
-    @default("service_token")
-    def _service_token_default(self) -> str:
-        return default_service_token()
 
     request_timeout = Float(
         10.0,
@@ -145,16 +121,7 @@ class LabfleetBaseAuthenticator(Authenticator):
     # --- the service -----------------------------------------------------------------------------
 
     async def _service_call(self, method: str, path: str, body: dict | None = None) -> _Reply:
-        """One request to the labfleet service. Never raises; never logs the token or the body."""
-        return await service_call(
-            self.service_url,
-            self.service_token,
-            method,
-            path,
-            body,
-            timeout=self.request_timeout,
-            log=self.log,
-        )
+        return await self.service_request(method, path, body, timeout=self.request_timeout)
 
     def _hub_default_role(self, name: str) -> dict:
         """The Hub's own ``user`` or ``admin`` role spec, as the Hub loaded it at start-up.

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Unicode, default
+from traitlets.config import LoggingConfigurable
 
 DEFAULT_SERVICE_URL = "http://127.0.0.1:10101/services/labfleet/api"
 SERVICE_URL_ENV = "LABFLEET_SERVICE_API_URL"
@@ -100,3 +102,40 @@ async def service_call(
     elif response.code >= 500 or response.code == 599:
         log.error("labfleet service answered %s to %s %s: %s", response.code, method, full, message or "-")
     return Reply(response.code, data, message, response.body or b"")
+
+
+class LabfleetServiceClient(LoggingConfigurable):
+    """Where the Hub's labfleet parts (authenticator, spawners) find the service, and how they call it.
+
+    ``c.LabfleetServiceClient.service_url`` / ``.service_token`` configure all of them at once.
+    """
+
+    service_url = Unicode(
+        help="""Base URL of the labfleet service's REST API, as the Hub reaches it
+        (e.g. http://127.0.0.1:10101/services/labfleet/api).
+
+        Defaults to $LABFLEET_SERVICE_API_URL, else http://127.0.0.1:10101/services/labfleet/api.
+        """,
+    ).tag(config=True)
+
+    @default("service_url")
+    def _service_url_default(self) -> str:
+        return default_service_url()
+
+    service_token = Unicode(
+        help="""The labfleet service's API token, shared by the Hub and the service.
+
+        Sent as `Authorization: token ...`; the service treats such calls as the Hub. Keep it secret:
+        it is never logged. Defaults to $LABFLEET_SERVICE_TOKEN.
+        """,
+    ).tag(config=True)
+
+    @default("service_token")
+    def _service_token_default(self) -> str:
+        return default_service_token()
+
+    async def service_request(self, method: str, path: str, body: Any = None, *, timeout: float) -> Reply:
+        """One request to the service; never raises, never logs the token or the body."""
+        return await service_call(
+            self.service_url, self.service_token, method, path, body, timeout=timeout, log=self.log
+        )

@@ -110,10 +110,9 @@ def configure(c, state_dir: str | Path | None = None) -> None:
         },
     ]
     c.JupyterHub.authenticator_class = "labfleet"
-    c.LabfleetBaseAuthenticator.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
-    c.LabfleetBaseAuthenticator.service_token = token
-    c.LabfleetSpawnerMixin.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
-    c.LabfleetSpawnerMixin.service_token = token
+    # The authenticator and the spawners alike.
+    c.LabfleetServiceClient.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
+    c.LabfleetServiceClient.service_token = token
     c.LabfleetSpawnerMixin.session_log_dir = log_dir
 
 

@@ -211,21 +211,29 @@ def allowed_for(image: Image, project_full_name: str) -> bool:
     return project_full_name in image.projects or domain in image.domains
 
 
-def can_see(db: Session, actor: Actor, image: Image) -> bool:
+def _visibility(db: Session, actor: Actor):
+    """A test of "may the actor see this image?", with the actor's projects read once."""
     if actor.kind in ("hub", "cli") or actor.reads_everything:
-        return True
-    if (
-        actor.domain
-        and actor.is_domain_admin_of(actor.domain)
-        and (not image.domains or actor.domain in image.domains)
-    ):
-        return True
+        return lambda image: True
+    admin_of = actor.domain if actor.domain and actor.is_domain_admin_of(actor.domain) else None
     user = db.scalar(select(User).where(User.username == actor.name))
-    return user is not None and any(allowed_for(image, p.full_name) for p in user.projects)
+    projects = [p.full_name for p in user.projects] if user is not None else []
+
+    def visible(image: Image) -> bool:
+        if admin_of and (not image.domains or admin_of in image.domains):
+            return True
+        return any(allowed_for(image, p) for p in projects)
+
+    return visible
+
+
+def can_see(db: Session, actor: Actor, image: Image) -> bool:
+    return _visibility(db, actor)(image)
 
 
 def list_images(db: Session, actor: Actor) -> list[Image]:
-    return [i for i in db.scalars(select(Image).order_by(Image.name)) if can_see(db, actor, i)]
+    visible = _visibility(db, actor)
+    return [i for i in db.scalars(select(Image).order_by(Image.name)) if visible(i)]
 
 
 def find(db: Session, name: str | None) -> Image | None:

@@ -31,9 +31,8 @@ from urllib.parse import quote
 
 from jupyterhub.spawner import SpawnException
 from traitlets import Float, Integer, Unicode, default
-from traitlets.config import LoggingConfigurable
 
-from hub_ext.client import Reply, default_service_token, default_service_url, service_call
+from hub_ext.client import LabfleetServiceClient, Reply
 
 from . import form
 from .launch import LaunchSpec, Mount, build_launch
@@ -61,36 +60,15 @@ def _refusal(reply: Reply, what: str) -> SpawnException:
     )
 
 
-class LabfleetSpawnerMixin(LoggingConfigurable):
+class LabfleetSpawnerMixin(LabfleetServiceClient):
     """Admission, queueing, launch spec and release around a JupyterHub spawner (see module doc).
 
-    A Configurable, so ``c.LabfleetSpawnerMixin.<option>`` configures every labfleet backend.
+    A Configurable, so ``c.LabfleetSpawnerMixin.<option>`` configures every labfleet backend
+    (``c.LabfleetServiceClient`` the service URL and token, shared with the authenticator).
     """
 
     # Set by backends that run the server in a container (device numbering restarts at 0 there).
     lf_in_container = False
-
-    service_url = Unicode(
-        help="""Base URL of the labfleet service's REST API, as the Hub reaches it.
-
-        Defaults to $LABFLEET_SERVICE_API_URL, else http://127.0.0.1:10101/services/labfleet/api.
-        """,
-    ).tag(config=True)
-
-    @default("service_url")
-    def _service_url_default(self) -> str:
-        return default_service_url()
-
-    service_token = Unicode(
-        help="""The labfleet service's API token (the Hub's identity at the service).
-
-        Defaults to $LABFLEET_SERVICE_TOKEN. Never logged.
-        """,
-    ).tag(config=True)
-
-    @default("service_token")
-    def _service_token_default(self) -> str:
-        return default_service_token()
 
     service_timeout = Float(
         10.0, help="Seconds to wait for one answer of the labfleet service before the spawn fails."
@@ -191,15 +169,7 @@ class LabfleetSpawnerMixin(LoggingConfigurable):
     # ------------------------------------------------------------------ the service
 
     async def lf_call(self, method: str, path: str, body: Any = None) -> Reply:
-        return await service_call(
-            self.service_url,
-            self.service_token,
-            method,
-            path,
-            body,
-            timeout=self.service_timeout,
-            log=self.log,  # type: ignore[attr-defined]
-        )
+        return await self.service_request(method, path, body, timeout=self.service_timeout)
 
     @property
     def lf_username(self) -> str:
@@ -208,13 +178,17 @@ class LabfleetSpawnerMixin(LoggingConfigurable):
     # ------------------------------------------------------------------ options
 
     async def _lf_options_form(self, spawner: Any = None) -> str:
-        reply = await self.lf_call("GET", f"/users/{quote(self.lf_username, safe='')}/launch-options")
+        reply = await self._lf_launch_options()
         if not reply.ok or not isinstance(reply.data, dict):
             return form.unavailable(reply.message or "the labfleet service did not answer")
         return form.render(reply.data, previous=self.user_options or {})  # type: ignore[attr-defined]
 
+    async def _lf_launch_options(self) -> Reply:
+        """What the user may launch (projects with quota left, images, groups), from the service."""
+        return await self.lf_call("GET", f"/users/{quote(self.lf_username, safe='')}/launch-options")
+
     async def _lf_only_project(self) -> str | None:
-        reply = await self.lf_call("GET", f"/users/{quote(self.lf_username, safe='')}/launch-options")
+        reply = await self._lf_launch_options()
         projects = reply.data.get("projects") if reply.ok and isinstance(reply.data, dict) else None
         return projects[0]["name"] if projects and len(projects) == 1 else None
 

@@ -71,6 +71,19 @@ class Hub:
             headers["Authorization"] = f"token {token}"
         return requests.request(method, f"{self.api_url}{path}", headers=headers, timeout=30, **kw)
 
+    def wait_user(self, name: str, timeout: float = 20) -> None:
+        """The service creates Hub users asynchronously: wait until ``name`` exists in the Hub."""
+        deadline = time.monotonic() + timeout
+        while self.hub_api("GET", f"/users/{name}").status_code != 200:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Hub user {name} never appeared")
+            time.sleep(0.2)
+
+    def wait_token(self, name: str) -> str:
+        """A Hub API token of user ``name``, once the user exists."""
+        self.wait_user(name)
+        return self.user_token(name)
+
     def user_token(self, name: str) -> str:
         """A Hub API token of user ``name`` (who must exist in the Hub)."""
         r = self.hub_api("POST", f"/users/{name}/tokens", json={"note": "test", "expires_in": 3600})

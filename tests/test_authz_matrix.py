@@ -1,8 +1,6 @@
 """Every service route x every kind of caller, against a real Hub: the status each gets,
 and list answers that never leak another tenant's data."""
 
-import time
-
 import pytest
 
 from tests.hubfixture import start_hub
@@ -17,13 +15,7 @@ ACTORS = ["anon", "alice", "bob", "carol", "dave", "mona", "root"]
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     hub = start_hub(tmp_path_factory.mktemp("hub"))
-    root = None
-    for _ in range(100):
-        if hub.hub_api("GET", "/users/root").status_code == 200:
-            root = hub.user_token("root")
-            break
-        time.sleep(0.2)
-    assert root
+    root = hub.wait_token("root")
 
     def ok(method, path, body=None):
         r = hub.api(method, path, root, json=body)
@@ -53,11 +45,7 @@ def world(tmp_path_factory):
     main_alice = next(k["access_key"] for k in ok("GET", "/keypairs?username=alice") if k["is_main"])
     tokens = {"anon": None, "root": root}
     for name in ACTORS[1:-1]:
-        for _ in range(100):
-            if hub.hub_api("GET", f"/users/{name}").status_code == 200:
-                break
-            time.sleep(0.2)
-        tokens[name] = hub.user_token(name)
+        tokens[name] = hub.wait_token(name)
     # alice's sessions (0.01 cores each), one per actor to read and to stop.
     alice_sessions = {}
     for a in ACTORS:

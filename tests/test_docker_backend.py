@@ -56,14 +56,6 @@ def engine():
     client.close()
 
 
-def _token(hub, name):
-    for _ in range(100):
-        if hub.hub_api("GET", f"/users/{name}").status_code == 200:
-            return hub.user_token(name)
-        time.sleep(0.2)
-    raise AssertionError(f"Hub user {name} never appeared")
-
-
 def _start_docker_hub(state, extra, **kw):
     """The Hub with the Docker backend (LABFLEET_BACKEND=docker, as a deployment sets it)."""
     saved = {k: os.environ.get(k) for k in ("LABFLEET_BACKEND", "LABFLEET_DOCKER_IMAGE")}
@@ -110,7 +102,7 @@ c.LabfleetDockerSpawner.extra_mounts = [
     hub = _start_docker_hub(state, extra)
     box = {"hub": hub, "extra": extra, "state": state}
     try:
-        root = _token(hub, "root")
+        root = hub.wait_token("root")
         for method, path, body in [
             ("POST", "/domains", {"name": "acme"}),
             ("POST", "/projects", {"domain": "acme", "name": "ml"}),
@@ -118,7 +110,7 @@ c.LabfleetDockerSpawner.extra_mounts = [
         ]:
             r = hub.api(method, path, root, json=body)
             assert r.status_code == 201, (path, r.text)
-        box.update(root=root, alice=_token(hub, "alice"), ro=ro, rw=rw, prefix=prefix)
+        box.update(root=root, alice=hub.wait_token("alice"), ro=ro, rw=rw, prefix=prefix)
         yield box
     finally:
         hub = box["hub"]  # a test may have restarted it
@@ -350,7 +342,7 @@ def test_hub_restart_keeps_the_container_its_allocation_and_its_log(env, engine)
     assert c.status == "running", "the session must survive the Hub's restart"
     again = _start_docker_hub(env["state"], env["extra"], db_url=hub.db_url, do_seed=False)
     env["hub"] = again
-    token = _token(again, "alice")
+    token = again.wait_token("alice")
     time.sleep(2)  # the service reconciles with the Hub's servers at start
     after = again.api("GET", f"/sessions/{s['id']}", token).json()
     assert after["status"] == "RUNNING" and after["devices"][0]["shares"] == 0.25

@@ -10,26 +10,18 @@ from tests.hubfixture import start_hub
 pytestmark = pytest.mark.hub
 
 
-def _token(hub, name):
-    for _ in range(100):
-        if hub.hub_api("GET", f"/users/{name}").status_code == 200:
-            return hub.user_token(name)
-        time.sleep(0.2)
-    raise AssertionError(f"Hub user {name} never appeared")
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     state = tmp_path_factory.mktemp("hub")
     hub = start_hub(state)
-    root = _token(hub, "root")
+    root = hub.wait_token("root")
     for method, path, body in [
         ("POST", "/domains", {"name": "acme"}),
         ("POST", "/projects", {"domain": "acme", "name": "ml", "total_resource_slots": {"gpu.shares": 2.5}}),
         ("POST", "/users", {"username": "alice", "domain": "acme", "projects": ["ml"]}),
     ]:
         assert hub.api(method, path, root, json=body).status_code == 201
-    yield hub, state, root, _token(hub, "alice")
+    yield hub, state, root, hub.wait_token("alice")
     hub.stop()
 
 
@@ -103,7 +95,7 @@ def test_reconcile_after_restart_releases_sessions_without_servers(env):
     # allocations go back when the service starts.
     again = start_hub(state, db_url=hub.db_url, do_seed=False)
     try:
-        root2 = _token(again, "root")
+        root2 = again.wait_token("root")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             statuses = {s["id"]: s["status"] for s in again.api("GET", "/sessions", root2).json()}

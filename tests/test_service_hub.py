@@ -28,18 +28,7 @@ def hub(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def root(hub):
-    return wait_token(hub, "root")
-
-
-def wait_token(hub, name, timeout=20):
-    """The service creates Hub users asynchronously; wait for the user to exist."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r = hub.hub_api("GET", f"/users/{name}")
-        if r.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    return hub.user_token(name)
+    return hub.wait_token("root")
 
 
 def hub_user(hub, name):
@@ -184,7 +173,7 @@ def signed(hub, method, path, ak, sk, body=b"", now=None, tamper=None, date=None
 
 @pytest.fixture(scope="module")
 def alice_keypair(hub, tenants):
-    token = wait_token(hub, "alice")
+    token = hub.wait_token("alice")
     r = hub.api("POST", "/keypairs", token, json={})
     assert r.status_code == 201, r.text
     kp = r.json()
@@ -290,7 +279,7 @@ def test_unknown_route_is_json_404(hub, root):
 
 def test_a_session_starts_and_lab_answers_through_the_proxy(hub, tenants):
     """The embedded config spawns a real local JupyterLab for a labfleet user."""
-    token = wait_token(hub, "alice")
+    token = hub.wait_token("alice")
     r = requests.post(
         f"{hub.url}/hub/api/users/alice/server", headers={"Authorization": f"token {token}"}, timeout=60
     )

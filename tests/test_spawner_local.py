@@ -20,19 +20,11 @@ pytestmark = pytest.mark.hub
 RESTARTABLE = "c.JupyterHub.cleanup_servers = False\nc.LabfleetSpawnerMixin.queue_poll_interval = 0.3\n"
 
 
-def _token(hub, name):
-    for _ in range(100):
-        if hub.hub_api("GET", f"/users/{name}").status_code == 200:
-            return hub.user_token(name)
-        time.sleep(0.2)
-    raise AssertionError(f"Hub user {name} never appeared")
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     state = tmp_path_factory.mktemp("spawn")
     hub = start_hub(state, extra_config=RESTARTABLE)
-    root = _token(hub, "root")
+    root = hub.wait_token("root")
     for method, path, body in [
         ("POST", "/domains", {"name": "acme"}),
         ("POST", "/projects", {"domain": "acme", "name": "ml", "total_resource_slots": {"gpu.shares": 2}}),
@@ -52,7 +44,7 @@ def env(tmp_path_factory):
     ]:
         r = hub.api(method, path, root, json=body)
         assert r.status_code == 201, (path, r.text)
-    tokens = {name: _token(hub, name) for name in ("alice", "bob")}
+    tokens = {name: hub.wait_token(name) for name in ("alice", "bob")}
     yield hub, state, root, tokens
     for name in ("alice", "bob"):
         for server in ("", "a", "b", "q"):
@@ -236,11 +228,11 @@ def test_hub_restart_keeps_running_sessions_and_their_allocations(env, tmp_path)
     assert os.path.exists(f"/proc/{pid}"), "the session must survive the Hub's restart"
     again = start_hub(state, db_url=hub.db_url, do_seed=False, extra_config=RESTARTABLE, ports=hub.ports)
     env[0].__dict__.update(again.__dict__)  # later fixture teardown stops the new Hub
-    root2 = _token(again, "root")
+    root2 = again.wait_token("root")
     time.sleep(2)  # the service reconciles with the Hub's servers at start
     after = again.api("GET", f"/sessions/{s['id']}", root2).json()
     assert after["status"] == "RUNNING" and after["devices"][0]["shares"] == 0.25
-    token = _token(again, "alice")
+    token = again.wait_token("alice")
     lab = requests.get(
         f"{again.url}/user/alice/a/api/status", headers={"Authorization": f"token {token}"}, timeout=30
     )
