@@ -15,13 +15,20 @@ from pathlib import Path
 from .db import default_db_url
 from .hubmap import SERVICE_NAME
 from .secretbox import KEY_FILE_ENV, ensure_key_file, key_file_path
+from .storage import RIGHTS
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
 # Passed to the service, which describes this node with them (see hub_ext.service.app).
-NODE_ENV = ("LABFLEET_NODE_NAME", "LABFLEET_DEVICE_PLUGINS", "LABFLEET_MOCK_DEVICES")
+NODE_ENV = (
+    "LABFLEET_NODE_NAME",
+    "LABFLEET_DEVICE_PLUGINS",
+    "LABFLEET_MOCK_DEVICES",
+    "LABFLEET_VFOLDER_SCAN_INTERVAL",
+)
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
 BACKEND_ENV = "LABFLEET_BACKEND"
 SESSION_LOG_DIR_ENV = "LABFLEET_SESSION_LOG_DIR"
+STORAGE_HOSTS_ENV = "LABFLEET_STORAGE_HOSTS"
 # The local backend runs the Hub host's own Python environment: one image stands for it.
 LOCAL_IMAGE = {"name": "local/host", "display_name": "JupyterLab on the Hub host (local sessions)"}
 DOCKER_IMAGE_ENV = "LABFLEET_DOCKER_IMAGE"
@@ -66,6 +73,17 @@ def configure(c, state_dir: str | Path | None = None) -> None:
     log_dir = os.environ.setdefault(SESSION_LOG_DIR_ENV, str(state / "session-logs"))
     backend = os.environ.get(BACKEND_ENV, "local")
     default_images = configure_spawner(c, backend, state)
+    storage_hosts = os.environ.get(STORAGE_HOSTS_ENV) or json.dumps(
+        [
+            {
+                "name": "local",
+                "path": str(state / "vfolders"),
+                "default_permissions": list(RIGHTS),
+                # Docker sessions run as uid 1000: what the API writes must be theirs to change.
+                **({"owner_uid": 1000, "owner_gid": 1000} if backend == "docker" else {}),
+            }
+        ]
+    )
 
     c.JupyterHub.services = [
         s
@@ -84,6 +102,7 @@ def configure(c, state_dir: str | Path | None = None) -> None:
                 KEY_FILE_ENV: str(key_file),
                 SESSION_LOG_DIR_ENV: log_dir,
                 "LABFLEET_DEFAULT_IMAGES": json.dumps(default_images),
+                STORAGE_HOSTS_ENV: storage_hosts,
                 **{k: v for k, v in os.environ.items() if k in NODE_ENV},
                 # So the service imports this checkout even when labfleet is not installed.
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
@@ -127,6 +146,23 @@ def configure_spawner(c, backend: str, state: Path) -> list[dict]:
         c.LabfleetSpawnerMixin.default_image = LOCAL_IMAGE["name"]
         if os.geteuid() == 0:
             c.LabfleetLocalSpawner.args = ["--allow-root"]
+        # The sandbox shows the host read-only: not other users' homes and folders, nor the
+        # Hub's secrets and DBs (their names are those jupyterhub_config.py and configure() use).
+        c.LabfleetLocalSpawner.sandbox_hidden = [
+            str(state / name)
+            for name in (
+                "homes",
+                "vfolders",
+                "session-logs",
+                "labfleet_secret.key",
+                "labfleet_service_token",
+                "jupyterhub_cookie_secret",
+                "labfleet.sqlite",
+                "labfleet.sqlite-wal",
+                "labfleet.sqlite-shm",
+                "jupyterhub.sqlite",
+            )
+        ]
         return [LOCAL_IMAGE]
     if backend == "docker":
         image = os.environ.get(DOCKER_IMAGE_ENV, DEFAULT_DOCKER_IMAGE)

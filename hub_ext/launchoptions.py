@@ -1,4 +1,4 @@
-"""What a user may launch: projects with the quota left, images, resource groups.
+"""What a user may launch: projects with the quota left, images, resource groups, folders.
 
 The spawn form, the Lab sidebar and the launcher widget all ask this one question
 (``GET /api/users/{name}/launch-options``), so they offer the same choices admission accepts.
@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from . import images, nodes
+from . import images, nodes, vfolders
 from .models import Image, User
 from .quota import allocated
 from .slots import ResourceSlots
@@ -84,4 +84,23 @@ def launch_options(db: Session, user: User) -> dict[str, Any]:
         }
         for g in nodes.usable_groups(db, user)
     ]
-    return {"user": user.username, "projects": projects, "images": image_rows, "resource_groups": groups}
+    folders = [
+        {
+            "id": v.id,
+            "name": v.name,
+            "owner": vfolders.owner_label(v),
+            "permission": acc.permission,
+            "usage_mode": v.usage_mode,
+            "host": v.host.name,
+            "auto": v.user_id == user.id and v.name.startswith("."),
+            "mountable": can_mount,
+        }
+        for v, acc, can_mount in vfolders.mountable_for(db, user)
+    ]
+    return {
+        "user": user.username,
+        "projects": projects,
+        "images": image_rows,
+        "resource_groups": groups,
+        "vfolders": folders,
+    }

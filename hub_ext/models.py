@@ -84,6 +84,8 @@ class Domain(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     is_active: Mapped[bool] = mapped_column(Boolean, default=True)
     total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # {storage host: [rights]} granted to everyone in the domain (see hub_ext.storage).
+    allowed_vfolder_hosts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
@@ -102,6 +104,8 @@ class _FolderPolicy:
     name: Mapped[str] = mapped_column(String(64), unique=True)
     max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
     max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes, 0 = unlimited
+    # One folder's size limit, bytes; 0 = only the scope's limit.
+    max_vfolder_size: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -124,7 +128,8 @@ class KeypairResourcePolicy(Base):
     max_pending_sessions: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
     max_session_lifetime: Mapped[int] = mapped_column(Integer, default=0)  # seconds, 0 = off
     idle_timeout: Mapped[int] = mapped_column(Integer, default=-1)  # s; 0 never, <0 global default
-    allowed_storage_hosts: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Storage hosts the keypair's user may use: a list of names (every right) or {host: [rights]}.
+    allowed_storage_hosts: Mapped[Any] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     @property
@@ -145,6 +150,8 @@ class Project(Base):
     resource_policy_id: Mapped[int | None] = mapped_column(
         ForeignKey("project_resource_policies.id", ondelete="RESTRICT"), nullable=True
     )
+    # {storage host: [rights]} granted for this project's folders (see hub_ext.storage).
+    allowed_vfolder_hosts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
@@ -380,6 +387,7 @@ class ComputeSession(Base):
     allocations: Mapped[list[Allocation]] = relationship(
         back_populates="session", cascade="all, delete-orphan"
     )
+    mounts: Mapped[list[VFolderMount]] = relationship(cascade="all, delete-orphan")
 
     @property
     def slots(self) -> ResourceSlots:
@@ -436,3 +444,135 @@ class Image(Base):
     @property
     def min_slots(self) -> ResourceSlots:
         return ResourceSlots.parse(self.min_resource_slots)
+
+
+# ---------------------------------------------------------------- virtual folders
+
+
+class StorageHost(Base):
+    """A named root where folders live: a local directory, or a file system mounted at the same
+    path on every node (NFS, CephFS, ...).  ``default_permissions`` are the rights everyone has on
+    it; domains, projects and keypair policies add theirs (hub_ext.storage)."""
+
+    __tablename__ = "storage_hosts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    capacity: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes; 0 = as much as the disk has
+    description: Mapped[str] = mapped_column(Text, default="")
+    default_permissions: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Who owns what the API writes, so a session running as another uid can change it.
+    owner_uid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    owner_gid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+VFOLDER_STATUSES = ("READY", "DELETE_PENDING")
+
+
+class VFolder(Base):
+    """A virtual folder, owned by a user or by a project; its data is ``<host path>/<id>/data``."""
+
+    __tablename__ = "vfolders"
+    __table_args__ = (
+        UniqueConstraint("user_id", "name", name="uq_vfolders_user_name"),
+        UniqueConstraint("project_id", "name", name="uq_vfolders_project_name"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # a UUID
+    name: Mapped[str] = mapped_column(String(64))
+    host_id: Mapped[int] = mapped_column(ForeignKey("storage_hosts.id", ondelete="RESTRICT"), index=True)
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"), index=True)
+    owner_kind: Mapped[str] = mapped_column(String(_ENUM_LEN))  # user | project
+    # Exactly one of these is set, by owner_kind.
+    user_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    project_id: Mapped[int | None] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    creator: Mapped[str] = mapped_column(String(255), default="")
+    usage_mode: Mapped[str] = mapped_column(String(_ENUM_LEN), default="general")  # general | model | data
+    # What project members get (ro | rw | wd); a user folder's owner always has wd.
+    permission: Mapped[str] = mapped_column(String(_ENUM_LEN), default="rw")
+    max_size: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes; 0 = only the scope's limit
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="READY")
+    usage_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # data and trash, as last scanned
+    usage_files: Mapped[int] = mapped_column(Integer, default=0)
+    trash_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    usage_scanned_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    host: Mapped[StorageHost] = relationship()
+    domain: Mapped[Domain] = relationship()
+    user: Mapped[User | None] = relationship()
+    project: Mapped[Project | None] = relationship()
+    grants: Mapped[list[VFolderPermission]] = relationship(cascade="all, delete-orphan")
+
+
+class VFolderPermission(Base):
+    """A user's permission on a folder: an accepted invitation (user folders) or an admin's
+    override of the project's permission (project folders)."""
+
+    __tablename__ = "vfolder_permissions"
+
+    vfolder_id: Mapped[str] = mapped_column(ForeignKey("vfolders.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    permission: Mapped[str] = mapped_column(String(_ENUM_LEN))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    user: Mapped[User] = relationship()
+
+
+class VFolderInvitation(Base):
+    __tablename__ = "vfolder_invitations"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    vfolder_id: Mapped[str] = mapped_column(ForeignKey("vfolders.id", ondelete="CASCADE"), index=True)
+    inviter_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    invitee_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    permission: Mapped[str] = mapped_column(String(_ENUM_LEN))
+    state: Mapped[str] = mapped_column(
+        String(_ENUM_LEN), default="pending"
+    )  # pending|accepted|declined|cancelled
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    vfolder: Mapped[VFolder] = relationship()
+    inviter: Mapped[User] = relationship(foreign_keys=[inviter_id])
+    invitee: Mapped[User] = relationship(foreign_keys=[invitee_id])
+
+
+class VFolderUpload(Base):
+    """An upload in progress.  Its whole size is reserved against the folder's and the scope's
+    limits from the start, so concurrent uploads can never pass a limit together."""
+
+    __tablename__ = "vfolder_uploads"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # hex; the temp file's name
+    vfolder_id: Mapped[str] = mapped_column(ForeignKey("vfolders.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), nullable=True)
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class VFolderMount(Base):
+    """A folder mounted in a session, with the permission it was mounted with."""
+
+    __tablename__ = "vfolder_mounts"
+
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
+    vfolder_id: Mapped[str] = mapped_column(
+        ForeignKey("vfolders.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    permission: Mapped[str] = mapped_column(String(_ENUM_LEN))
+
+    vfolder: Mapped[VFolder] = relationship()

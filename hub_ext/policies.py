@@ -11,7 +11,8 @@ from . import audit, authz
 from .authz import Actor
 from .errors import Conflict, Forbidden, InvalidInput, NotFound
 from .models import Keypair, KeypairResourcePolicy, Project, ProjectResourcePolicy, User, UserResourcePolicy
-from .validate import check_choice, check_fields, check_int, check_name, check_slots, check_string_list
+from .storage import check_host_grants
+from .validate import check_choice, check_fields, check_int, check_name, check_slots
 
 MAX_SECONDS = 10 * 365 * 24 * 3600
 MAX_BYTES = 2**62
@@ -30,11 +31,12 @@ _KEYPAIR_FIELDS = {
     "max_pending_sessions": lambda v: check_int(v, "max_pending_sessions", maximum=100_000),
     "max_session_lifetime": lambda v: check_int(v, "max_session_lifetime", maximum=MAX_SECONDS),
     "idle_timeout": lambda v: check_int(v, "idle_timeout", minimum=-1, maximum=MAX_SECONDS),
-    "allowed_storage_hosts": lambda v: check_string_list(v, "allowed_storage_hosts", check_name),
+    "allowed_storage_hosts": lambda v: check_host_grants(v, "allowed_storage_hosts"),
 }
 _FOLDER_FIELDS = {
     "max_vfolder_count": lambda v: check_int(v, "max_vfolder_count", maximum=1_000_000),
     "max_quota_scope_size": lambda v: check_int(v, "max_quota_scope_size", maximum=MAX_BYTES),
+    "max_vfolder_size": lambda v: check_int(v, "max_vfolder_size", maximum=MAX_BYTES),
 }
 FIELDS = {"keypair": _KEYPAIR_FIELDS, "user": _FOLDER_FIELDS, "project": _FOLDER_FIELDS}
 
@@ -123,12 +125,13 @@ def policy_view(kind: str, obj) -> dict[str, Any]:
             "max_pending_sessions": obj.max_pending_sessions,
             "max_session_lifetime": obj.max_session_lifetime,
             "idle_timeout": obj.idle_timeout,
-            "allowed_storage_hosts": list(obj.allowed_storage_hosts or []),
+            "allowed_storage_hosts": obj.allowed_storage_hosts or [],
         }
     return {
         "name": obj.name,
         "max_vfolder_count": obj.max_vfolder_count,
         "max_quota_scope_size": obj.max_quota_scope_size,
+        "max_vfolder_size": obj.max_vfolder_size,
     }
 
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from . import audit, authz, clustercache, images
+from . import audit, authz, clustercache, images, vfolders
 from .authz import Actor
 from .errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
 from .models import (
@@ -34,6 +34,7 @@ from .models import (
     Project,
     ResourceGroup,
     User,
+    VFolderMount,
 )
 from .nodes import DEFAULT_GROUP, SESSION_TYPES
 from .scheduler import admission, queueing
@@ -168,7 +169,17 @@ def _fits_empty(entry: clustercache.Entry, req: Request) -> bool:
 # ---------------------------------------------------------------- admission
 
 
-SESSION_FIELDS = ("project", "resource_group", "type", "image", "slots", "gpu_models", "name", "username")
+SESSION_FIELDS = (
+    "project",
+    "resource_group",
+    "type",
+    "image",
+    "slots",
+    "gpu_models",
+    "name",
+    "username",
+    "vfolders",
+)
 
 
 def parse_request(body: Any) -> dict[str, Any]:
@@ -196,6 +207,7 @@ def parse_request(body: Any) -> dict[str, Any]:
     out["gpu_models"] = check_string_list(body.get("gpu_models", []), "gpu_models")
     out["name"] = check_text(body.get("name", ""), "name", 255)
     out["username"] = body.get("username")
+    out["vfolders"] = body.get("vfolders", [])
     return out
 
 
@@ -222,6 +234,8 @@ def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
     if group is None:
         raise NotFound(f"no resource group {req['resource_group']!r}")
     keypair = _charged_keypair(db, actor, user)
+    # The folders to mount (named ones and the user's dot-folders), refused before anything is held.
+    mounts = vfolders.resolve_mounts(db, user, req["vfolders"])
 
     _lock(db, user.domain_id, group.id)
     session = ComputeSession(
@@ -237,6 +251,7 @@ def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
         requested_slots=req["slots"].to_db(),
         gpu_models=req["gpu_models"],
         status_history=[],
+        mounts=[VFolderMount(vfolder_id=v.id, permission=perm) for v, perm in mounts],
     )
     refusal = check(db, session)
     if refusal is not None:
@@ -679,4 +694,5 @@ def session_view(s: ComputeSession) -> dict[str, Any]:
         "devices": devices,
         "exit_code": s.exit_code,
         "created_at": s.created_at.isoformat() if s.created_at else None,
+        "mounts": [vfolders.mount_view(m.vfolder, m.permission) for m in s.mounts],
     }

@@ -27,6 +27,7 @@ from .models import (
     UserResourcePolicy,
 )
 from .passwords import check_password_strength, hash_password
+from .storage import check_host_grants
 from .validate import (
     check_bool,
     check_choice,
@@ -87,7 +88,13 @@ def _policy_by_name(db: Session, model, name: Any, field: str):
 
 # ---------------------------------------------------------------- domains
 
-DOMAIN_FIELDS = ("description", "is_active", "total_resource_slots")
+DOMAIN_FIELDS = ("description", "is_active", "total_resource_slots", "allowed_vfolder_hosts")
+
+
+def _host_grants(value: Any) -> dict[str, list[str]]:
+    if not isinstance(value, dict):
+        raise InvalidInput("allowed_vfolder_hosts must be {storage host: [rights]}")
+    return check_host_grants(value, "allowed_vfolder_hosts")  # type: ignore[return-value]
 
 
 def _apply_domain_fields(d: Domain, body: dict[str, Any]) -> None:
@@ -97,6 +104,8 @@ def _apply_domain_fields(d: Domain, body: dict[str, Any]) -> None:
         d.is_active = check_bool(body["is_active"], "is_active")
     if "total_resource_slots" in body:
         d.total_resource_slots = check_slots(body["total_resource_slots"]).to_db()
+    if "allowed_vfolder_hosts" in body:
+        d.allowed_vfolder_hosts = _host_grants(body["allowed_vfolder_hosts"])
 
 
 def create_domain(db: Session, actor: Actor, body: Any) -> Domain:
@@ -142,7 +151,13 @@ def list_domains(db: Session, actor: Actor) -> list[Domain]:
 
 # ---------------------------------------------------------------- projects
 
-PROJECT_FIELDS = ("description", "is_active", "total_resource_slots", "resource_policy")
+PROJECT_FIELDS = (
+    "description",
+    "is_active",
+    "total_resource_slots",
+    "resource_policy",
+    "allowed_vfolder_hosts",
+)
 
 
 def _apply_project_fields(db: Session, p: Project, body: dict[str, Any]) -> None:
@@ -152,6 +167,8 @@ def _apply_project_fields(db: Session, p: Project, body: dict[str, Any]) -> None
         p.is_active = check_bool(body["is_active"], "is_active")
     if "total_resource_slots" in body:
         p.total_resource_slots = check_slots(body["total_resource_slots"]).to_db()
+    if "allowed_vfolder_hosts" in body:
+        p.allowed_vfolder_hosts = _host_grants(body["allowed_vfolder_hosts"])
     if "resource_policy" in body:
         rp = body["resource_policy"]
         p.resource_policy = (
@@ -424,6 +441,7 @@ def domain_view(d: Domain, *, detail: bool = False) -> dict[str, Any]:
         "description": d.description,
         "is_active": d.is_active,
         "total_resource_slots": d.slots.to_json(),
+        "allowed_vfolder_hosts": d.allowed_vfolder_hosts or {},
         "created_at": d.created_at.isoformat() if d.created_at else None,
     }
     if detail:
@@ -440,6 +458,7 @@ def project_view(p: Project) -> dict[str, Any]:
         "is_active": p.is_active,
         "total_resource_slots": p.slots.to_json(),
         "resource_policy": p.resource_policy.name if p.resource_policy else None,
+        "allowed_vfolder_hosts": p.allowed_vfolder_hosts or {},
         "members": [u.username for u in p.members],
         "created_at": p.created_at.isoformat() if p.created_at else None,
     }

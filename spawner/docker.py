@@ -91,7 +91,8 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
 
     container_home = Unicode(
         "/home/jovyan",
-        help="The session user's home inside the container: relative mount targets are under it.",
+        help="""The session user's home inside the container: relative mount targets are under it, and
+        the session's virtual folders are mounted at `<container_home>/vfolders/<name>`.""",
     ).tag(config=True)
 
     extra_mounts = List(
@@ -124,12 +125,15 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
 
     # ------------------------------------------------------------------ launch
 
+    def lf_session_home(self) -> str:
+        return self.container_home
+
     def lf_mounts(self, options) -> tuple[Mount, ...]:
         out = list(super().lf_mounts(options))
         for m in self.extra_mounts:
             target = str(m["target"])
             if not target.startswith("/"):
-                target = f"{self.container_home.rstrip('/')}/{target}"
+                target = f"{self.lf_session_home().rstrip('/')}/{target}"
             out.append(Mount(source=str(m["source"]), target=target, mode=m.get("mode", "rw")))
         return tuple(out)
 

@@ -1,10 +1,11 @@
 """The spawn form: a pure HTML builder from what the labfleet service says a user may launch.
 
 ``render(choices)`` takes the service's ``GET /api/users/{name}/launch-options`` answer: the
-user's projects with the quota left for each, the images and resource groups they may use.  It
-offers only those, bounds the CPU / memory / GPU inputs by the quota left, and shows that quota.
-The Hub wraps this in its own spawn page (Bootstrap 5 classes, like the Hub's templates).
-Everything the service sends is escaped: names come from admins and users.
+user's projects with the quota left for each, the images and resource groups they may use, and
+the virtual folders they may mount.  It offers only those, bounds the CPU / memory / GPU inputs
+by the quota left, and shows that quota.  The Hub wraps this in its own spawn page (Bootstrap 5
+classes, like the Hub's templates).  Everything the service sends is escaped: names come from
+admins and users.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from .options import SESSION_TYPES
 
 _SLOT_LABELS = {"cpu": "CPU cores", "mem": "Memory", "gpu": "Whole GPUs", "gpu.shares": "GPU shares"}
+_PERMISSION_LABELS = {"ro": "read-only", "rw": "read-write", "wd": "read-write-delete"}
+_PERMISSION_BADGES = {"ro": "text-bg-secondary", "rw": "text-bg-primary", "wd": "text-bg-warning"}
 
 
 def _fmt_amount(slot: str, value: Any) -> str:
@@ -59,6 +62,63 @@ def _script_json(data: Any) -> str:
     return json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def _owner(owner: str) -> str:
+    """``user:alice`` / ``project:acme/ml`` as people read it."""
+    kind, _, name = owner.partition(":")
+    if kind == "user":
+        return "yours" if not name else f"user {name}"
+    if kind == "project":
+        return f"project {name}"
+    return owner
+
+
+def _vfolders(folders: Sequence[Mapping[str, Any]], previous: Sequence[str]) -> str:
+    """One checkbox per mountable folder (value: its id). Automatic (dot) folders are shown checked
+    and disabled, with no name: the service mounts them, the form does not send them."""
+    rows = []
+    for i, f in enumerate(folders):
+        if not f.get("mountable", True) or not f.get("id"):
+            continue
+        fid, name = str(f["id"]), str(f.get("name") or f["id"])
+        owner = str(f.get("owner") or "")
+        permission = str(f.get("permission") or "")
+        auto = bool(f.get("auto"))
+        attrs = f'class="form-check-input" type="checkbox" id="lf-vf-{i}"'
+        if auto:
+            attrs += " checked disabled"
+        else:
+            attrs += f' name="vfolders" value="{escape(fid)}"'
+            if fid in previous or name in previous:
+                attrs += " checked"
+        badges = ""
+        if permission in _PERMISSION_LABELS:
+            label, colour = _PERMISSION_LABELS[permission], _PERMISSION_BADGES[permission]
+            badges += f' <span class="badge {colour}">{label}</span>'
+        mode = str(f.get("usage_mode") or "general")
+        if mode != "general":
+            badges += f' <span class="badge text-bg-light border">{escape(mode)}</span>'
+        note = ' <span class="form-text">mounted automatically</span>' if auto else ""
+        # A project's folder goes only into sessions of that project: the script hides the others.
+        project = owner.partition(":")[2] if owner.startswith("project:") else ""
+        data = f' data-project="{escape(project)}"' if project else ""
+        rows.append(
+            f'    <div class="form-check lf-vfolder"{data}>\n'
+            f"      <input {attrs}>\n"
+            f'      <label class="form-check-label" for="lf-vf-{i}">{escape(name)}'
+            f' <span class="text-body-secondary small">{escape(_owner(owner))}</span>{badges}{note}</label>\n'
+            "    </div>"
+        )
+    if not rows:
+        return ""
+    body = "\n".join(rows)
+    return f"""
+  <fieldset class="mb-3" id="lf-vfolders">
+    <legend class="form-label fs-6">Virtual folders</legend>
+    <div class="form-text mb-2">Checked folders appear in the session at ~/vfolders/&lt;name&gt;.</div>
+{body}
+  </fieldset>"""
+
+
 def unavailable(message: str) -> str:
     """Shown instead of the form when the service cannot say what the user may launch."""
     return (
@@ -98,6 +158,10 @@ def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None
         return escape(str(previous.get(key, default)))
 
     quotas = "\n".join(_quota_table(p) for p in projects)
+    chosen = previous.get("vfolders") or []
+    folders = _vfolders(
+        list(choices.get("vfolders") or []), [str(v) for v in chosen] if isinstance(chosen, list) else []
+    )
     return f"""
 <div class="labfleet-spawn-form">
   <div class="mb-3">
@@ -148,7 +212,7 @@ def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None
     <label for="lf-command" class="form-label">Command (batch and inference)</label>
     <textarea id="lf-command" name="command" class="form-control" rows="2"
               placeholder="python train.py --epochs 3">{prev("command")}</textarea>
-  </div>
+  </div>{folders}
   <div class="lf-quotas">
 {quotas}
   </div>
@@ -175,6 +239,12 @@ def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None
       var first = Array.prototype.find.call(image.options, function (o) {{ return !o.hidden; }});
       if (first) {{ image.value = first.value; }}
     }}
+    document.querySelectorAll(".lf-vfolder[data-project]").forEach(function (row) {{
+      // Another project's folder: hidden, and disabled so that it is not sent.
+      row.hidden = row.dataset.project !== p;
+      var box = row.querySelector("input[name=vfolders]");
+      if (box) {{ box.disabled = row.hidden; }}
+    }});
     bound("lf-cpu", q.cpu);
     var g = q["gpu.shares"];
     bound("lf-gpu", g === undefined ? q.gpu : g);

@@ -5,23 +5,25 @@
 :class:`LaunchSpec`: limits, devices, mounts and the environment the session sees.  Backends
 (:mod:`spawner.local`, :mod:`spawner.docker`) translate a LaunchSpec into their own terms; no
 backend decides anything the placement already decided (Docker does not choose devices, the
-placement does).
+placement does).  :func:`vfolder_mounts` turns the virtual folders the service mounts for the
+session into Mounts under the session's home.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from .options import SessionOptions
+from .options import SessionOptions, is_vfolder_name
 
 # A fraction of one device: how the session is told to limit itself.
 MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 DEFAULT_PIDS_LIMIT = 4096
 MOUNT_MODES = ("ro", "rw", "wd")
+VFOLDERS_DIR = "vfolders"  # virtual folders appear at <session home>/vfolders/<name>
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,52 @@ def gpu_env(gpus: tuple[GPUAssignment, ...], *, mps: bool, in_container: bool) -
             env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = _fmt(fraction)
             env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     return env
+
+
+def vfolder_mounts(session: Mapping[str, Any], home: str, *, taken: Iterable[str] = ()) -> tuple[Mount, ...]:
+    """The session's virtual folders (the service's ``mounts``) as Mounts under ``home``/vfolders.
+
+    The service is trusted to choose the folders and their sources, but a reply must never put a
+    mount outside ``vfolders/``: a name that is not one plain path component, a relative source or
+    a second folder of the same name raises ValueError.  ``taken``: targets the backend mounts
+    already (its own extra mounts), which a folder may not cover.
+    """
+    raw = session.get("mounts")
+    if raw is None:
+        return ()  # a service from before virtual folders
+    if not isinstance(raw, list):
+        raise ValueError(f"mounts must be a list, not {type(raw).__name__}")
+    if not raw:
+        return ()
+    if not home.startswith("/"):
+        raise ValueError(f"the session's home must be an absolute path, not {home!r}")
+    base = f"{home.rstrip('/')}/{VFOLDERS_DIR}"
+    used = set(taken)
+    out: list[Mount] = []
+    names: set[str] = set()
+    for item in raw:
+        if not isinstance(item, Mapping):
+            raise ValueError(f"a mount must be an object, not {type(item).__name__}")
+        name, source, permission = item.get("name"), item.get("source"), item.get("permission")
+        if not is_vfolder_name(name):
+            raise ValueError(f"folder name {str(name)[:70]!r} is not a valid folder name")
+        if not isinstance(source, str) or not source.startswith("/") or "\x00" in source:
+            raise ValueError(f"folder {name}: source {str(source)[:200]!r} is not an absolute path")
+        if ".." in source.split("/"):
+            raise ValueError(f"folder {name}: source {source[:200]!r} has a '..' component")
+        if permission not in MOUNT_MODES:
+            raise ValueError(
+                f"folder {name}: permission must be one of {', '.join(MOUNT_MODES)}, not {str(permission)[:20]!r}"
+            )
+        if name in names:
+            raise ValueError(f"two folders are named {name!r}: one session mounts one folder per name")
+        names.add(name)
+        target = f"{base}/{name}"
+        if target in used:
+            raise ValueError(f"folder {name}: {target} is already a mount of this hub")
+        used.add(target)
+        out.append(Mount(source=source, target=target, mode=permission))
+    return tuple(out)
 
 
 def build_launch(

@@ -52,6 +52,14 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         "name or /abs/path", "mode": "ro"|"rw"|"wd"}; a relative target is under the session's home.""",
     ).tag(config=True)
 
+    sandbox_hidden = List(
+        Unicode(),
+        help="""Host paths the sandboxed session must not see: a directory is covered by an empty
+        tmpfs, a file reads as empty. E.g. the virtual-folder storage root and the homes, which the
+        read-only view of the host would otherwise show whole (the session's own home and folders
+        are still mounted from there), and the Hub's secrets and DBs.""",
+    ).tag(config=True)
+
     _log_file = None
 
     def _bwrap(self) -> str | None:
@@ -64,10 +72,16 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             raise RuntimeError(f"sandbox = yes, but {self.bwrap_path!r} is missing or cannot run here")
         return None
 
+    def lf_session_home(self) -> str:
+        # The sandbox binds the host home at the same path: the session sees it there too.
+        return str(self.home_dir)
+
     def lf_mounts(self, options) -> tuple[Mount, ...]:
         out = []
         for m in self.extra_mounts:
-            target = m["target"] if str(m["target"]).startswith("/") else f"{self.home_dir}/{m['target']}"
+            target = str(m["target"])
+            if not target.startswith("/"):
+                target = f"{self.lf_session_home().rstrip('/')}/{target}"
             out.append(Mount(source=str(m["source"]), target=target, mode=m.get("mode", "rw")))
         return tuple(out)
 
@@ -87,13 +101,19 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         if bwrap:
             for m in launch.mounts:
                 if m.target.startswith(str(home) + "/"):
-                    Path(m.target).mkdir(parents=True, exist_ok=True)
+                    target = Path(m.target)
+                    if target.is_symlink():
+                        target.unlink()  # left by a session without the sandbox: bind a real directory
+                    # The mount point (and ~/vfolders/) exists on the host, owned by the user.
+                    target.mkdir(parents=True, exist_ok=True)
             self.shell_cmd = bwrap_command(
                 bwrap,
                 home=str(home),
                 mounts=launch.mounts,
                 writable=list(self.sandbox_writable),
                 readonly=_hidden_by_private_tmp(self.get_env()),
+                hidden=[h for h in self.sandbox_hidden if os.path.isdir(h)],
+                hidden_files=[h for h in self.sandbox_hidden if os.path.isfile(h)],
                 share_net=self.sandbox_share_net,
             )
         else:
@@ -101,10 +121,7 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             if launch.mounts:
                 # Without a sandbox a mount is a symlink, and ro cannot be enforced: say so.
                 for m in launch.mounts:
-                    target = Path(m.target)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    if not target.exists():
-                        target.symlink_to(m.source)
+                    _link(Path(m.target), m.source, self.log)
                 self.log.warning("labfleet: no sandbox for %s; mounts are plain symlinks", self._log_name)
 
     async def _signal(self, sig):
@@ -135,6 +152,26 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             if self._log_file is not None:
                 self._log_file.close()  # the child has its own copy
                 self._log_file = None
+
+
+def _link(target: Path, source: str, log) -> None:
+    """``target`` as a symlink to ``source``: a stale link (another folder of that name before, or
+    an empty mount point of a sandboxed session) is replaced; the user's own files never are."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():
+        if os.readlink(target) == source:
+            return
+        target.unlink()
+    elif target.is_dir():
+        try:
+            target.rmdir()  # only when empty
+        except OSError:
+            log.warning("labfleet: %s is a folder of its own, not mounting %s there", target, source)
+            return
+    elif target.exists():
+        log.warning("labfleet: %s is a file, not mounting %s there", target, source)
+        return
+    target.symlink_to(source)
 
 
 def _hidden_by_private_tmp(env: dict[str, str]) -> list[str]:

@@ -15,8 +15,9 @@ LocalProcessSpawner)``).  It
 5. keeps the session id in the Hub's state (``get_state`` / ``load_state``) so a Hub restart finds
    its allocation again.
 
-Backends implement ``lf_prepare`` (apply the LaunchSpec to themselves) and may override
-``lf_exit_code`` and ``lf_in_container``.
+Backends implement ``lf_prepare`` (apply the LaunchSpec to themselves) and
+``lf_session_home`` (where the session's virtual folders go: ``<home>/vfolders/<name>``), and may
+override ``lf_mounts`` (their own mounts), ``lf_exit_code`` and ``lf_in_container``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from traitlets import Float, Integer, Unicode, default
 from hub_ext.client import LabfleetServiceClient, Reply
 
 from . import form
-from .launch import LaunchSpec, Mount, build_launch
+from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts
 from .options import OptionsError, SessionOptions, options_from_form, parse_options
 
 PENDING = "PENDING"
@@ -226,18 +227,32 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         return Path(self.session_log_dir) / f"{self.lf_session_id}.log"
 
     def lf_mounts(self, options: SessionOptions) -> tuple[Mount, ...]:
-        """Folders to mount in the session. Virtual folders arrive with their own issue: until then
-        naming one is refused (see _lf_admission_body), and backends may add mounts of their own."""
+        """The backend's own mounts for every session (its ``extra_mounts``). The session's virtual
+        folders are not among them: the service names those when it places the session."""
         return ()
 
-    def _lf_admission_body(self, options: SessionOptions) -> dict[str, Any]:
-        if options.vfolders:
+    def lf_session_home(self) -> str:
+        """The session user's home as the session sees it (an absolute path inside the session):
+        virtual folders are mounted at ``<home>/vfolders/<name>``."""
+        raise NotImplementedError(f"{type(self).__name__} does not say where the session's home is")
+
+    def lf_session_mounts(self, session: dict[str, Any], options: SessionOptions) -> tuple[Mount, ...]:
+        """The backend's mounts, then the virtual folders the service mounts for the placed session."""
+        own = self.lf_mounts(options)
+        if not session.get("mounts"):
+            return own
+        try:
+            folders = vfolder_mounts(session, self.lf_session_home(), taken=[m.target for m in own])
+        except ValueError as e:
+            # A reply that would mount outside ~/vfolders/: the service's fault, not the user's.
             raise SpawnException(
-                f"Invalid options: virtual folders are not available on this hub yet"
-                f" ({', '.join(options.vfolders)})",
-                reason="invalid-options",
-                status_code=400,
-            )
+                f"labfleet cannot mount the session's virtual folders: {e}",
+                reason="labfleet-error",
+                status_code=502,
+            ) from None
+        return own + folders
+
+    def _lf_admission_body(self, options: SessionOptions) -> dict[str, Any]:
         body: dict[str, Any] = {
             "project": options.project,
             "username": self.lf_username,
@@ -250,6 +265,9 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             body["image"] = image
         if options.resource_group:
             body["resource_group"] = options.resource_group
+        if options.vfolders:
+            # Names or ids; the service checks access and adds the user's automatic (dot) folders.
+            body["vfolders"] = list(options.vfolders)
         return body
 
     async def start(self):
@@ -274,11 +292,12 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             if options.image is None and session.get("image"):
                 options = SessionOptions(**{**options.__dict__, "image": session["image"]})
                 self.lf_options = options
+            mounts = self.lf_session_mounts(session, options)
             await self._lf_report("PREPARING", "starting the server")
             self.lf_launch = build_launch(
                 session,
                 options,
-                mounts=self.lf_mounts(options),
+                mounts=mounts,
                 mps=self.lf_mps(),
                 in_container=self.lf_in_container,
             )

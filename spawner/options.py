@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, TypeGuard
 
 SESSION_TYPES = ("interactive", "batch", "inference")
 OPTION_KEYS = ("project", "image", "resource_group", "cpu", "mem", "gpu", "vfolders", "type", "command")
@@ -27,6 +27,9 @@ GPU_QUANTUM = Decimal("0.01")
 CPU_QUANTUM = Decimal("0.001")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# A virtual folder's name (a leading "." is allowed: such folders are mounted automatically), or its id.
+_VFOLDER = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _PROJECT = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
 _MEM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -128,16 +131,38 @@ def _name(value: Any, key: str, pattern: re.Pattern[str] = _NAME) -> str:
     return value
 
 
+def is_vfolder_name(value: Any) -> TypeGuard[str]:
+    """A folder name that is safe as one path component under ~/vfolders/."""
+    return isinstance(value, str) and bool(_VFOLDER.match(value)) and value not in (".", "..")
+
+
+def is_vfolder_id(value: Any) -> TypeGuard[str]:
+    return isinstance(value, str) and bool(_UUID.match(value))
+
+
+def _vfolder(value: Any) -> str:
+    if not isinstance(value, str):
+        raise OptionsError(f"vfolder must be a name or id, not {type(value).__name__}")
+    value = value.strip()
+    if not (is_vfolder_name(value) or is_vfolder_id(value)):
+        raise OptionsError(
+            f"vfolder {value[:70]!r} is not a folder name (up to 64 letters, digits, '.', '_' or '-';"
+            " not '.' or '..') nor a folder id"
+        )
+    return value
+
+
 def _vfolders(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [v for v in re.split(r"[,\s]+", value) if v]
-    if not isinstance(value, list):
-        raise OptionsError("vfolders must be a list of folder names")
+    if not isinstance(value, (list, tuple)):
+        raise OptionsError("vfolders must be a list of folder names or ids")
     if len(value) > MAX_VFOLDERS:
-        raise OptionsError(f"at most {MAX_VFOLDERS} vfolders per session")
-    names = tuple(_name(v, "vfolder") for v in value)
-    if len(set(names)) != len(names):
-        raise OptionsError("a vfolder is named twice")
+        raise OptionsError(f"at most {MAX_VFOLDERS} vfolders per session, not {len(value)}")
+    names = tuple(_vfolder(v) for v in value)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise OptionsError(f"vfolder {twice[0]!r} is named twice")
     return names
 
 

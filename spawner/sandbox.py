@@ -2,8 +2,9 @@
 
 The sandbox sees the host read-only, gets a private /tmp and /dev, its own /proc and PID
 namespace, and writes only its home, the extra writable folders and its rw/wd mounts; ro
-mounts are bound read-only.  The host network stays (the proxy reaches the server on
-127.0.0.1).  The session command is appended as one shell string (JupyterHub's ``shell_cmd``).
+mounts are bound read-only, and ``hidden`` folders (a storage root) are not seen at all.  The
+host network stays (the proxy reaches the server on 127.0.0.1).  The session command is
+appended as one shell string (JupyterHub's ``shell_cmd``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ def bwrap_command(
     mounts: Iterable[Mount] = (),
     writable: Iterable[str] = (),
     readonly: Iterable[str] = (),
+    hidden: Iterable[str] = (),
+    hidden_files: Iterable[str] = (),
     share_net: bool = True,
 ) -> list[str]:
     """``shell_cmd`` for LocalProcessSpawner: bwrap's arguments, then ``/bin/sh -c``."""
@@ -36,6 +39,13 @@ def bwrap_command(
     ]  # fmt: skip
     if not share_net:
         args.append("--unshare-net")
+    # Covered by an empty tmpfs; bind sources still come from the host, so a session's own folder
+    # under a hidden root is mounted all the same.
+    for path in hidden:
+        args += ["--tmpfs", path]
+    # Files (the Hub's secrets and DBs) read as empty.
+    for path in hidden_files:
+        args += ["--ro-bind", "/dev/null", path]
     # The private /tmp hides what lives under it (a venv or a checkout in /tmp): show those again.
     for path in readonly:
         args += ["--ro-bind", path, path]

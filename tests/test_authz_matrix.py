@@ -53,8 +53,57 @@ def world(tmp_path_factory):
         assert r.status_code == 201, r.text
         alice_sessions[a] = r.json()["id"]
     keys = {a: {"alice_key": alice_keys[a], "alice_session": alice_sessions[a]} for a in ACTORS}
+    _vfolder_world(hub, ok, tokens, keys)
     yield hub, tokens, keys, main_alice
     hub.stop()
+
+
+def _vfolder_world(hub, ok, tokens, keys):
+    """alice's folder `shared` (shared rw with `sharee`), acme/ml's project folder, and per actor:
+    folders to delete / restore / purge, invitations, files, trash entries, uploads."""
+    alice = tokens["alice"]
+
+    def as_alice(method, path, body=None, code=(200, 201), **kw):
+        r = hub.api(method, path, alice, json=body, **kw)
+        assert r.status_code in code, (path, r.text)
+        return r.json()
+
+    ok("POST", "/users", {"username": "sharee", "domain": "acme"})
+    sharee = hub.wait_token("sharee")
+    shared = as_alice("POST", "/vfolders", {"name": "shared"})["id"]
+    inv = as_alice("POST", f"/vfolders/{shared}/invitations", {"invitee": "sharee", "permission": "rw"})
+    assert hub.api("POST", f"/vfolder-invitations/{inv['id']}/accept", sharee).status_code == 200
+    project = ok("POST", "/vfolders", {"name": "team", "project": "acme/ml", "permission": "ro"})["id"]
+    for a in ACTORS:
+        ok("POST", "/storage-hosts", {"name": f"del-{a}", "path": str(hub.state / f"hosts/del-{a}")})
+        ok("POST", "/users", {"username": f"inv-{a}", "domain": "acme"})
+        ok("POST", "/users", {"username": f"leaver-{a}", "domain": "acme"})
+        leaver = hub.wait_token(f"leaver-{a}")
+        i = as_alice(
+            "POST", f"/vfolders/{shared}/invitations", {"invitee": f"leaver-{a}", "permission": "ro"}
+        )
+        assert hub.api("POST", f"/vfolder-invitations/{i['id']}/accept", leaver).status_code == 200
+        k = keys[a]
+        k["shared"], k["project_folder"], k["hosts"] = shared, project, str(hub.state / "hosts")
+        k["del_folder"] = as_alice("POST", "/vfolders", {"name": f"del-{a}"})["id"]
+        for name in ("restore", "purge"):
+            fid = as_alice("POST", "/vfolders", {"name": f"{name}-{a}"})["id"]
+            as_alice("DELETE", f"/vfolders/{fid}")
+            k[f"{name}_folder"] = fid
+        # Three invitations to bob per actor: to accept, to decline, to cancel.
+        for what in ("accept", "decline", "cancel"):
+            fid = as_alice("POST", "/vfolders", {"name": f"inv-{what}-{a}"})["id"]
+            k[f"inv_{what}"] = as_alice("POST", f"/vfolders/{fid}/invitations", {"invitee": "bob"})["id"]
+        for name in ("del", "mv", "trash1", "trash2"):
+            as_alice("PUT", f"/vfolders/{shared}/files/{name}-{a}.txt", data=b"x")
+        k["trash_restore"] = as_alice("DELETE", f"/vfolders/{shared}/files/trash1-{a}.txt")["id"]
+        k["trash_purge"] = as_alice("DELETE", f"/vfolders/{shared}/files/trash2-{a}.txt")["id"]
+        k["upload"] = as_alice("POST", f"/vfolders/{shared}/uploads", {"path": f"up-{a}.bin", "size": 4})[
+            "id"
+        ]
+        k["upload_del"] = as_alice("POST", f"/vfolders/{shared}/uploads", {"path": f"ud-{a}.bin", "size": 4})[
+            "id"
+        ]
 
 
 def _row(*codes):
@@ -134,6 +183,81 @@ MATRIX = [
     ),
     ("POST", "/auth/identity", {"username": "alice"}, _row(401, 403, 403, 403, 403, 403, 403)),
     ("GET", "/auth/users/alice", None, _row(401, 403, 403, 403, 403, 403, 403)),
+    # ---- storage hosts and virtual folders
+    ("GET", "/storage-hosts", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    (
+        "POST",
+        "/storage-hosts",
+        {"name": "sh-{a}", "path": "{hosts}/sh-{a}"},
+        _row(401, 403, 403, 403, 403, 403, 201),
+    ),
+    ("GET", "/storage-hosts/local", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("PATCH", "/storage-hosts/local", {"description": "d"}, _row(401, 403, 403, 403, 403, 403, 200)),
+    ("DELETE", "/storage-hosts/del-{a}", None, _row(401, 403, 403, 403, 403, 403, 200)),
+    ("GET", "/vfolders", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("POST", "/vfolders", {"name": "new-{a}"}, _row(401, 201, 201, 201, 201, 403, 201)),
+    ("GET", "/vfolders/usage", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("GET", "/vfolders/usage?user=alice", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    ("GET", "/vfolders/{shared}", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    ("GET", "/vfolders/{project_folder}", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    ("PATCH", "/vfolders/{shared}", {"usage_mode": "data"}, _row(401, 200, 404, 200, 404, 403, 200)),
+    ("DELETE", "/vfolders/{del_folder}", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    ("POST", "/vfolders/{restore_folder}/restore", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    ("POST", "/vfolders/{purge_folder}/purge", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    (
+        "POST",
+        "/vfolders/{shared}/invitations",
+        {"invitee": "inv-{a}"},
+        _row(401, 201, 404, 403, 404, 403, 403),
+    ),
+    ("GET", "/vfolder-invitations", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("POST", "/vfolder-invitations/{inv_accept}/accept", None, _row(401, 403, 200, 404, 404, 404, 404)),
+    ("POST", "/vfolder-invitations/{inv_decline}/decline", None, _row(401, 403, 200, 404, 404, 404, 404)),
+    ("DELETE", "/vfolder-invitations/{inv_cancel}", None, _row(401, 200, 403, 404, 404, 404, 404)),
+    ("GET", "/vfolders/{shared}/permissions", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    (
+        "PUT",
+        "/vfolders/{shared}/permissions/sharee",
+        {"permission": "rw"},
+        _row(401, 200, 404, 200, 404, 403, 200),
+    ),
+    ("DELETE", "/vfolders/{shared}/permissions/leaver-{a}", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    # Admins manage a user's folder but read its files only when it is shared with them.
+    ("GET", "/vfolders/{shared}/files", None, _row(401, 200, 404, 403, 404, 403, 403)),
+    ("GET", "/vfolders/{project_folder}/files", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    ("PUT", "/vfolders/{shared}/files/new-{a}.txt", {"x": 1}, _row(401, 201, 404, 403, 404, 403, 403)),
+    (
+        "PUT",
+        "/vfolders/{project_folder}/files/new-{a}.txt",
+        {"x": 1},
+        _row(401, 403, 404, 201, 404, 403, 201),
+    ),
+    ("DELETE", "/vfolders/{shared}/files/del-{a}.txt", None, _row(401, 200, 404, 403, 404, 403, 403)),
+    ("POST", "/vfolders/{shared}/mkdir", {"path": "dir-{a}"}, _row(401, 201, 404, 403, 404, 403, 403)),
+    (
+        "POST",
+        "/vfolders/{shared}/move",
+        {"from": "mv-{a}.txt", "to": "moved-{a}.txt"},
+        _row(401, 200, 404, 403, 404, 403, 403),
+    ),
+    ("GET", "/vfolders/{shared}/trash", None, _row(401, 200, 404, 403, 404, 403, 403)),
+    (
+        "POST",
+        "/vfolders/{shared}/trash/{trash_restore}/restore",
+        None,
+        _row(401, 200, 404, 403, 404, 403, 403),
+    ),
+    ("DELETE", "/vfolders/{shared}/trash/{trash_purge}", None, _row(401, 200, 404, 200, 404, 403, 200)),
+    (
+        "POST",
+        "/vfolders/{shared}/uploads",
+        {"path": "u-{a}.bin", "size": 1},
+        _row(401, 201, 404, 403, 404, 403, 403),
+    ),
+    ("GET", "/vfolders/{shared}/uploads/{upload}", None, _row(401, 200, 404, 403, 404, 403, 403)),
+    # No Upload-Offset header: the owner hears what is missing, everyone else no more than before.
+    ("PATCH", "/vfolders/{shared}/uploads/{upload}", {"x": 1}, _row(401, 400, 404, 403, 404, 403, 403)),
+    ("DELETE", "/vfolders/{shared}/uploads/{upload_del}", None, _row(401, 200, 404, 403, 404, 403, 403)),
 ]
 
 
@@ -146,7 +270,7 @@ def test_route_statuses(world, method, path, body, expected):
         b = (
             None
             if body is None
-            else {k: (v.format(a=actor) if isinstance(v, str) else v) for k, v in body.items()}
+            else {k: (v.format(a=actor, **keys[actor]) if isinstance(v, str) else v) for k, v in body.items()}
         )
         r = hub.api(method, p, tokens[actor], json=b)
         got[actor] = r.status_code

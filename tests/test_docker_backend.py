@@ -363,3 +363,67 @@ def test_hub_restart_keeps_the_container_its_allocation_and_its_log(env, engine)
     while engine.containers.list(all=True, filters={"label": f"ai.labfleet.session-id={s['id']}"}):
         assert time.monotonic() < deadline, "the stopped session's container was not removed"
         time.sleep(0.3)
+
+
+def test_vfolders_in_containers_ro_rw_and_shared(env, engine):
+    hub, alice = env["hub"], env["alice"]
+    _register_image(env)
+    folders = {}
+    for name in ("shared-rw", "shared-ro", ".dot"):
+        r = hub.api("POST", "/vfolders", alice, json={"name": name})
+        assert r.status_code == 201, r.text
+        folders[name] = r.json()["id"]
+    assert (
+        hub.api(
+            "PUT", f"/vfolders/{folders['shared-ro']}/files/given.txt", alice, data=b"read me"
+        ).status_code
+        == 201
+    )
+    # alice's own folders are wd; a read-only mount comes from a share, so make one: root's
+    # project folder in acme/ml, open to members read-only.
+    r = hub.api(
+        "POST", "/vfolders", env["root"], json={"name": "team", "project": "acme/ml", "permission": "ro"}
+    )
+    assert r.status_code == 201, r.text
+    team = r.json()["id"]
+    assert (
+        hub.api("PUT", f"/vfolders/{team}/files/given.txt", env["root"], data=b"team file").status_code == 201
+    )
+
+    options = {"project": "ml", "image": IMAGE, "cpu": 0.5, "mem": "512m", "vfolders": ["shared-rw", "team"]}
+    assert _spawn(hub, "a", options).status_code in (201, 202)
+    _wait_ready(hub, "a")
+    s1 = _session(hub, alice, "a")
+    assert {m["name"]: m["permission"] for m in s1["mounts"]} == {
+        "shared-rw": "wd",
+        "team": "ro",
+        ".dot": "wd",
+    }
+    c1 = _container(engine, s1["id"])
+    code, out = _exec(c1, "cat ~/vfolders/team/given.txt && touch ~/vfolders/team/new.txt")
+    assert code != 0 and "team file" in out and "Read-only file system" in out, out
+    code, out = _exec(c1, "echo from-a > ~/vfolders/shared-rw/note.txt && ls -a ~/vfolders")
+    assert code == 0 and ".dot" in out, out
+    r = hub.api("GET", f"/vfolders/{folders['shared-rw']}/files/note.txt", alice)
+    assert r.status_code == 200 and r.content == b"from-a\n"
+
+    # Another container of the same folder reads it, and what the API uploaded is writable there.
+    assert _spawn(
+        hub,
+        "b",
+        {"project": "ml", "image": IMAGE, "cpu": 0.5, "mem": "512m", "vfolders": [folders["shared-rw"]]},
+    ).status_code in (
+        201,
+        202,
+    )
+    _wait_ready(hub, "b")
+    c2 = _container(engine, _session(hub, alice, "b")["id"])
+    assert (
+        hub.api("PUT", f"/vfolders/{folders['shared-rw']}/files/api.txt", alice, data=b"api").status_code
+        == 201
+    )
+    code, out = _exec(c2, "cat ~/vfolders/shared-rw/note.txt && echo more >> ~/vfolders/shared-rw/api.txt")
+    assert code == 0 and "from-a" in out, out
+    for server in ("a", "b"):
+        hub.hub_api("DELETE", f"/users/alice/servers/{server}")
+    _wait_status(hub, alice, s1["id"], ("TERMINATED",))

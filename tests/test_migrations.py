@@ -31,6 +31,13 @@ TABLES = {
     "devices",
     "sessions",
     "allocations",
+    "images",
+    "storage_hosts",
+    "vfolders",
+    "vfolder_permissions",
+    "vfolder_invitations",
+    "vfolder_uploads",
+    "vfolder_mounts",
 }
 
 

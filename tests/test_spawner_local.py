@@ -345,3 +345,101 @@ def test_inference_endpoint_through_the_proxy_shared_with_a_scoped_token(env):
     )
     assert denied.status_code in (302, 403), denied.status_code
     assert hub.hub_api("DELETE", "/users/alice/servers/infer").status_code in (202, 204)
+
+
+def _mounts(pid: int) -> dict[str, set[str]]:
+    """Mount point -> its options, as the session's server process sees them."""
+    out: dict[str, set[str]] = {}
+    for p in [pid, *_children(pid)]:
+        try:
+            text = Path(f"/proc/{p}/mountinfo").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            fields = line.split()
+            out[fields[4]] = set(fields[5].split(","))
+    return out
+
+
+def _contents(hub, token, server, path, method="GET", **kw):
+    return requests.request(
+        method,
+        f"{hub.url}/user/alice/{server}/api/contents/{path}",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+        **kw,
+    )
+
+
+def test_vfolders_mounted_with_their_permission_and_shared_between_sessions(env):
+    hub, state, root, tokens = env
+    alice, bob = tokens["alice"], tokens["bob"]
+
+    def made(token, body):
+        r = hub.api("POST", "/vfolders", token, json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    work = made(alice, {"name": "work"})
+    dot = made(alice, {"name": ".config-files"})
+    bobs = made(bob, {"name": "bob-data"})
+    assert hub.api("PUT", f"/vfolders/{bobs['id']}/files/given.txt", bob, data=b"from bob").status_code == 201
+    inv = hub.api(
+        "POST", f"/vfolders/{bobs['id']}/invitations", bob, json={"invitee": "alice", "permission": "ro"}
+    )
+    assert hub.api("POST", f"/vfolder-invitations/{inv.json()['id']}/accept", alice).status_code == 200
+    # The form offers them (dot-folders as mounted automatically).
+    offered = {v["name"]: v for v in hub.api("GET", "/users/alice/launch-options", alice).json()["vfolders"]}
+    assert offered["bob-data"]["permission"] == "ro" and offered[".config-files"]["auto"] is True
+
+    r = _spawn(hub, "alice", "a", {"project": "ml", "vfolders": ["work", "bob-data"]})
+    assert r.status_code in (201, 202), r.text
+    _wait_ready(hub, "alice", "a")
+    (s,) = [x for x in _sessions(hub, alice, status="RUNNING") if x["name"] == "a"]
+    assert {m["name"]: m["permission"] for m in s["mounts"]} == {
+        "work": "wd",
+        "bob-data": "ro",
+        ".config-files": "wd",
+    }
+    home = state / "homes" / "alice"
+    seen = _mounts(_spawner_state(state, "alice", "a")["pid"])
+    assert "ro" in seen[str(home / "vfolders" / "bob-data")]
+    assert "rw" in seen[str(home / "vfolders" / "work")]
+    assert "rw" in seen[str(home / "vfolders" / ".config-files")]
+    # The storage root itself is covered (an empty tmpfs): other folders do not show.
+    assert str(state / "vfolders") in seen
+
+    # The Lab's file browser (the contents API) sees the folders like any other.
+    listing = _contents(hub, alice, "a", "vfolders").json()
+    assert {c["name"] for c in listing["content"]} >= {"work", "bob-data"}
+    assert _contents(hub, alice, "a", "vfolders/bob-data/given.txt").json()["content"] == "from bob"
+    # rw: the write lands in the folder (the API reads it back); ro: refused, nothing written.
+    body = {"type": "file", "format": "text", "content": "from session a"}
+    assert _contents(hub, alice, "a", "vfolders/work/note.txt", "PUT", json=body).status_code in (200, 201)
+    got = hub.api("GET", f"/vfolders/{work['id']}/files/note.txt", alice)
+    assert got.status_code == 200 and got.content == b"from session a"
+    refused = _contents(hub, alice, "a", "vfolders/bob-data/new.txt", "PUT", json=body)
+    assert refused.status_code >= 400
+    assert hub.api("GET", f"/vfolders/{bobs['id']}/files/new.txt", bob).status_code == 404
+
+    # A second session of the same folder reads what the first wrote.
+    r = _spawn(hub, "alice", "b", {"project": "web", "vfolders": [work["id"]]})
+    assert r.status_code in (201, 202), r.text
+    _wait_ready(hub, "alice", "b")
+    assert _contents(hub, alice, "b", "vfolders/work/note.txt").json()["content"] == "from session a"
+
+    # A mounted folder cannot be purged; once the sessions stop, it can.
+    assert hub.api("DELETE", f"/vfolders/{work['id']}", alice).status_code == 200
+    r = hub.api("POST", f"/vfolders/{work['id']}/purge", alice)
+    assert r.status_code == 409 and "mounted" in r.json()["message"]
+    for server in ("a", "b"):
+        assert hub.hub_api("DELETE", f"/users/alice/servers/{server}").status_code in (202, 204)
+    deadline = time.monotonic() + 30
+    while hub.api("POST", f"/vfolders/{work['id']}/purge", alice).status_code != 200:
+        assert time.monotonic() < deadline, "the folder stayed mounted after its sessions stopped"
+        time.sleep(0.3)
+    assert not (state / "vfolders" / work["id"]).exists()
+    # Asking for a folder one cannot reach is refused before anything starts.
+    r = _spawn(hub, "bob", "b", {"vfolders": ["work"]})
+    assert r.status_code == 404 and "work" in r.json()["message"], r.text
+    assert dot["id"]

@@ -24,14 +24,15 @@ from traitlets import Bool, Dict, Integer, List, Unicode, default
 from traitlets.config import Application
 
 from .. import db as lfdb
-from .. import images, nodes, sessions
+from .. import images, nodes, sessions, storage, vfolders, vfquota
 from ..authz import Actor
 from ..devices import describe_node, get_plugin
 from ..errors import LabfleetError
-from ..models import User
+from ..models import User, VFolder
 from ..policies import ensure_default_keypair_policy
 from ..secretbox import SecretBox
 from ..signing import RateLimiter
+from ..storage import RIGHTS
 from .base import NotFoundHandler
 from .handlers import routes
 from .hubsync import HubSync
@@ -124,6 +125,47 @@ class LabfleetService(Application):
     def _default_images(self):
         return json.loads(os.environ.get("LABFLEET_DEFAULT_IMAGES") or "[]")
 
+    storage_hosts = List(
+        Dict(),
+        help="""Storage hosts added at start when missing, as POST /api/storage-hosts bodies ({"name",
+        "path", "default_permissions", "owner_uid", ...})
+        (default: $LABFLEET_STORAGE_HOSTS as JSON, else one host "local" at ./vfolders whose rights
+        everyone has). Change existing ones through /api/storage-hosts.""",
+    ).tag(config=True)
+
+    @default("storage_hosts")
+    def _storage_hosts(self):
+        raw = os.environ.get("LABFLEET_STORAGE_HOSTS")
+        if raw:
+            return json.loads(raw)
+        return [{"name": "local", "path": str(Path.cwd() / "vfolders"), "default_permissions": list(RIGHTS)}]
+
+    vfolder_default_host = Unicode(
+        help="The storage host of a folder created without one (default: the first of storage_hosts).",
+    ).tag(config=True)
+
+    @default("vfolder_default_host")
+    def _vfolder_default_host(self):
+        return self.storage_hosts[0]["name"] if self.storage_hosts else ""
+
+    vfolder_scan_interval = Integer(
+        help="""Seconds between scans of every folder's size (what sessions write is counted then;
+        changes through the API are counted at once). 0 turns the periodic scan off.
+        Default: $LABFLEET_VFOLDER_SCAN_INTERVAL, else 300.""",
+    ).tag(config=True)
+
+    @default("vfolder_scan_interval")
+    def _vfolder_scan_interval(self):
+        return int(os.environ.get("LABFLEET_VFOLDER_SCAN_INTERVAL") or 300)
+    vfolder_trash_retention = Integer(
+        30 * 24 * 3600,
+        help="Seconds a file stays in a folder's trash before the periodic scan purges it; 0 keeps it.",
+    ).tag(config=True)
+    vfolder_upload_expiry = Integer(
+        24 * 3600,
+        help="Seconds an unfinished resumable upload may stay idle before it is cancelled and its room freed.",
+    ).tag(config=True)
+
     register_local_node = Bool(
         True, help="Register this machine as a node of the 'default' resource group."
     ).tag(config=True)
@@ -151,6 +193,9 @@ class LabfleetService(Application):
         if self.register_local_node:
             self.register_node()
         self.ensure_images()
+        with lfdb.session_scope(self.session_factory) as db:
+            for h in self.storage_hosts:
+                storage.ensure_host(db, h)
         self.secretbox = SecretBox()
         self.limiter = RateLimiter()
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
@@ -203,6 +248,45 @@ class LabfleetService(Application):
                 "Reconciled with the Hub: released %d session(s) with no running server", len(released)
             )
 
+    async def rescan_vfolder(self, folder_id: str) -> None:
+        """Measure one folder on disk (in a thread) and record its usage."""
+        with lfdb.session_scope(self.session_factory) as db:
+            v = db.get(VFolder, folder_id)
+            if v is None:
+                return
+            store = vfolders.store_of(v)
+        try:
+            usage = await asyncio.get_running_loop().run_in_executor(None, store.usage)
+        except OSError as e:
+            self.log.warning("Could not measure vfolder %s: %s", folder_id, e)
+            return
+        with lfdb.session_scope(self.session_factory) as db:
+            vfquota.set_usage(db, folder_id, usage)
+
+    async def vfolder_housekeeping(self) -> None:
+        """Expire idle uploads, purge old trash, rescan every folder."""
+        with lfdb.session_scope(self.session_factory) as db:
+            for up in vfquota.expired_uploads(db, self.vfolder_upload_expiry):
+                vfolders.store_of(db.get(VFolder, up.vfolder_id)).upload_abort(up.id)
+                db.delete(up)
+                self.log.info("Cancelled idle upload %s", up.id)
+            ids = [(v.id, vfolders.store_of(v)) for v in db.scalars(select(VFolder))]
+        for folder_id, store in ids:
+            if self.vfolder_trash_retention:
+                try:
+                    store.purge_trash_older_than(self.vfolder_trash_retention)
+                except OSError as e:
+                    self.log.warning("Could not purge the trash of vfolder %s: %s", folder_id, e)
+            await self.rescan_vfolder(folder_id)
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.vfolder_scan_interval)
+            try:
+                await self.vfolder_housekeeping()
+            except Exception:  # keep the loop alive; the next round tries again
+                self.log.exception("vfolder housekeeping failed")
+
     def make_app(self) -> web.Application:
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
         self.prefix = prefix
@@ -240,6 +324,8 @@ class LabfleetService(Application):
                 names = list(db.scalars(select(User.username)))
             asyncio.ensure_future(self.hub_sync.sync_all(names))
             asyncio.ensure_future(self.reconcile_with_hub())
+        if self.vfolder_scan_interval > 0:
+            asyncio.ensure_future(self._housekeeping_loop())
         # The Hub stops its managed services with SIGTERM: finish cleanly, no traceback.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

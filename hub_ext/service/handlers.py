@@ -18,6 +18,7 @@ from ..quota import me_view
 from ..validate import check_bool, check_fields, check_int, check_name, check_text, check_username
 from .base import APIHandler, BaseHandler, needs_hub
 from .hubsync import SyncPlan
+from .vfhandlers import vfolder_routes
 
 SPEC_FILE = Path(__file__).with_name("openapi.yaml")
 
@@ -634,6 +635,7 @@ def routes(prefix: str) -> list[tuple]:
         (api + r"/images", ImageListHandler),
         (api + r"/images/(.+)", ImageHandler),
         (api + rf"/users/{name}/launch-options", LaunchOptionsHandler),
+        *vfolder_routes(api),
         (api + r"/auth/password", PasswordLoginHandler),
         (api + r"/auth/identity", IdentityHandler),
         (api + rf"/auth/users/{name}", AuthUserHandler),
