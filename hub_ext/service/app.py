@@ -157,6 +157,7 @@ class LabfleetService(Application):
     @default("vfolder_scan_interval")
     def _vfolder_scan_interval(self):
         return int(os.environ.get("LABFLEET_VFOLDER_SCAN_INTERVAL") or 300)
+
     vfolder_trash_retention = Integer(
         30 * 24 * 3600,
         help="Seconds a file stays in a folder's trash before the periodic scan purges it; 0 keeps it.",
