@@ -75,6 +75,7 @@ images: Any = _LazyModule("hub_ext.images")
 keypairs: Any = _LazyModule("hub_ext.keypairs")
 policies: Any = _LazyModule("hub_ext.policies")
 secretbox: Any = _LazyModule("hub_ext.secretbox")
+storage: Any = _LazyModule("hub_ext.storage")
 tenancy: Any = _LazyModule("hub_ext.tenancy")
 
 
@@ -1138,7 +1139,7 @@ _KEYPAIR_ONLY = (
     "idle_timeout",
     "allowed_storage_hosts",
 )
-_FOLDER_ONLY = ("max_vfolder_count", "max_quota_scope_size")
+_FOLDER_ONLY = ("max_vfolder_count", "max_quota_scope_size", "max_vfolder_size")
 
 
 def _policy_row(kind: str) -> Callable[[dict[str, Any]], list[Any]]:
@@ -1158,13 +1159,18 @@ def _policy_row(kind: str) -> Callable[[dict[str, Any]], list[Any]]:
             ]
 
         return row
-    return lambda v: [v["name"], _unlimited(v["max_vfolder_count"]), _bytes_text(v["max_quota_scope_size"])]
+    return lambda v: [
+        v["name"],
+        _unlimited(v["max_vfolder_count"]),
+        _bytes_text(v["max_quota_scope_size"]),
+        _bytes_text(v["max_vfolder_size"]),
+    ]
 
 
 def _policy_headers(kind: str) -> list[str]:
     if kind == "keypair":
         return ["name", "slots", "unspecified", "sessions", "pending", "lifetime", "idle", "storage-hosts"]
-    return ["name", "vfolders", "quota"]
+    return ["name", "vfolders", "quota", "per folder"]
 
 
 class PolicyOptions(LabfleetCommand):
@@ -1193,13 +1199,16 @@ class PolicyOptions(LabfleetCommand):
     allowed_storage_hosts = Text(
         None,
         allow_none=True,
-        help="(keypair) Storage hosts its sessions may mount, comma-separated; '' for none.",
+        help="(keypair) Storage hosts its user has every right on, comma-separated; '' for none.",
     ).tag(config=True)
     max_vfolder_count = WholeNumber(
         None, allow_none=True, help="(user, project) Virtual folders it may own (0 = unlimited)."
     ).tag(config=True)
     max_quota_scope_size = ByteSize(
         None, allow_none=True, help="(user, project) Storage quota in bytes, e.g. 10g (0 = unlimited)."
+    ).tag(config=True)
+    max_vfolder_size = ByteSize(
+        None, allow_none=True, help="(user, project) One folder's size limit, e.g. 2g (0 = only the quota)."
     ).tag(config=True)
 
     aliases = {
@@ -1541,6 +1550,103 @@ class ImageApp(GroupCommand):
     }
 
 
+# ---------------------------------------------------------------- storage hosts
+
+
+def _host_row(v: dict[str, Any]) -> list[Any]:
+    return [
+        v["name"],
+        v["path"],
+        _bytes_text(v["capacity"]),
+        format_amount("mem", Decimal(v["used"])),
+        ",".join(v["default_permissions"]) or "-",
+        "yes" if v["is_active"] else "no",
+    ]
+
+
+class StorageHostAdd(LabfleetCommand):
+    name = "labfleet storage-host add"
+    description = """Add a storage host: a directory where virtual folders live (local, or a file
+    system mounted at the same path on every node)."""
+    examples = _lines(
+        "labfleet storage-host add nfs --path /mnt/nfs/vfolders --capacity 10t",
+        "labfleet storage-host add scratch --path /srv/scratch --rights create-vfolder,mount-in-session,upload-file,download-file",
+    )
+    arguments = ("NAME",)
+    path = Text(None, allow_none=True, help="The host's root directory (absolute).").tag(config=True)
+    capacity = ByteSize(
+        None, allow_none=True, help="What it may hold, e.g. 10t (0 = what the disk has)."
+    ).tag(config=True)
+    rights = Text(
+        None,
+        allow_none=True,
+        help="Rights everyone has on it, comma-separated (default none: grant them to domains, "
+        "projects or keypair policies).",
+    ).tag(config=True)
+    owner = Text(
+        None,
+        allow_none=True,
+        help="UID:GID that owns what the API writes (the sessions' user, e.g. 1000:1000).",
+    ).tag(config=True)
+    aliases = {
+        **LabfleetCommand.aliases,
+        "path": "StorageHostAdd.path",
+        "capacity": "StorageHostAdd.capacity",
+        "rights": "StorageHostAdd.rights",
+        "owner": "StorageHostAdd.owner",
+    }
+
+    def run(self) -> None:
+        if self.path is None:
+            raise UsageError("--path is required")
+        body: dict[str, Any] = {"name": self.extra_args[0], "path": self.path}
+        if self.capacity is not None:
+            body["capacity"] = self.capacity
+        if self.rights is not None:
+            body["default_permissions"] = _split_list([self.rights])
+        if self.owner is not None:
+            uid, _, gid = self.owner.partition(":")
+            if not uid.isdigit() or (gid and not gid.isdigit()):
+                raise UsageError("--owner takes UID or UID:GID, in numbers")
+            body["owner_uid"], body["owner_gid"] = int(uid), int(gid or uid)
+        view = self.transaction(
+            lambda db: storage.host_view(db, storage.create_host(db, self.actor, body), admin=True)
+        )
+        self.out(f"Added storage host {view['name']} at {view['path']}.")
+
+
+class StorageHostList(ListCommand):
+    name = "labfleet storage-host list"
+    description = "List the storage hosts, their capacity, use and default rights."
+
+    def run(self) -> None:
+        views = self.transaction(
+            lambda db: [storage.host_view(db, h, admin=True) for h in storage.list_hosts(db)]
+        )
+        self.emit(views, ["name", "path", "capacity", "used", "everyone may", "active"], _host_row)
+
+
+class StorageHostRemove(LabfleetCommand):
+    name = "labfleet storage-host remove"
+    description = "Remove a storage host that holds no folder (its directory is left on disk)."
+    arguments = ("NAME",)
+
+    def run(self) -> None:
+        name = self.extra_args[0]
+        self.transaction(lambda db: storage.delete_host(db, self.actor, name))
+        self.out(f"Removed storage host {name}.")
+
+
+class StorageHostApp(GroupCommand):
+    name = "labfleet storage-host"
+    description = "Manage storage hosts (where virtual folders live)."
+    subcommands = {
+        "add": (StorageHostAdd, StorageHostAdd.description),
+        "list": (StorageHostList, StorageHostList.description),
+        "remove": (StorageHostRemove, StorageHostRemove.description),
+    }
+
+
 # ---------------------------------------------------------------- demo
 
 DEMO_DOMAIN = ("demo", "cpu=32,mem=128g,gpu=2,gpu.shares=2")
@@ -1657,6 +1763,7 @@ class LabfleetApp(LabfleetCommand):
         "policy": (PolicyApp, PolicyApp.description),
         "keypair": (KeypairApp, KeypairApp.description),
         "image": (ImageApp, ImageApp.description),
+        "storage-host": (StorageHostApp, StorageHostApp.description),
         "demo": (DemoApp, "Seed demo tenants and users and print their logins."),
     }
 

@@ -460,3 +460,28 @@ def test_image_commands(cli):
     cli("image", "remove", "repo/torch:2.5")
     assert cli.json("image", "list") == []
     assert "no image" in cli.fails("image", "remove", "repo/torch:2.5")
+
+
+def test_storage_host_commands(cli, tmp_path):
+    root = tmp_path / "nfs"
+    out = cli(
+        "storage-host", "add", "nfs", "--path", str(root), "--capacity", "1g", "--rights", "mount-in-session"
+    )
+    assert "Added storage host nfs" in out and root.is_dir()
+    (host,) = cli.json("storage-host", "list")
+    assert host["capacity"] == 2**30 and host["default_permissions"] == ["mount-in-session"]
+    # Bad input: one line, non-zero, nothing added.
+    assert "--path is required" in cli.fails("storage-host", "add", "x")
+    assert "absolute" in cli.fails("storage-host", "add", "x", "--path", "relative/dir")
+    assert "unknown right" in cli.fails(
+        "storage-host", "add", "x", "--path", str(tmp_path / "x"), "--rights", "fly"
+    )
+    assert "already exists" in cli.fails("storage-host", "add", "nfs", "--path", str(root))
+    assert [h["name"] for h in cli.json("storage-host", "list")] == ["nfs"]
+    # A user policy's per-folder limit.
+    cli("policy", "create", "user", "small", "--max-vfolder-size", "2g")
+    (pol,) = [p for p in cli.json("policy", "list", "user") if p["name"] == "small"]
+    assert pol["max_vfolder_size"] == 2 * 2**30
+    cli("storage-host", "remove", "nfs")
+    assert cli.json("storage-host", "list") == []
+    assert "no storage host" in cli.fails("storage-host", "remove", "nfs")

@@ -434,6 +434,11 @@ def test_vfolders_mounted_with_their_permission_and_shared_between_sessions(env)
     assert r.status_code == 409 and "mounted" in r.json()["message"]
     for server in ("a", "b"):
         assert hub.hub_api("DELETE", f"/users/alice/servers/{server}").status_code in (202, 204)
+    # What the sessions wrote is counted when they end, not at the next periodic scan.
+    deadline = time.monotonic() + 30
+    while hub.api("GET", f"/vfolders/{work['id']}", alice).json()["usage"]["bytes"] != len("from session a"):
+        assert time.monotonic() < deadline, hub.api("GET", f"/vfolders/{work['id']}", alice).text
+        time.sleep(0.3)
     deadline = time.monotonic() + 30
     while hub.api("POST", f"/vfolders/{work['id']}/purge", alice).status_code != 200:
         assert time.monotonic() < deadline, "the folder stayed mounted after its sessions stopped"

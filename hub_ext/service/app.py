@@ -28,7 +28,7 @@ from .. import images, nodes, sessions, storage, vfolders, vfquota
 from ..authz import Actor
 from ..devices import describe_node, get_plugin
 from ..errors import LabfleetError
-from ..models import User, VFolder
+from ..models import FINAL_STATUSES, ComputeSession, User, VFolder
 from ..policies import ensure_default_keypair_policy
 from ..secretbox import SecretBox
 from ..signing import RateLimiter
@@ -201,6 +201,7 @@ class LabfleetService(Application):
         self.limiter = RateLimiter()
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
         self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
+        self._vfolder_locks: dict[str, asyncio.Lock] = {}
 
     def register_node(self) -> None:
         plugins = [
@@ -249,20 +250,44 @@ class LabfleetService(Application):
                 "Reconciled with the Hub: released %d session(s) with no running server", len(released)
             )
 
+    def vfolder_lock(self, folder_id: str) -> asyncio.Lock:
+        """One lock per folder, held by a rescan from measuring to recording, and by an upload
+        while it turns its reservation into usage: a measurement taken before an upload landed
+        can then never overwrite the usage that upload added.  (One service process.)"""
+        lock = self._vfolder_locks.get(folder_id)
+        if lock is None:
+            lock = self._vfolder_locks[folder_id] = asyncio.Lock()
+        return lock
+
     async def rescan_vfolder(self, folder_id: str) -> None:
         """Measure one folder on disk (in a thread) and record its usage."""
-        with lfdb.session_scope(self.session_factory) as db:
-            v = db.get(VFolder, folder_id)
-            if v is None:
+        async with self.vfolder_lock(folder_id):
+            with lfdb.session_scope(self.session_factory) as db:
+                v = db.get(VFolder, folder_id)
+                if v is None:
+                    self._vfolder_locks.pop(folder_id, None)
+                    return
+                store = vfolders.store_of(v)
+            try:
+                usage = await asyncio.get_running_loop().run_in_executor(None, store.usage)
+            except LabfleetError as e:  # e.g. the tree changed under the walk: the next scan counts it
+                self.log.warning("Could not measure vfolder %s: %s", folder_id, e.message)
                 return
-            store = vfolders.store_of(v)
-        try:
-            usage = await asyncio.get_running_loop().run_in_executor(None, store.usage)
-        except OSError as e:
-            self.log.warning("Could not measure vfolder %s: %s", folder_id, e)
-            return
+            except OSError as e:
+                self.log.warning("Could not measure vfolder %s: %s", folder_id, e)
+                return
+            with lfdb.session_scope(self.session_factory) as db:
+                vfquota.set_usage(db, folder_id, usage)
+
+    async def rescan_session_mounts(self, session_id: str) -> None:
+        """Measure the folders an ended session could write."""
         with lfdb.session_scope(self.session_factory) as db:
-            vfquota.set_usage(db, folder_id, usage)
+            s = db.get(ComputeSession, session_id)
+            if s is None or s.status not in FINAL_STATUSES:
+                return
+            ids = [m.vfolder_id for m in s.mounts if m.permission != "ro"]
+        for folder_id in ids:
+            await self.rescan_vfolder(folder_id)
 
     async def vfolder_housekeeping(self) -> None:
         """Expire idle uploads, purge old trash, rescan every folder."""

@@ -346,6 +346,11 @@ class SessionHandler(APIHandler):
     async def delete(self, session_id):
         await self.run(lambda db, a: (sessions.session_view(sessions.terminate(db, a, session_id)), None))
 
+    def on_finish(self) -> None:
+        # A session that ended may have written into its folders: count that now, not at the next scan.
+        if self.request.method in ("PATCH", "DELETE") and self.get_status() == 200:
+            asyncio.ensure_future(self.lf.rescan_session_mounts(self.path_args[0]))
+
 
 MAX_LOG_TAIL = 8 << 20
 

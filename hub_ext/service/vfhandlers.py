@@ -383,7 +383,13 @@ class FilesHandler(_StreamingHandler):
             store.upload_begin(up.id)
             upload_id = up.id
         self._reservation = upload_id
-        self.upload = _Upload(folder_id, store, upload_id, store.upload_open(upload_id, 0), size)
+        try:
+            fh = store.upload_open(upload_id, 0)
+        except (LabfleetError, OSError):
+            store.upload_abort(upload_id)
+            self._drop_reservation()
+            raise
+        self.upload = _Upload(folder_id, store, upload_id, fh, size)
 
     def abandon(self) -> None:
         # A whole-file PUT that fails leaves nothing: no temp file, no reservation.
@@ -412,12 +418,15 @@ class FilesHandler(_StreamingHandler):
         try:
             if up.received != up.expected:
                 raise InvalidInput(f"received {up.received} of {up.expected} bytes")
-            with self.db() as db:
-                v = db.get(VFolder, folder_id)
-                row = db.get(VFolderUpload, up.id)
-                if v is None or row is None:
-                    raise NotFound("the folder or the upload went away meanwhile")
-                entry = _finish_upload(db, v, row, up.store)
+            # Under the folder's lock: a rescan measured before this file was in place must not
+            # overwrite the usage it adds (its reservation is gone from here on).
+            async with self.lf.vfolder_lock(folder_id):
+                with self.db() as db:
+                    v = db.get(VFolder, folder_id)
+                    row = db.get(VFolderUpload, up.id)
+                    if v is None or row is None:
+                        raise NotFound("the folder or the upload went away meanwhile")
+                    entry = _finish_upload(db, v, row, up.store)
             up.done = True
             self._reservation = None
         except LabfleetError as e:
@@ -629,15 +638,16 @@ class UploadHandler(_StreamingHandler):
         up.done = True
         try:
             offset = up.store.upload_offset(upload_id)
-            with self.db() as db:
-                v = db.get(VFolder, folder_id)
-                row = db.get(VFolderUpload, upload_id)
-                if v is None or row is None:
-                    raise NotFound("the folder or the upload went away meanwhile")
-                view = _upload_view(row, offset)
-                if offset == row.size:
-                    view["entry"] = _entry(_finish_upload(db, v, row, up.store))
-                    view["complete"] = True
+            async with self.lf.vfolder_lock(folder_id):  # see FilesHandler.put
+                with self.db() as db:
+                    v = db.get(VFolder, folder_id)
+                    row = db.get(VFolderUpload, upload_id)
+                    if v is None or row is None:
+                        raise NotFound("the folder or the upload went away meanwhile")
+                    view = _upload_view(row, offset)
+                    if offset == row.size:
+                        view["entry"] = _entry(_finish_upload(db, v, row, up.store))
+                        view["complete"] = True
         except LabfleetError as e:
             self.send_error_json(e.status, e.message)
             return
