@@ -1170,7 +1170,7 @@ def _policy_row(kind: str) -> Callable[[dict[str, Any]], list[Any]]:
 def _policy_headers(kind: str) -> list[str]:
     if kind == "keypair":
         return ["name", "slots", "unspecified", "sessions", "pending", "lifetime", "idle", "storage-hosts"]
-    return ["name", "vfolders", "quota", "per folder"]
+    return ["name", "vfolders", "quota", "folder-size"]
 
 
 class PolicyOptions(LabfleetCommand):

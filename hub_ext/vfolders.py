@@ -212,8 +212,8 @@ def create(db: Session, actor: Actor, body: Any, *, default_host: str | None) ->
     usage_mode = check_choice(body.get("usage_mode", "general"), "usage_mode", USAGE_MODES)
     max_size = check_int(body.get("max_size", 0), "max_size", maximum=storage.MAX_BYTES)
     user = actor_user(db, actor)
-    if user is None:
-        raise Forbidden("folders are created by users (the Hub and the CLI act through a user)")
+    if user is None and not ("project" in body and actor.is_superadmin):
+        raise Forbidden("user folders are created by their users (the CLI may create project folders)")
     if actor.role == "monitor":
         raise Forbidden("monitors read; they create nothing")
     host_name = body.get("host", default_host)
@@ -228,7 +228,7 @@ def create(db: Session, actor: Actor, body: Any, *, default_host: str | None) ->
         dname, pname = parse_project_ref(body["project"], actor.domain)
         project = db.scalar(select(Project).join(Domain).where(Domain.name == dname, Project.name == pname))
         if project is None or not (actor.is_superadmin or actor.is_domain_admin_of(dname)):
-            if project is not None and user in project.members:
+            if project is not None and user is not None and user in project.members:
                 raise Forbidden(
                     f"only an admin of domain {dname} can create project {dname}/{pname}'s folders"
                 )
@@ -240,7 +240,7 @@ def create(db: Session, actor: Actor, body: Any, *, default_host: str | None) ->
         permission = "wd"
     storage.need_right(storage.rights_for(actor, user, host, project), "create-vfolder", host)
 
-    owner_col = VFolder.project_id == project.id if project else VFolder.user_id == user.id
+    owner_col = VFolder.project_id == project.id if project else VFolder.user_id == user.id  # type: ignore[union-attr]
     if db.scalar(select(VFolder.id).where(owner_col, VFolder.name == name)):
         raise Conflict(
             f"{'project ' + project.full_name if project else 'you'} already "
@@ -251,11 +251,11 @@ def create(db: Session, actor: Actor, body: Any, *, default_host: str | None) ->
         id=str(uuid.uuid4()),
         name=name,
         host=host,
-        domain=project.domain if project else user.domain,
+        domain=project.domain if project else user.domain,  # type: ignore[union-attr]
         owner_kind="project" if project else "user",
         user=None if project else user,
         project=project,
-        creator=user.username,
+        creator=user.username if user is not None else actor.name,
         usage_mode=usage_mode,
         permission=permission,
         max_size=max_size,

@@ -295,8 +295,8 @@ def test_policy_commands(cli):
         "allowed_storage_hosts": ["local", "nfs"],
     }
     table = cli("policy", "list", "user").splitlines()
-    assert table[0].split() == ["NAME", "VFOLDERS", "QUOTA"]
-    assert table[1].split() == ["standard", "10", "10g"]
+    assert table[0].split() == ["NAME", "VFOLDERS", "QUOTA", "FOLDER-SIZE"]
+    assert table[1].split() == ["standard", "10", "10g", "unlimited"]
 
     cli("policy", "update", "keypair", "students", "--max-concurrent-sessions", "3", "--idle-timeout", "-1")
     cli("policy", "delete", "project", "team")

@@ -118,3 +118,53 @@ def test_mounts_for_a_session_include_dot_folders_and_refuse_the_unreachable(wor
         with pytest.raises(LabfleetError) as e:
             vfolders.resolve_mounts(db, user, ["data"])
         assert e.value.status == 404
+
+
+def test_host_rights_come_from_the_host_domain_project_and_keypair_policy(world, tmp_path):
+    factory = world
+    alice = _actor(factory)
+    with lfdb.session_scope(factory) as db:
+        storage.create_host(db, CLI, {"name": "nfs", "path": str(tmp_path / "nfs")})
+    # No right at all on a host without defaults or grants.
+    with pytest.raises(LabfleetError) as e, lfdb.session_scope(factory) as db:
+        vfolders.create(db, alice, {"name": "x", "host": "nfs"}, default_host="local")
+    assert e.value.status == 403 and "create-vfolder" in e.value.message
+    with lfdb.session_scope(factory) as db:
+        tenancy.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": {"nfs": ["create-vfolder"]}})
+        fid = vfolders.create(db, alice, {"name": "x", "host": "nfs"}, default_host="local").id
+    with lfdb.session_scope(factory) as db:
+        v, _ = vfolders.readable(db, alice, fid)
+        assert vfolders.host_rights(db, alice, v) == {"create-vfolder"}
+        user = tenancy.get_user(db, "alice")
+        with pytest.raises(LabfleetError) as e:
+            vfolders.resolve_mounts(db, user, ["x"])
+        assert e.value.status == 403 and "mount-in-session" in e.value.message
+        with pytest.raises(LabfleetError) as e:
+            vfolders.trash(db, alice, fid)
+        assert e.value.status == 403 and "delete-vfolder" in e.value.message
+    # The keypair policy adds rights (a list of names: every right there).
+    with lfdb.session_scope(factory) as db:
+        policies.update_policy(
+            db, CLI, "keypair", "default", {"allowed_storage_hosts": {"nfs": ["mount-in-session"]}}
+        )
+    with lfdb.session_scope(factory) as db:
+        user = tenancy.get_user(db, "alice")
+        assert [v.id for v, _ in vfolders.resolve_mounts(db, user, ["x"])] == [fid]
+        policies.update_policy(db, CLI, "keypair", "default", {"allowed_storage_hosts": ["nfs"]})
+    with lfdb.session_scope(factory) as db:
+        v, _ = vfolders.readable(db, alice, fid)
+        assert vfolders.host_rights(db, alice, v) == set(storage.RIGHTS)
+        vfolders.trash(db, alice, fid)
+    # A project's grant counts for that project's folders only; bad grants are refused.
+    with lfdb.session_scope(factory) as db:
+        policies.update_policy(db, CLI, "keypair", "default", {"allowed_storage_hosts": []})
+        tenancy.update_project(db, CLI, "acme", "ml", {"allowed_vfolder_hosts": {"nfs": ["upload-file"]}})
+        tenancy.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": {}})
+        pf = vfolders.create(
+            db, CLI, {"name": "team", "project": "acme/ml", "host": "nfs"}, default_host="local"
+        )
+        assert vfolders.host_rights(db, alice, pf) == {"upload-file"}
+        for bad in ({"nfs": ["fly"]}, {"NFS!": []}, ["nfs"], {"nfs": "upload-file"}):
+            with pytest.raises(LabfleetError) as e:
+                tenancy.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": bad})
+            assert e.value.status == 400
