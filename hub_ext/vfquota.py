@@ -137,10 +137,16 @@ def expired_uploads(db: Session, idle: float) -> list[VFolderUpload]:
 
 
 def check_count(db: Session, user: User | None, project: Project | None) -> None:
-    pol = project.resource_policy if project is not None else user.resource_policy  # type: ignore[union-attr]
+    if project is not None:
+        pol: Any = project.resource_policy
+        col = VFolder.project_id == project.id
+    elif user is not None:
+        pol = user.resource_policy
+        col = VFolder.user_id == user.id
+    else:
+        return
     if pol is None or not pol.max_vfolder_count:
         return
-    col = VFolder.project_id == project.id if project is not None else VFolder.user_id == user.id  # type: ignore[union-attr]
     count = db.scalar(select(func.count()).select_from(VFolder).where(col)) or 0
     if count >= pol.max_vfolder_count:
         who = f"project {project.full_name}" if project is not None else "you"
