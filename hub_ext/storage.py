@@ -203,6 +203,14 @@ def ensure_host(db: Session, spec: Mapping[str, Any]) -> StorageHost:
     return h
 
 
+def disk_usage(path: str):
+    """The file system's total and free bytes at ``path``; None when it cannot be read."""
+    try:
+        return shutil.disk_usage(path)
+    except OSError:
+        return None
+
+
 def host_view(
     db: Session, h: StorageHost, *, rights: frozenset[str] | None = None, admin: bool = False
 ) -> dict:
@@ -214,11 +222,8 @@ def host_view(
         "used": int(used or 0),
         "is_active": h.is_active,
     }
-    try:
-        disk = shutil.disk_usage(h.path)
-        out["disk"] = {"total": disk.total, "free": disk.free}
-    except OSError:
-        out["disk"] = None
+    disk = disk_usage(h.path)
+    out["disk"] = {"total": disk.total, "free": disk.free} if disk else None
     if rights is not None:
         out["rights"] = sorted(rights, key=RIGHTS.index)
     if admin:

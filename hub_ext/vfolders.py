@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from . import audit, storage, vfquota
@@ -30,12 +30,12 @@ from .models import (
     Domain,
     Project,
     ProjectMember,
-    StorageHost,
     User,
     VFolder,
     VFolderMount,
     VFolderPermission,
 )
+from .tenancy import actor_for
 from .validate import check_choice, check_fields, check_int, check_username, parse_project_ref
 from .vfstore import FolderStore
 
@@ -240,8 +240,7 @@ def create(db: Session, actor: Actor, body: Any, *, default_host: str | None) ->
         permission = "wd"
     storage.need_right(storage.rights_for(actor, user, host, project), "create-vfolder", host)
 
-    owner_col = VFolder.project_id == project.id if project else VFolder.user_id == user.id  # type: ignore[union-attr]
-    if db.scalar(select(VFolder.id).where(owner_col, VFolder.name == name)):
+    if _name_taken(db, name, project_id=project.id if project else None, user_id=user.id if user else None):
         raise Conflict(
             f"{'project ' + project.full_name if project else 'you'} already "
             f"{'has' if project else 'have'} a folder named {name} (perhaps in the trash)"
@@ -278,6 +277,12 @@ def create(db: Session, actor: Actor, body: Any, *, default_host: str | None) ->
     return v
 
 
+def _name_taken(db: Session, name: str, *, project_id: int | None, user_id: int | None) -> bool:
+    """Names are unique per owner: the project when there is one, else the user."""
+    owner = VFolder.project_id == project_id if project_id is not None else VFolder.user_id == user_id
+    return db.scalar(select(VFolder.id).where(owner, VFolder.name == name)) is not None
+
+
 UPDATE_FIELDS = ("name", "usage_mode", "permission", "max_size")
 
 
@@ -289,8 +294,7 @@ def update(db: Session, actor: Actor, folder_id: str, body: Any) -> tuple[VFolde
     if "name" in body:
         name = check_folder_name(body["name"])
         if name != v.name:
-            owner_col = VFolder.project_id == v.project_id if v.project_id else VFolder.user_id == v.user_id
-            if db.scalar(select(VFolder.id).where(owner_col, VFolder.name == name)):
+            if _name_taken(db, name, project_id=v.project_id, user_id=v.user_id):
                 raise Conflict(f"a folder named {name} already exists for {owner_label(v)}")
             v.name = name
     if "usage_mode" in body:
@@ -381,8 +385,6 @@ def mountable_for(db: Session, user: User) -> list[tuple[VFolder, Access, bool]]
 
 
 def _user_actor(user: User) -> Actor:
-    from .tenancy import actor_for  # tenancy imports storage; keep the import local
-
     return actor_for(user, "")
 
 
@@ -461,12 +463,3 @@ def find_user(db: Session, username: Any) -> User:
     if u is None:
         raise NotFound(f"no user {username!r}")
     return u
-
-
-def folder_count(db: Session, *, user: User | None = None, project: Project | None = None) -> int:
-    col = VFolder.user_id == user.id if user is not None else VFolder.project_id == project.id  # type: ignore[union-attr]
-    return db.scalar(select(func.count()).select_from(VFolder).where(col)) or 0
-
-
-def host_of(db: Session, name: str) -> StorageHost:
-    return storage.get_host(db, name)

@@ -70,8 +70,12 @@ def _scope_col(v: VFolder):
     return VFolder.user_id == v.user_id if v.owner_kind == "user" else VFolder.project_id == v.project_id
 
 
+def scope_name(v: VFolder) -> str:
+    return v.user.username if v.owner_kind == "user" else v.project.full_name  # type: ignore[union-attr]
+
+
 def scope_label(v: VFolder) -> str:
-    return f"user {v.user.username}" if v.owner_kind == "user" else f"project {v.project.full_name}"  # type: ignore[union-attr]
+    return f"{v.owner_kind} {scope_name(v)}"
 
 
 def _used(db: Session, where) -> int:
@@ -180,7 +184,7 @@ def usage_view(db: Session, v: VFolder) -> dict[str, Any]:
             "max_size": folder_limit(v),
             "scope": {
                 "kind": v.owner_kind,
-                "name": scope_label(v).split(" ", 1)[1],
+                "name": scope_name(v),
                 "used": _used(db, scope),
                 "limit": scope_limit(v),
                 "folders": db.scalar(select(func.count()).select_from(VFolder).where(scope)) or 0,

@@ -179,8 +179,11 @@ class APIHandler(BaseHandler):
             message = exc.log_message % exc.args if exc.args else exc.log_message
         self.finish(json.dumps({"status": status_code, "message": message}))
 
-    async def run(self, fn, *args, status: int = 200):
-        """Run ``fn(db, actor, *args)`` in one transaction; answer its result or its error."""
+    async def run(self, fn, *args, status: int = 200, after_commit=None):
+        """Run ``fn(db, actor, *args)`` in one transaction; answer its result or its error.
+
+        ``after_commit``, when given, is awaited once the change is committed, before the answer.
+        """
         try:
             with self.db() as db:
                 result, after = fn(db, self.actor, *args)
@@ -190,6 +193,8 @@ class APIHandler(BaseHandler):
         if after is not None:
             # After commit: tell the Hub (groups follow tenancy); never fails the request.
             await self.lf.hub_sync.apply(after)
+        if after_commit is not None:
+            await after_commit()
         self.write_json(result, status)
 
     def query_arg(self, name: str) -> str | None:

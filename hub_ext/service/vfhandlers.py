@@ -8,7 +8,6 @@ body signs an empty body: the signature covers the method, path and date.
 
 from __future__ import annotations
 
-import shutil
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
@@ -49,27 +48,20 @@ def _open_folder(db, actor, folder_id: str, level: str, right: str | None = None
 
 
 def _free_disk(path: str) -> int | None:
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
+    disk = storage.disk_usage(path)
+    return disk.free if disk else None
 
 
 class VFolderAPIHandler(APIHandler):
-    async def rescan(self, folder_id: str) -> None:
-        await self.lf.rescan_vfolder(folder_id)
-
     async def do(self, fn, *args, status: int = 200, rescan: str | None = None) -> None:
-        """Like run(), for operations that need no Hub sync; rescans a folder after a change."""
-        try:
-            with self.db() as db:
-                result = fn(db, self.actor, *args)
-        except LabfleetError as e:
-            self.send_error_json(e.status, e.message)
-            return
-        if rescan:
-            await self.rescan(rescan)
-        self.write_json(result, status)
+        """run() for operations that need no Hub sync; ``rescan`` names a folder to measure
+        after the change, so the answer's caller sees the new usage."""
+        await self.run(
+            lambda db, actor, *a: (fn(db, actor, *a), None),
+            *args,
+            status=status,
+            after_commit=(lambda: self.lf.rescan_vfolder(rescan)) if rescan else None,
+        )
 
 
 # ---------------------------------------------------------------- storage hosts
@@ -433,7 +425,7 @@ class FilesHandler(_StreamingHandler):
             self.abandon()
             self.send_error_json(e.status, e.message)
             return
-        await self.rescan(folder_id)
+        await self.lf.rescan_vfolder(folder_id)
         self.write_json(_entry(entry), 201)
 
     async def get(self, folder_id, raw):
@@ -653,7 +645,7 @@ class UploadHandler(_StreamingHandler):
             return
         self.set_header("Upload-Offset", str(offset))
         if view["complete"]:
-            await self.rescan(folder_id)
+            await self.lf.rescan_vfolder(folder_id)
         self.write_json(view)
 
     async def delete(self, folder_id, upload_id):
