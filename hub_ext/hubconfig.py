@@ -46,6 +46,15 @@ SERVICE_SCOPES = [
     "access:servers",
 ]
 
+# The server role's scopes, plus calling the labfleet service and managing the owner's own servers.
+SESSION_TOKEN_SCOPES = [
+    "users:activity!user",
+    "access:servers!server",
+    f"access:services!service={SERVICE_NAME}",
+    "servers!user",
+    "read:servers!user",
+]
+
 
 def service_token(state_dir: Path) -> str:
     """$LABFLEET_SERVICE_TOKEN, else a token kept in ``labfleet_service_token`` (0600)."""
@@ -133,6 +142,9 @@ def configure(c, state_dir: str | Path | None = None) -> None:
     c.LabfleetServiceClient.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
     c.LabfleetServiceClient.service_token = token
     c.LabfleetSpawnerMixin.session_log_dir = log_dir
+    # A session's own token ($JUPYTERHUB_API_TOKEN) acts for its owner in the labfleet service and may
+    # start and stop the owner's other servers: the server extension, the sidebar and the widgets use it.
+    c.Spawner.server_token_scopes = SESSION_TOKEN_SCOPES
 
 
 def configure_spawner(c, backend: str, state: Path) -> list[dict]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -29,6 +29,7 @@ from .models import (
     ComputeSession,
     Device,
     Domain,
+    Image,
     Keypair,
     Node,
     Project,
@@ -510,6 +511,26 @@ def queue_view(db: Session, group: ResourceGroup) -> list[dict[str, Any]]:
     positions = queueing.queue_positions(ordered)
     by_id = {s.id: s for s in pending}
     return [dict(session_view(by_id[i.session_id]), position=positions[i.session_id]) for i in ordered]
+
+
+def session_detail(db: Session, s: ComputeSession) -> dict[str, Any]:
+    """One session as its own endpoint answers it: the view, plus where it queues, the service ports its
+    image declares (the session's app launchers) and its lifetime under the keypair policy."""
+    view = session_view(s)
+    view["queue_position"] = position_of(db, s)
+    image = db.scalar(select(Image).where(Image.name == s.image)) if s.image else None
+    view["service_ports"] = list(image.service_ports or []) if image is not None else []
+    started = next((h["at"] for h in s.status_history or [] if h.get("status") == "RUNNING"), None)
+    policy = s.keypair.resource_policy if s.keypair is not None else None
+    lifetime = policy.max_session_lifetime if policy is not None and policy.max_session_lifetime else None
+    view["started_at"] = started
+    view["max_lifetime"] = lifetime
+    view["expires_at"] = (
+        (datetime.fromisoformat(started) + timedelta(seconds=lifetime)).isoformat()
+        if started and lifetime
+        else None
+    )
+    return view
 
 
 def position_of(db: Session, s: ComputeSession) -> int | None:

@@ -21,6 +21,8 @@ from jupyter_server.utils import url_path_join
 from jupyter_server_proxy.handlers import AddSlashHandler
 from traitlets import Bool, Float
 
+from .calls import SessionCalls
+from .fleet_handlers import FleetContext, fleet_handlers
 from .handlers import InferenceProxyHandler, RunnerStateHandler
 from .runner import Runner, SessionEnv
 
@@ -51,6 +53,13 @@ class LabfleetExtension(ExtensionApp):
         session (and its GPU share) alive.""",
     )
 
+    service_timeout = Float(
+        20.0,
+        config=True,
+        help="""Seconds a call from this session to the labfleet service or the Hub may take before its
+        endpoint answers 504.""",
+    )
+
     def initialize_settings(self) -> None:
         self.session = SessionEnv.from_environ()
         self.runner: Runner | None = None
@@ -73,6 +82,13 @@ class LabfleetExtension(ExtensionApp):
     def initialize_handlers(self) -> None:
         # Patterns are relative: ExtensionApp prefixes the server's base_url.
         self.handlers.append((r"/labfleet/runner", RunnerStateHandler, {"runner": self.runner}))
+        context = FleetContext(
+            self.session,
+            SessionCalls.from_environ(timeout=self.service_timeout),
+            self.runner,
+            mount_dir=self._mount_dir(),
+        )
+        self.handlers.extend(fleet_handlers(context))
         if self.runner is not None and self.runner.type == "inference":
             self.handlers.extend(
                 [
@@ -81,6 +97,14 @@ class LabfleetExtension(ExtensionApp):
                     (r"/labfleet/inference(/.*)", InferenceProxyHandler, {"runner": self.runner}),
                 ]
             )
+
+    def _mount_dir(self) -> str:
+        """Where the session's virtual folders are, relative to the Lab's root (what the file browser
+        opens): the spawner mounts them under ``$LABFLEET_VFOLDER_DIR`` (default ``~/vfolders``)."""
+        where = os.environ.get("LABFLEET_VFOLDER_DIR") or os.path.join(os.path.expanduser("~"), "vfolders")
+        root = os.path.abspath(self.serverapp.root_dir) if self.serverapp is not None else os.getcwd()
+        rel = os.path.relpath(os.path.abspath(where), root)
+        return "vfolders" if rel.startswith("..") else rel.replace(os.sep, "/")
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Called by the server once its event loop runs and it listens: the Lab is reachable before the

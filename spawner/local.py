@@ -72,6 +72,9 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             raise RuntimeError(f"sandbox = yes, but {self.bwrap_path!r} is missing or cannot run here")
         return None
 
+    def lf_own_pid_namespace(self) -> bool:
+        return self._bwrap() is not None  # bwrap --unshare-pid
+
     def lf_session_home(self) -> str:
         # The sandbox binds the host home at the same path: the session sees it there too.
         return str(self.home_dir)

@@ -112,6 +112,14 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
     def _session_log_dir_default(self) -> str:
         return os.environ.get("LABFLEET_SESSION_LOG_DIR") or str(Path.cwd() / "session-logs")
 
+    session_service_url = Unicode(
+        help="""The labfleet service's REST API as sessions reach it, given to each session as
+        $LABFLEET_SERVICE_URL (its server extension calls it with the session's own Hub token).
+        Empty: the URL the Hub itself uses (`LabfleetServiceClient.service_url`), right where sessions
+        share the Hub's network (local sessions, Docker with host networking); set it for sessions
+        on other networks.""",
+    ).tag(config=True)
+
     mps = Unicode(
         "auto",
         help="""Whether nodes run an NVIDIA MPS daemon: `yes` (fractions limited with
@@ -390,8 +398,21 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         m = _EXIT.search(str(status))
         return int(m.group(1)) if m else None
 
+    def lf_own_pid_namespace(self) -> bool:
+        """Whether the backend runs the session in a PID namespace of its own: the server extension then
+        cannot match the GPU driver's pids to the session's processes (see server_ext.fleet.gpu_rows)."""
+        return self.lf_in_container
+
     def get_env(self) -> dict[str, str]:
         env = super().get_env()  # type: ignore[misc]
+        # What the session's server extension needs to act for its owner (server_ext/ENDPOINTS.md).
+        env["LABFLEET_SERVICE_URL"] = self.session_service_url or self.service_url
+        try:
+            env["LABFLEET_VFOLDER_DIR"] = self.lf_session_home().rstrip("/") + "/vfolders"
+        except NotImplementedError:
+            pass
+        if self.lf_own_pid_namespace():
+            env["LABFLEET_PID_NAMESPACE"] = "own"
         if self.lf_launch is not None:
             env.update(self.lf_launch.env)
         return env

@@ -123,6 +123,16 @@ class DevicePlugin(ABC):
         Must not raise for a missing driver, library or device.
         """
 
+    def utilization(self, uuid: str) -> dict[str, int | None] | None:
+        """Now: ``{"gpu_util": percent or None, "mem_used": bytes, "mem_total": bytes}`` of the device
+        with this UUID; ``None`` when this plugin cannot tell (the default)."""
+        return None
+
+    def processes(self, uuid: str) -> list[dict[str, int | None]] | None:
+        """The processes using the device now: ``{"pid", "mem_used" (bytes or None), "gpu_util" (percent
+        or None)}`` each, pids as the driver sees them; ``None`` when this plugin cannot tell (the default)."""
+        return None
+
     def _found(self, devices: list[DeviceInfo]) -> list[DeviceInfo]:
         """Record a successful discovery."""
         self.reason = None
@@ -137,6 +147,11 @@ class DevicePlugin(ABC):
 
 
 # --- registry ----------------------------------------------------------------------------------
+
+
+def plugin_for_device(uuid: str) -> str:
+    """The plugin that answers for a device, from its UUID: ``GPU-mock-...`` ones are the mock's."""
+    return "mock" if uuid.startswith("GPU-mock-") else "nvidia"
 
 
 def _entry_points() -> dict[str, Any]:

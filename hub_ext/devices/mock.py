@@ -8,11 +8,20 @@ Like the mock accelerators GPU platforms ship for development, they let the whol
 
 gives devices 0 and 1 (A100-80GB) and 2 (T4).  UUIDs are ``GPU-mock-<hash>`` derived from the
 node name and the index, so a restart reports the same ids.
+
+Asked for utilization and processes (what a session's usage endpoint shows), a mock device is idle,
+unless the JSON file named by ``$LABFLEET_MOCK_GPU_USAGE`` says otherwise, by UUID::
+
+    {"GPU-mock-...": {"gpu_util": 40, "mem_used": 1073741824,
+                      "processes": [{"pid": 12, "mem_used": 536870912, "gpu_util": 25}]}}
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -21,6 +30,8 @@ from hub_ext.devices.base import DeviceInfo, DevicePlugin
 from hub_ext.slots import SlotError, parse_amount
 
 _KEYS = frozenset({"model", "memory", "count"})
+USAGE_ENV = "LABFLEET_MOCK_GPU_USAGE"
+log = logging.getLogger(__name__)
 MAX_MOCK_DEVICES = 1024  # per node; more is a typo
 
 
@@ -83,11 +94,61 @@ class MockPlugin(DevicePlugin):
 
     def discover(self) -> list[DeviceInfo]:
         """The declared devices, indexed 0.. in declaration order."""
-        devices: list[DeviceInfo] = []
-        for model, memory, count in self.specs:
-            for _ in range(count):
-                index = len(devices)
-                devices.append(DeviceInfo(mock_uuid(self.node, index), index, model, memory))
+        devices = self._declared()
         if not devices:
             return self._nothing("no mock devices configured (devices=[] or every count is 0)")
         return self._found(devices)
+
+    def _reading(self, uuid: str) -> dict[str, Any]:
+        path = os.environ.get(USAGE_ENV)
+        if not path:
+            return {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            log.warning("mock devices: cannot read %s: %s", path, e)
+            return {}
+        entry = data.get(uuid) if isinstance(data, dict) else None
+        return entry if isinstance(entry, dict) else {}
+
+    def _memory_of(self, uuid: str) -> int | None:
+        for d in self._declared():
+            if d.uuid == uuid:
+                return d.memory_bytes
+        return None
+
+    def _declared(self) -> list[DeviceInfo]:
+        devices: list[DeviceInfo] = []
+        for model, memory, count in self.specs:
+            for _ in range(count):
+                devices.append(DeviceInfo(mock_uuid(self.node, len(devices)), len(devices), model, memory))
+        return devices
+
+    def utilization(self, uuid: str) -> dict[str, int | None] | None:
+        if not uuid.startswith("GPU-mock-"):
+            return None
+        reading = self._reading(uuid)
+        return {
+            "gpu_util": _int_or_none(reading.get("gpu_util", 0)),
+            "mem_used": _int_or_none(reading.get("mem_used", 0)),
+            "mem_total": _int_or_none(reading.get("mem_total", self._memory_of(uuid))),
+        }
+
+    def processes(self, uuid: str) -> list[dict[str, int | None]] | None:
+        if not uuid.startswith("GPU-mock-"):
+            return None
+        rows = self._reading(uuid).get("processes") or []
+        return [
+            {
+                "pid": _int_or_none(p.get("pid")),
+                "mem_used": _int_or_none(p.get("mem_used")),
+                "gpu_util": _int_or_none(p.get("gpu_util")),
+            }
+            for p in rows
+            if isinstance(p, dict) and _int_or_none(p.get("pid")) is not None
+        ]
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

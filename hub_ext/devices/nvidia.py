@@ -154,3 +154,44 @@ class NvidiaPlugin(DevicePlugin):
             return None
         finally:
             self._shutdown(nvml)
+
+    def processes(self, uuid: str) -> list[dict[str, int | None]] | None:
+        """The compute processes on the device now, with their memory and (where NVML samples it) their
+        SM utilization; ``None`` when NVML or the device is not there.
+
+        Pids are the driver's: those of the node's PID namespace, which a session in a PID namespace of
+        its own (a container, the local sandbox) cannot map to its own processes.
+        """
+        try:
+            nvml = self._module()
+            nvml.nvmlInit()
+        except ImportError:
+            return None
+        except nvml.NVMLError as e:
+            log.debug("nvidia: no processes for %s: NVML not available: %s", uuid, e)
+            return None
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+            running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            try:
+                samples: dict[int, int] | None = {
+                    int(p.pid): int(p.smUtil) for p in nvml.nvmlDeviceGetProcessUtilization(handle, 0)
+                }
+            except nvml.NVMLError:  # NotFound: no sample yet; NotSupported: MIG and older GPUs
+                samples = None
+            out: list[dict[str, int | None]] = []
+            for p in running:
+                used = getattr(p, "usedGpuMemory", None)
+                out.append(
+                    {
+                        "pid": int(p.pid),
+                        "mem_used": int(used) if used is not None else None,
+                        "gpu_util": samples.get(int(p.pid), 0) if samples is not None else None,
+                    }
+                )
+            return out
+        except nvml.NVMLError as e:
+            log.warning("nvidia: no processes for %s: %s", uuid, e)
+            return None
+        finally:
+            self._shutdown(nvml)

@@ -309,12 +309,6 @@ class NodeListHandler(APIHandler):
         await self.run(lambda db, a: ([nodes.node_view(db, n) for n in nodes.list_nodes(db, a)], None))
 
 
-def _session_answer(db, s) -> dict:
-    view = sessions.session_view(s)
-    view["queue_position"] = sessions.position_of(db, s)
-    return view
-
-
 class SessionListHandler(APIHandler):
     async def get(self):
         filters = {k: self.query_arg(k) for k in ("user", "project", "domain", "status")}
@@ -328,19 +322,21 @@ class SessionListHandler(APIHandler):
         def op(db, actor):
             if actor.role == "monitor":
                 raise Forbidden("a monitor changes nothing")
-            return _session_answer(db, sessions.admit(db, actor, body)), None
+            return sessions.session_detail(db, sessions.admit(db, actor, body)), None
 
         await self.run(op, status=201)
 
 
 class SessionHandler(APIHandler):
     async def get(self, session_id):
-        await self.run(lambda db, a: (_session_answer(db, sessions.readable(db, a, session_id)), None))
+        await self.run(
+            lambda db, a: (sessions.session_detail(db, sessions.readable(db, a, session_id)), None)
+        )
 
     async def patch(self, session_id):
         body = self.body
         await self.run(
-            lambda db, a: (_session_answer(db, sessions.update_status(db, a, session_id, body)), None)
+            lambda db, a: (sessions.session_detail(db, sessions.update_status(db, a, session_id, body)), None)
         )
 
     async def delete(self, session_id):

@@ -1,0 +1,218 @@
+"""What the session's ``labfleet/...`` endpoints answer, composed from the service's views and this
+session's environment. Pure: no I/O, the handlers fetch and these shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+from .runner import SessionEnv
+
+# Sessions that still hold (or wait for) resources: what "my sessions" lists.
+LIVE_STATUSES = ("PENDING", "SCHEDULED", "PREPARING", "RUNNING")
+
+
+def _instant(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def server_url(hub_prefix: str, user: str, name: str) -> str:
+    """The path of a user's server behind the Hub's proxy (``/user/alice/work/``)."""
+    base = hub_prefix.rstrip("/") + f"/user/{user}/"
+    return base + (f"{name}/" if name else "")
+
+
+def session_summary(
+    env: SessionEnv,
+    view: Mapping[str, Any] | None,
+    *,
+    now: datetime,
+    user: str,
+    server_name: str,
+    base_url: str,
+    runner: Mapping[str, Any] | None = None,
+    inference_ready: bool | None = None,
+    service: str = "ok",
+) -> dict[str, Any]:
+    """``GET labfleet/session``: the service's view of this session (``view``; ``None`` when it could not
+    be asked, then what the environment says), with times, URLs and the runner's state."""
+    v = dict(view or {})
+    started = _instant(v.get("started_at"))
+    lifetime = v.get("max_lifetime")
+    expires = _instant(v.get("expires_at"))
+    out: dict[str, Any] = {
+        "id": v.get("id") or env.session_id or None,
+        "name": server_name,
+        "user": v.get("user") or user,
+        "type": v.get("type") or env.type,
+        "project": v.get("project") or env.project or None,
+        "domain": v.get("domain"),
+        "image": v.get("image") or env.image or None,
+        "resource_group": v.get("resource_group"),
+        "node": v.get("node"),
+        "status": v.get("status"),
+        "slots": v.get("slots") or {},
+        "devices": list(v.get("devices") or []),
+        "mounts": [
+            {k: m[k] for k in ("vfolder", "name", "permission") if k in m} for m in v.get("mounts") or []
+        ],
+        "created_at": v.get("created_at"),
+        "started_at": v.get("started_at"),
+        "uptime": max(0, int((now - started).total_seconds())) if started else None,
+        "max_lifetime": lifetime,
+        "expires_at": v.get("expires_at"),
+        "time_left": max(0, int((expires - now).total_seconds())) if expires else None,
+        "urls": {"base": base_url, "lab": base_url + "lab"},
+        "runner": dict(runner) if runner else None,
+        "inference": None,
+        "service": service,
+    }
+    if out["type"] == "inference":
+        url = base_url + "labfleet/inference/"
+        out["inference"] = {
+            "url": url,
+            "ready": inference_ready,
+            "example": (
+                f"curl -H 'Authorization: token <a Hub token with access to this server>' "
+                f"<hub address>{url}<path of your model's route>"
+            ),
+        }
+    return out
+
+
+def mounted_folders(
+    mounts: Iterable[Mapping[str, Any]], folders: Mapping[str, Mapping[str, Any] | None], mount_dir: str
+) -> list[dict[str, Any]]:
+    """``GET labfleet/vfolders``: each mount with its folder's usage (``folders`` by id; ``None`` where the
+    service did not answer for it). ``mount_dir`` is where the spawner mounts them, relative to the Lab's
+    root (``vfolders``)."""
+    out = []
+    for m in mounts:
+        fid = str(m.get("vfolder") or m.get("id") or "")
+        folder = folders.get(fid) or {}
+        usage = folder.get("usage") or {}
+        limits = folder.get("limits") or {}
+        name = str(m.get("name") or folder.get("name") or "")
+        out.append(
+            {
+                "id": fid,
+                "name": name,
+                "permission": m.get("permission") or folder.get("permission"),
+                "path": f"{mount_dir}/{name}" if mount_dir else name,
+                "owner": folder.get("owner"),
+                "usage_mode": folder.get("usage_mode"),
+                "host": folder.get("host"),
+                "status": folder.get("status"),
+                "usage_bytes": usage.get("bytes"),
+                "usage_files": usage.get("files"),
+                "max_size": limits.get("max_size"),
+                "scope": limits.get("scope"),
+            }
+        )
+    return out
+
+
+def quota_summary(me: Mapping[str, Any], project: str | None) -> dict[str, Any]:
+    """``GET labfleet/quota`` from the service's ``/api/me``: me (my main keypair's policy), the session's
+    project (else my first) and my domain."""
+    quota = me.get("quota") or {}
+    projects = quota.get("projects") or {}
+    name = project if project in projects else next(iter(sorted(projects)), None)
+    return {
+        "keypair": quota.get("keypair"),
+        "project": projects.get(name) if name else None,
+        "project_name": name,
+        "domain": quota.get("domain"),
+        "domain_name": (me.get("domain") or {}).get("name"),
+        "projects": projects,
+    }
+
+
+def my_sessions(
+    views: Iterable[Mapping[str, Any]], *, user: str, current_id: str | None, hub_prefix: str
+) -> list[dict[str, Any]]:
+    """``GET labfleet/sessions``: my sessions that still hold or wait for resources, this one marked."""
+    out = []
+    for v in views:
+        if v.get("user") != user or v.get("status") not in LIVE_STATUSES:
+            continue
+        name = str(v.get("name") or "")
+        out.append(
+            {
+                "id": v.get("id"),
+                "name": name,
+                "project": v.get("project"),
+                "type": v.get("type"),
+                "image": v.get("image"),
+                "resource_group": v.get("resource_group"),
+                "status": v.get("status"),
+                "status_reason": v.get("status_reason"),
+                "queue_position": v.get("queue_position"),
+                "slots": v.get("slots") or {},
+                "devices": list(v.get("devices") or []),
+                "created_at": v.get("created_at"),
+                "url": server_url(hub_prefix, user, name) + "lab" if v.get("status") == "RUNNING" else None,
+                "current": bool(current_id) and v.get("id") == current_id,
+            }
+        )
+    return out
+
+
+def gpu_rows(
+    devices: Iterable[Mapping[str, Any]],
+    readings: Mapping[str, tuple[str, Mapping[str, Any] | None, list[Mapping[str, Any]] | None]],
+    own_pids: set[int],
+    *,
+    pids_comparable: bool = True,
+) -> list[dict[str, Any]]:
+    """One row per device of the session for ``GET labfleet/usage``.
+
+    ``readings[uuid]`` is (source, the device's utilization reading, its processes). On a device the
+    session holds whole, the device's numbers are the session's. On a shared one (a fraction) only the
+    session's own processes count: their memory, and their utilization where the driver samples it.
+    ``pids_comparable`` is false when the session runs in a PID namespace of its own (a container, the
+    sandbox): the driver's pids are the node's and cannot be matched to the session's, so a shared device
+    shows the whole device's numbers with ``scope: "device"``.
+    """
+    rows = []
+    for d in devices:
+        uuid = str(d.get("uuid"))
+        shares = float(d.get("shares") or 0)
+        memory = d.get("memory")
+        source, reading, procs = readings.get(uuid, ("none", None, None))
+        row: dict[str, Any] = {
+            "uuid": uuid,
+            "index": d.get("index"),
+            "model": d.get("model"),
+            "shares": shares,
+            "memory_total": (reading or {}).get("mem_total") or memory,
+            "memory_limit": int(Decimal(str(memory)) * Decimal(str(shares)))
+            if memory and shares < 1
+            else memory,
+            "utilization": None,
+            "memory_used": None,
+            "scope": "session",
+            "source": source,
+        }
+        if reading is None:
+            row["scope"] = "unknown"
+        elif shares >= 1 or procs is None or not pids_comparable:
+            row["scope"] = "session" if shares >= 1 else "device"
+            row["utilization"] = reading.get("gpu_util")
+            row["memory_used"] = reading.get("mem_used")
+        else:
+            mine = [p for p in procs if p.get("pid") in own_pids]
+            row["memory_used"] = sum(int(p.get("mem_used") or 0) for p in mine)
+            utils = [p.get("gpu_util") for p in mine]
+            row["utilization"] = None if None in utils else sum(int(u) for u in utils if u is not None)
+        rows.append(row)
+    return rows

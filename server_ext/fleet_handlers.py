@@ -1,0 +1,281 @@
+"""The session's ``labfleet/...`` endpoints (server_ext/ENDPOINTS.md): thin handlers that check the
+caller, ask the service or the Hub with the session's token, and answer what ``server_ext.fleet`` shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+from . import fleet
+from .calls import Answer, SessionCalls, quoted
+from .handlers import AUTH_RESOURCE
+from .runner import Runner, SessionEnv, port_is_listening
+from .usage import ProcessSampler, devices_from_env, session_usage
+
+# A Hub server name as the Hub takes it in a URL (JupyterHub forbids "/"); "~" names the default server.
+_SERVER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+DEFAULT_SERVER = "~"
+
+
+class FleetContext:
+    """What every handler of one server shares: the session, how to call out, the samplers and caches."""
+
+    def __init__(
+        self, session: SessionEnv, calls: SessionCalls, runner: Runner | None, mount_dir: str
+    ) -> None:
+        self.session = session
+        self.calls = calls
+        self.runner = runner
+        self.mount_dir = mount_dir
+        self.sampler = ProcessSampler()
+        self.plugins: dict[str, Any] = {}
+        # The session's devices never change while it runs: asked once, then kept.
+        self.devices: list[dict[str, Any]] | None = None
+        self.server_name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        self.hub_prefix = os.environ.get("JUPYTERHUB_BASE_URL", "/")
+
+
+class FleetHandler(APIHandler):
+    """Owner only: these act with the owner's token, so a user the server is shared with gets 403."""
+
+    auth_resource = AUTH_RESOURCE
+
+    def initialize(self, fleet: FleetContext) -> None:
+        self.fleet = fleet
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        user = self.current_user
+        owner = self.fleet.calls.user
+        name = getattr(user, "username", None)
+        if user is not None and owner and name != owner:
+            raise web.HTTPError(403, "only the owner of this session may use its labfleet endpoints")
+
+    def answer(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def fail(self, answer: Answer, what: str) -> None:
+        status = answer.status if 400 <= answer.status < 600 else 502
+        self.answer({"message": f"{what}: {answer.message}"}, status)
+
+    async def session_view(self) -> tuple[dict[str, Any] | None, str]:
+        sid = self.fleet.session.session_id
+        if not sid:
+            return None, "this server was not started by a labfleet spawner"
+        got = await self.fleet.calls.service("GET", f"sessions/{quoted(sid)}")
+        if not got.ok:
+            return None, f"the labfleet service answered: {got.message}"
+        return got.data, "ok"
+
+
+class SessionInfoHandler(FleetHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        view, service = await self.session_view()
+        runner = self.fleet.runner
+        ready = None
+        if runner is not None and runner.type == "inference" and runner.port:
+            ready = await port_is_listening(runner.port)
+        self.answer(
+            fleet.session_summary(
+                self.fleet.session,
+                view,
+                now=datetime.now(timezone.utc),
+                user=self.fleet.calls.user,
+                server_name=self.fleet.server_name,
+                base_url=self.base_url,
+                runner=runner.snapshot(tail=True) if runner is not None else None,
+                inference_ready=ready,
+                service=service,
+            )
+        )
+
+
+class UsageHandler(FleetHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        if self.fleet.devices is None:
+            view, _ = await self.session_view()
+            if view is not None:
+                self.fleet.devices = list(view.get("devices") or [])
+        devices = self.fleet.devices if self.fleet.devices is not None else devices_from_env()
+        # /proc and NVML block: off the event loop.
+        self.answer(
+            await asyncio.to_thread(session_usage, self.fleet.sampler, devices, None, self.fleet.plugins)
+        )
+
+
+class MountedFoldersHandler(FleetHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        view, service = await self.session_view()
+        if view is None:
+            self.answer({"message": f"cannot list this session's folders: {service}"}, 502)
+            return
+        mounts = list(view.get("mounts") or [])
+        answers = await asyncio.gather(
+            *(self.fleet.calls.service("GET", f"vfolders/{quoted(str(m.get('vfolder')))}") for m in mounts)
+        )
+        folders = {
+            str(m.get("vfolder")): (a.data if a.ok else None) for m, a in zip(mounts, answers, strict=True)
+        }
+        self.answer(fleet.mounted_folders(mounts, folders, self.fleet.mount_dir))
+
+
+class QuotaHandler(FleetHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        me = await self.fleet.calls.service("GET", "me")
+        if not me.ok:
+            self.fail(me, "cannot read the quota")
+            return
+        self.answer(fleet.quota_summary(me.data, self.fleet.session.project or None))
+
+
+class SessionListHandler(FleetHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        user = self.fleet.calls.user
+        got = await self.fleet.calls.service("GET", "sessions", query={"user": user})
+        if not got.ok:
+            self.fail(got, "cannot list the sessions")
+            return
+        # The queue position is only in each session's own view: ask for the pending ones.
+        views = list(got.data or [])
+        pending = [v for v in views if v.get("status") == "PENDING"]
+        details = await asyncio.gather(
+            *(self.fleet.calls.service("GET", f"sessions/{quoted(str(v['id']))}") for v in pending)
+        )
+        for v, d in zip(pending, details, strict=True):
+            if d.ok:
+                v["queue_position"] = d.data.get("queue_position")
+        self.answer(
+            fleet.my_sessions(
+                views, user=user, current_id=self.fleet.session.session_id, hub_prefix=self.fleet.hub_prefix
+            )
+        )
+
+
+class ServerHandler(FleetHandler):
+    """Start (POST, the body is the spawn options) or stop (DELETE) one of my servers through the Hub."""
+
+    def _hub_path(self, name: str) -> str | None:
+        user = quoted(self.fleet.calls.user)
+        if name == DEFAULT_SERVER:
+            return f"users/{user}/server"
+        if not _SERVER_NAME.match(name):
+            return None
+        return f"users/{user}/servers/{quoted(name)}"
+
+    @web.authenticated
+    @authorized
+    async def post(self, name: str) -> None:
+        path = self._hub_path(name)
+        if path is None:
+            self.answer({"message": f"{name[:80]!r} is not a server name (letters, digits, . _ -)"}, 400)
+            return
+        try:
+            options = json.loads(self.request.body or b"{}")
+        except ValueError:
+            self.answer({"message": "the body must be JSON: the new session's options"}, 400)
+            return
+        if not isinstance(options, dict):
+            self.answer({"message": "the body must be a JSON object: the new session's options"}, 400)
+            return
+        got = await self.fleet.calls.hub("POST", path, options)
+        if not got.ok:
+            self.fail(got, "the session did not start")
+            return
+        self.answer({"name": "" if name == DEFAULT_SERVER else name, "status": got.status}, 202)
+
+    @web.authenticated
+    @authorized
+    async def delete(self, name: str) -> None:
+        path = self._hub_path(name)
+        if path is None:
+            self.answer({"message": f"{name[:80]!r} is not a server name"}, 400)
+            return
+        got = await self.fleet.calls.hub("DELETE", path)
+        if not got.ok:
+            self.fail(got, "the session did not stop")
+            return
+        self.answer({"name": "" if name == DEFAULT_SERVER else name, "status": got.status}, 202)
+
+
+class ServiceProxyHandler(FleetHandler):
+    """``labfleet/api/<path>``: the labfleet service's REST API, as the owner (the session's token)."""
+
+    async def _pass(self, path: str) -> None:
+        if ".." in path.split("/"):
+            self.answer({"message": "bad path"}, 400)
+            return
+        query = {k: self.get_query_argument(k) for k in self.request.query_arguments}
+        ctype = self.request.headers.get("Content-Type", "")
+        raw = None
+        if self.request.method in ("POST", "PUT", "PATCH"):
+            raw = self.request.body or b""
+        got = await self.fleet.calls.service(
+            self.request.method or "GET", path, query=query, raw=raw, content_type=ctype or None
+        )
+        self.set_status(got.status if 100 <= got.status < 600 else 502)
+        if got.content_type.startswith("application/json"):
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps(got.data))
+        else:
+            self.set_header("Content-Type", got.content_type)
+            self.finish(got.data if isinstance(got.data, bytes) else b"")
+
+    @web.authenticated
+    @authorized
+    async def get(self, path: str) -> None:
+        await self._pass(path)
+
+    @web.authenticated
+    @authorized
+    async def post(self, path: str) -> None:
+        await self._pass(path)
+
+    @web.authenticated
+    @authorized
+    async def patch(self, path: str) -> None:
+        await self._pass(path)
+
+    @web.authenticated
+    @authorized
+    async def put(self, path: str) -> None:
+        await self._pass(path)
+
+    @web.authenticated
+    @authorized
+    async def delete(self, path: str) -> None:
+        await self._pass(path)
+
+
+def fleet_handlers(context: FleetContext) -> list[tuple[str, Any, dict[str, Any]]]:
+    """The routes, relative (ExtensionApp prefixes the server's base URL)."""
+    kw = {"fleet": context}
+    return [
+        (r"/labfleet/session", SessionInfoHandler, kw),
+        (r"/labfleet/usage", UsageHandler, kw),
+        (r"/labfleet/vfolders", MountedFoldersHandler, kw),
+        (r"/labfleet/quota", QuotaHandler, kw),
+        (r"/labfleet/sessions", SessionListHandler, kw),
+        (r"/labfleet/sessions/([^/]+)", ServerHandler, kw),
+        (r"/labfleet/api/(.*)", ServiceProxyHandler, kw),
+    ]
