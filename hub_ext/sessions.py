@@ -533,6 +533,16 @@ def session_detail(db: Session, s: ComputeSession) -> dict[str, Any]:
     return view
 
 
+def past_lifetime(db: Session, now: datetime) -> list[ComputeSession]:
+    """Running sessions that have outlived their keypair policy's ``max_session_lifetime``."""
+    out = []
+    for s in db.scalars(select(ComputeSession).where(ComputeSession.status == "RUNNING")):
+        expires = session_detail(db, s)["expires_at"]
+        if expires and datetime.fromisoformat(expires) <= now:
+            out.append(s)
+    return out
+
+
 def position_of(db: Session, s: ComputeSession) -> int | None:
     if s.status != "PENDING":
         return None

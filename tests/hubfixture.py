@@ -133,9 +133,15 @@ def wait_for(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 
 
 
 def start_hub(
-    state: Path, db_url: str | None = None, extra_config: str = "", do_seed: bool = True, ports: tuple = ()
+    state: Path,
+    db_url: str | None = None,
+    extra_config: str = "",
+    do_seed: bool = True,
+    ports: tuple = (),
+    env: dict | None = None,
 ) -> Hub:
-    """Start the Hub; ``ports`` from an earlier Hub restarts it where running servers expect it."""
+    """Start the Hub; ``ports`` from an earlier Hub restarts it where running servers expect it; ``env``
+    adds to the Hub's environment (and the service's, for the variables the service is passed)."""
     if not shutil.which("configurable-http-proxy"):
         raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
     state.mkdir(parents=True, exist_ok=True)
@@ -144,7 +150,9 @@ def start_hub(
     service_token = os.urandom(16).hex()
     ports = ports or tuple(free_port() for _ in range(4))
     port, hub_port, proxy_api, service_port = ports
+    extra_env = env or {}
     env = dict(os.environ)
+    env.update(extra_env)
     env.update(
         LABFLEET_STATE_DIR=str(state),
         LABFLEET_DB_URL=db_url,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 
 import pytest
 import requests
@@ -29,7 +30,8 @@ def env(tmp_path_factory):
         f"c.Spawner.environment = {{'LABFLEET_MOCK_GPU_USAGE': {str(usage_file)!r}}}\n"
         "c.LabfleetSpawnerMixin.queue_poll_interval = 0.3\n"
     )
-    hub = start_hub(state, extra_config=extra)
+    # The service checks lifetimes every second here (60 s by default).
+    hub = start_hub(state, extra_config=extra, env={"LABFLEET_LIFETIME_CHECK_INTERVAL": "1"})
     root = hub.wait_token("root")
     for method, path, body in [
         ("POST", "/domains", {"name": "acme", "total_resource_slots": {"gpu.shares": 4}}),
@@ -43,7 +45,7 @@ def env(tmp_path_factory):
     assert r.status_code == 200, r.text
     tokens = {name: hub.wait_token(name) for name in ("alice", "bob")}
     yield hub, state, tokens, usage_file
-    for server in ("work", "second", "job", "infer"):
+    for server in ("work", "second", "job", "infer", "brief"):
         hub.hub_api("DELETE", f"/users/alice/servers/{server}")
     hub.stop()
 
@@ -294,3 +296,29 @@ def test_inference_endpoint_and_how_to_call_it(env):
     )
     assert r.status_code == 200 and r.text == "42\n"
     assert hub.hub_api("DELETE", "/users/alice/servers/infer").status_code in (202, 204)
+
+
+def test_a_session_past_its_max_lifetime_is_stopped(env):
+    hub, state, tokens, _ = env
+    root = hub.wait_token("root")
+    r = hub.api("POST", "/policies/keypair", root, json={"name": "brief", "max_session_lifetime": 10})
+    assert r.status_code == 201, r.text
+    key = hub.api("GET", "/me", tokens["bob"]).json()["main_access_key"]
+    assert hub.api("PATCH", f"/keypairs/{key}", root, json={"resource_policy": "brief"}).status_code == 200
+    r = hub.hub_api("POST", "/users/bob/servers/brief", json={"project": "ml"})
+    assert r.status_code in (201, 202), r.text
+    deadline = time.monotonic() + 60
+    while True:
+        rows = [v for v in hub.api("GET", "/sessions", tokens["bob"]).json() if v["name"] == "brief"]
+        if rows and rows[-1]["status"] in ("TERMINATED", "ERROR"):
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.3)
+    assert rows[-1]["status"] == "TERMINATED"
+    ran = next(h for h in rows[-1]["status_history"] if h["status"] == "RUNNING")
+    ended = rows[-1]["status_history"][-1]
+    started, stopped = (datetime.fromisoformat(x["at"]) for x in (ran, ended))
+    assert (stopped - started).total_seconds() >= 10
+    audit = hub.api("GET", "/audit", root).json()
+    assert any(a["action"] == "session.lifetime" and a["target"] == rows[-1]["id"] for a in audit)
+    assert hub.hub_api("GET", "/users/bob").json()["servers"].get("brief", {}).get("ready") is not True

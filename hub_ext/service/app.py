@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import socket
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -23,8 +24,8 @@ from tornado import web
 from traitlets import Bool, Dict, Integer, List, Unicode, default
 from traitlets.config import Application
 
+from .. import audit, images, nodes, sessions, storage, vfolders, vfquota
 from .. import db as lfdb
-from .. import images, nodes, sessions, storage, vfolders, vfquota
 from ..authz import Actor
 from ..devices import describe_node, get_plugin
 from ..errors import LabfleetError
@@ -157,6 +158,16 @@ class LabfleetService(Application):
     @default("vfolder_scan_interval")
     def _vfolder_scan_interval(self):
         return int(os.environ.get("LABFLEET_VFOLDER_SCAN_INTERVAL") or 300)
+
+    lifetime_check_interval = Integer(
+        help="""Seconds between checks for sessions past their keypair policy's max_session_lifetime (the
+        Hub is asked to stop them). 0 turns the check off. Default: $LABFLEET_LIFETIME_CHECK_INTERVAL,
+        else 60.""",
+    ).tag(config=True)
+
+    @default("lifetime_check_interval")
+    def _lifetime_check_interval(self):
+        return int(os.environ.get("LABFLEET_LIFETIME_CHECK_INTERVAL") or 60)
 
     vfolder_trash_retention = Integer(
         30 * 24 * 3600,
@@ -313,6 +324,30 @@ class LabfleetService(Application):
             except Exception:  # keep the loop alive; the next round tries again
                 self.log.exception("vfolder housekeeping failed")
 
+    async def stop_expired_sessions(self) -> list[str]:
+        """Ask the Hub to stop every running session past its max lifetime; the ids asked for."""
+        now = datetime.now(timezone.utc)
+        with lfdb.session_scope(self.session_factory) as db:
+            expired = [(s.id, s.user.username, s.name) for s in sessions.past_lifetime(db, now)]
+        stopped = []
+        for sid, user, server in expired:
+            if await self.hub_sync.stop_server(user, server):
+                self.log.info("Session %s (%s/%s) reached its max lifetime: stopping it", sid, user, server)
+                with lfdb.session_scope(self.session_factory) as db:
+                    audit.record(db, Actor.cli(), "session.lifetime", sid, details={"user": user, "server": server})
+                stopped.append(sid)
+            else:
+                self.log.warning("Session %s reached its max lifetime, but the Hub did not stop it", sid)
+        return stopped
+
+    async def _lifetime_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lifetime_check_interval)
+            try:
+                await self.stop_expired_sessions()
+            except Exception:  # keep the loop alive; the next round tries again
+                self.log.exception("lifetime check failed")
+
     def make_app(self) -> web.Application:
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
         self.prefix = prefix
@@ -352,6 +387,8 @@ class LabfleetService(Application):
             asyncio.ensure_future(self.reconcile_with_hub())
         if self.vfolder_scan_interval > 0:
             asyncio.ensure_future(self._housekeeping_loop())
+        if self.lifetime_check_interval > 0 and self.hub_sync.enabled:
+            asyncio.ensure_future(self._lifetime_loop())
         # The Hub stops its managed services with SIGTERM: finish cleanly, no traceback.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

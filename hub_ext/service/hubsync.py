@@ -102,6 +102,12 @@ class HubSync:
             return None
         return {(u["name"], name) for u in users for name in (u.get("servers") or {})}
 
+    async def stop_server(self, user: str, server: str) -> bool:
+        """Ask the Hub to stop one server (its spawner then gives the allocation back)."""
+        path = f"/users/{quote(user, safe='')}/" + (f"servers/{quote(server, safe='')}" if server else "server")
+        code, _ = await self._call("DELETE", path, ok=(202, 204))
+        return code in (202, 204)
+
     async def sync_all(self, names: list[str]) -> None:
         for name in names:
             await self.sync_user(name)
