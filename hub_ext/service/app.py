@@ -334,7 +334,9 @@ class LabfleetService(Application):
             if await self.hub_sync.stop_server(user, server):
                 self.log.info("Session %s (%s/%s) reached its max lifetime: stopping it", sid, user, server)
                 with lfdb.session_scope(self.session_factory) as db:
-                    audit.record(db, Actor.cli(), "session.lifetime", sid, details={"user": user, "server": server})
+                    audit.record(
+                        db, Actor.cli(), "session.lifetime", sid, details={"user": user, "server": server}
+                    )
                 stopped.append(sid)
             else:
                 self.log.warning("Session %s reached its max lifetime, but the Hub did not stop it", sid)

@@ -104,7 +104,9 @@ class HubSync:
 
     async def stop_server(self, user: str, server: str) -> bool:
         """Ask the Hub to stop one server (its spawner then gives the allocation back)."""
-        path = f"/users/{quote(user, safe='')}/" + (f"servers/{quote(server, safe='')}" if server else "server")
+        path = f"/users/{quote(user, safe='')}/" + (
+            f"servers/{quote(server, safe='')}" if server else "server"
+        )
         code, _ = await self._call("DELETE", path, ok=(202, 204))
         return code in (202, 204)
 
