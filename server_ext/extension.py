@@ -21,6 +21,7 @@ from jupyter_server.utils import url_path_join
 from jupyter_server_proxy.handlers import AddSlashHandler
 from traitlets import Bool, Float
 
+from .apps_server import AppsHandler, link_apps
 from .calls import SessionCalls
 from .fleet_handlers import FleetContext, fleet_handlers
 from .handlers import InferenceProxyHandler, RunnerStateHandler
@@ -60,6 +61,13 @@ class LabfleetExtension(ExtensionApp):
         endpoint answers 504.""",
     )
 
+    apps: list = []  # the session's app services (server_ext.apps), found when the server links us
+
+    def _link_jupyter_server_extension(self, serverapp: Any) -> None:
+        super()._link_jupyter_server_extension(serverapp)
+        # Before any extension loads: jupyter-server-proxy reads the image's service ports at its load.
+        self.apps = link_apps(serverapp, self.log)
+
     def initialize_settings(self) -> None:
         self.session = SessionEnv.from_environ()
         self.runner: Runner | None = None
@@ -82,6 +90,7 @@ class LabfleetExtension(ExtensionApp):
     def initialize_handlers(self) -> None:
         # Patterns are relative: ExtensionApp prefixes the server's base_url.
         self.handlers.append((r"/labfleet/runner", RunnerStateHandler, {"runner": self.runner}))
+        self.handlers.append((r"/labfleet/apps", AppsHandler, {"apps": self.apps}))
         context = FleetContext(
             self.session,
             SessionCalls.from_environ(timeout=self.service_timeout),

@@ -11,6 +11,7 @@ session into Mounts under the session's home.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -24,6 +25,7 @@ MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 DEFAULT_PIDS_LIMIT = 4096
 MOUNT_MODES = ("ro", "rw", "wd")
 VFOLDERS_DIR = "vfolders"  # virtual folders appear at <session home>/vfolders/<name>
+SERVICE_PORTS_ENV = "LABFLEET_SERVICE_PORTS"  # read by server_ext.apps
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,10 @@ def build_launch(
     }
     if options.command:
         env["LABFLEET_COMMAND"] = options.command
+    ports = session.get("service_ports")
+    if isinstance(ports, list) and ports:
+        # The image's service ports (apps): server_ext proxies each at <base_url><name>/.
+        env[SERVICE_PORTS_ENV] = json.dumps(ports, separators=(",", ":"))
     if cpu is not None:
         env["LABFLEET_CPU_LIMIT"] = _fmt(cpu)
         # Thread pools (OpenMP, MKL, BLAS) follow the CPU share instead of the node's core count.

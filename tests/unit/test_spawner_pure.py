@@ -1,5 +1,6 @@
 """The spawner's pure parts: user_options checks, the launch spec, the form, the sandbox."""
 
+import json
 from decimal import Decimal
 
 import pytest
@@ -113,6 +114,19 @@ def test_batch_launch_carries_the_command():
     o = parse_options({"project": "ml", "type": "batch", "command": "python train.py"})
     env = build_launch(SESSION, o).env
     assert env["LABFLEET_SESSION_TYPE"] == "batch" and env["LABFLEET_COMMAND"] == "python train.py"
+
+
+def test_launch_passes_the_image_service_ports():
+    o = parse_options({"project": "ml"})
+    ports = [
+        {"name": "echo", "protocol": "http", "port": 8080},
+        {"name": "vnc", "protocol": "tcp", "port": 5901},
+    ]
+    env = build_launch(dict(SESSION, service_ports=ports), o).env
+    assert json.loads(env["LABFLEET_SERVICE_PORTS"]) == ports
+    # None declared, or a service from before service ports: no variable.
+    assert "LABFLEET_SERVICE_PORTS" not in build_launch(dict(SESSION, service_ports=[]), o).env
+    assert "LABFLEET_SERVICE_PORTS" not in build_launch(SESSION, o).env
 
 
 def test_mounts_are_checked():
