@@ -10,10 +10,13 @@
 # Results:
 #   <repo>/.venv                           venv built from Debian's /usr/bin/python3 (readable by every user)
 #   <repo>/.labfleet-tools/node_modules    configurable-http-proxy 5.x from npm
+#   <repo>/.labfleet-tools/apps/bin        (--test) tensorboard, mlflow, code-server for the app launchers
+#   <repo>/labextension/build              the JupyterLab extension, linked into the venv's labextensions
 # Then `source scripts/env.sh` puts both on PATH.
 #
 # Environment knobs:
 #   LABFLEET_SETUP_FORCE_PIP=1    re-run the pip step even if the stamp matches
+#   LABFLEET_SETUP_FORCE_LABEXT=1 rebuild the JupyterLab extension even if its stamp matches
 #   LABFLEET_SYSTEM_PYTHON=PATH   interpreter for the venv (default /usr/bin/python3)
 set -euo pipefail
 
@@ -34,12 +37,12 @@ APT_SANDBOX="bubblewrap"     # the local backend sandboxes sessions with bwrap
 APT_TEST="postgresql"        # server binaries under /usr/lib/postgresql/*/bin (tests/postgres_server.py)
 APT_DOCKER="docker.io"       # the docker backend's tests run a real engine (scripts/docker.sh starts it)
 APT_IMAGES="debootstrap"     # the test image is built from a debootstrapped Debian, no registry
-# Planned groups (add them to `wanted_packages` when the features land):
-# APT_BROWSER="chromium"
+APT_APPS="libkrb5-dev g++ make"  # code-server's native modules build here (kerberos needs gssapi.h)
+APT_BROWSER="chromium"       # the browser tests drive Debian's Chromium with Playwright (no `playwright install`)
 
 WITH_TEST=0
 usage() {
-    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 for arg in "$@"; do
     case "$arg" in
@@ -84,7 +87,7 @@ wanted_packages() {
         pkgs="$pkgs $APT_NODE"
     fi
     if [ "$WITH_TEST" = 1 ]; then
-        pkgs="$pkgs $APT_TEST $APT_DOCKER $APT_IMAGES"
+        pkgs="$pkgs $APT_TEST $APT_DOCKER $APT_IMAGES $APT_APPS $APT_BROWSER"
     fi
     echo "$pkgs"
 }
@@ -165,6 +168,9 @@ stamp_hash() { # stamp_hash EXTRAS
     { cat "$REPO/pyproject.toml"; printf '\n--extras=%s\n' "$1"; } | sha256sum | cut -d' ' -f1
 }
 stamp_file() { echo "$VENV/.labfleet-pip-stamp-${1:-runtime}"; }
+LABEXT_SRC="$REPO/labextension"
+LABEXT_BUILD="$LABEXT_SRC/build"
+LABEXT_LINK="$VENV/share/jupyter/labextensions/@labfleet/labextension"
 stamp_matches() { # stamp_matches EXTRAS
     [ -f "$(stamp_file "$1")" ] && [ "$(cat "$(stamp_file "$1")")" = "$(stamp_hash "$1")" ]
 }
@@ -181,9 +187,49 @@ if [ "${LABFLEET_SETUP_FORCE_PIP:-0}" != 1 ] && satisfied; then
     step_done "pip: -e '$SPEC' up to date with pyproject.toml (skipped)"
 else
     rm -f "$VENV"/.labfleet-pip-stamp-*
-    (cd "$REPO" && "$VENV/bin/python" -m pip install --progress-bar off -e "$SPEC" </dev/null)
+    # Step 3b builds and links the JupyterLab extension, not pip's build hook; and pip must not write or
+    # remove files through that link (they would land in labextension/build).
+    [ -L "$LABEXT_LINK" ] && rm -f "$LABEXT_LINK"
+    (cd "$REPO" && SKIP_JUPYTER_BUILDER=1 "$VENV/bin/python" -m pip install --progress-bar off -e "$SPEC" </dev/null)
     stamp_hash "$EXTRAS" >"$(stamp_file "$EXTRAS")"
     step_done "pip: installed -e '$SPEC'"
+fi
+
+# ---------------------------------------------------------------------------------------------------------
+# 3b. The JupyterLab extension (labextension/): `jlpm install` and `jlpm build:prod` when its sources changed
+#     (stamp: a hash of src, style, schema, package.json, yarn.lock and the build configs), then a link
+#     from the venv's share/jupyter/labextensions/@labfleet/labextension to labextension/build, so a rebuild
+#     shows at the next page load (a wheel install copies the build there instead).
+#     LABFLEET_SETUP_FORCE_LABEXT=1 rebuilds even if the stamp matches.
+# ---------------------------------------------------------------------------------------------------------
+labext_hash() {
+    (
+        cd "$LABEXT_SRC" || exit 1
+        find src style schema -type f -not -path 'src/__tests__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+        sha256sum package.json yarn.lock .yarnrc.yml install.json tsconfig.json
+    ) | sha256sum | cut -d' ' -f1
+}
+LABEXT_STAMP="$VENV/.labfleet-labext-stamp"
+labext_want="$(labext_hash)" || die "cannot read the sources in $LABEXT_SRC"
+if [ "${LABFLEET_SETUP_FORCE_LABEXT:-0}" != 1 ] && [ -f "$LABEXT_BUILD/package.json" ] \
+    && [ "$(cat "$LABEXT_STAMP" 2>/dev/null)" = "$labext_want" ]; then
+    step_done "labextension: build up to date with its sources (skipped)"
+else
+    [ -x "$VENV/bin/jlpm" ] || die "$VENV/bin/jlpm is missing (it comes with jupyterlab, from the pip step)"
+    rm -f "$LABEXT_STAMP"
+    (cd "$LABEXT_SRC" && PATH="$VENV/bin:$PATH" jlpm install </dev/null \
+        && PATH="$VENV/bin:$PATH" jlpm build:prod </dev/null) || die "the JupyterLab extension did not build"
+    [ -f "$LABEXT_BUILD/package.json" ] || die "the build left no $LABEXT_BUILD/package.json"
+    echo "$labext_want" >"$LABEXT_STAMP"
+    step_done "labextension: built (jlpm install + build:prod)"
+fi
+if [ "$(readlink "$LABEXT_LINK" 2>/dev/null)" = "$LABEXT_BUILD" ]; then
+    step_done "labextension: linked into the venv (skipped)"
+else
+    mkdir -p "$(dirname "$LABEXT_LINK")"
+    rm -rf "$LABEXT_LINK"
+    ln -s "$LABEXT_BUILD" "$LABEXT_LINK"
+    step_done "labextension: linked $LABEXT_LINK"
 fi
 
 # ---------------------------------------------------------------------------------------------------------
@@ -201,6 +247,68 @@ else
         --loglevel=error "$CHP_SPEC" </dev/null)
     v="$(chp_version)" || die "configurable-http-proxy did not install into $TOOLS"
     step_done "npm: installed configurable-http-proxy $v"
+fi
+
+# ---------------------------------------------------------------------------------------------------------
+# 5. (--test) the programs of the app launchers (server_ext/apps.py), for their tests: TensorBoard and
+#    MLflow in a venv of their own (their many dependencies never meet the project's), code-server from npm
+#    with the node major it requires (node@24, also from npm). Only `apps/bin` goes on a PATH: it holds
+#    these three programs and nothing else of the venv.
+# ---------------------------------------------------------------------------------------------------------
+APPS="$TOOLS/apps"
+APPS_PY_SPEC="tensorboard mlflow"
+APPS_NODE_SPEC="node@24"
+APPS_CODE_SERVER_SPEC="code-server@4"
+if [ "$WITH_TEST" = 1 ]; then
+    mkdir -p "$APPS/bin"
+    if [ -x "$APPS/venv/bin/tensorboard" ] && [ -x "$APPS/venv/bin/mlflow" ] \
+        && [ "$(cat "$APPS/venv/.labfleet-spec" 2>/dev/null)" = "$APPS_PY_SPEC" ]; then
+        step_done "apps: $APPS_PY_SPEC present (skipped)"
+    else
+        rm -rf "$APPS/venv"
+        "$SYSTEM_PYTHON" -m venv "$APPS/venv"
+        "$APPS/venv/bin/python" -m pip install -q --progress-bar off --upgrade pip </dev/null
+        # shellcheck disable=SC2086 # one word per package
+        "$APPS/venv/bin/python" -m pip install -q --progress-bar off $APPS_PY_SPEC </dev/null
+        echo "$APPS_PY_SPEC" >"$APPS/venv/.labfleet-spec"
+        step_done "apps: installed $APPS_PY_SPEC into $APPS/venv"
+    fi
+    ln -sfn ../venv/bin/tensorboard "$APPS/bin/tensorboard"
+    ln -sfn ../venv/bin/mlflow "$APPS/bin/mlflow"
+
+    apps_node() { "$APPS/node/node_modules/.bin/node" "$@" 2>/dev/null; }
+    if [ "$(apps_node -p 'process.versions.node.split(".")[0]')" = "${APPS_NODE_SPEC#node@}" ]; then
+        step_done "apps: node $(apps_node --version) present (skipped)"
+    else
+        rm -rf "$APPS/node"
+        npm install --prefix "$APPS/node" --no-audit --no-fund --no-update-notifier --loglevel=error \
+            "$APPS_NODE_SPEC" </dev/null
+        apps_node --version >/dev/null || die "node from npm ($APPS_NODE_SPEC) does not run"
+        step_done "apps: installed node $(apps_node --version)"
+    fi
+    # The node release with its headers (node-gyp builds code-server's native modules against them).
+    APPS_NODE_BIN="$(apps_node -p process.execPath)"
+    APPS_NODE_DIR="$(dirname "$(dirname "$(dirname "$(find "$APPS/node/node_modules" \
+        -path '*/include/node/node_api.h' | head -n1)")")")"
+
+    CODE_SERVER_JS="$APPS/code-server/node_modules/code-server/out/node/entry.js"
+    # Any run of code-server writes a config file: keep it out of the installing user's home.
+    code_server() { XDG_CONFIG_HOME="$APPS/code-server/.config" "$APPS_NODE_BIN" "$CODE_SERVER_JS" "$@"; }
+    if [ -f "$CODE_SERVER_JS" ] && code_server --version >/dev/null 2>&1; then
+        step_done "apps: code-server present (skipped)"
+    else
+        rm -rf "$APPS/code-server"
+        # The nested npm install of its postinstall must run on node 24 too: that node first on PATH.
+        # --unsafe-perm: as root, npm would otherwise run that postinstall as nobody, which fails.
+        PATH="$(dirname "$APPS_NODE_BIN"):$PATH" npm_config_nodedir="$APPS_NODE_DIR" \
+            npm install --prefix "$APPS/code-server" --unsafe-perm --no-audit --no-fund \
+            --no-update-notifier --loglevel=error "$APPS_CODE_SERVER_SPEC" </dev/null
+        code_server --version >/dev/null || die "code-server did not install"
+        step_done "apps: installed code-server $(code_server --version | head -n1)"
+    fi
+    # code-server's own launcher runs `node` from PATH; this one runs it on the node it was built for.
+    printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$APPS_NODE_BIN" "$CODE_SERVER_JS" >"$APPS/bin/code-server"
+    chmod 0755 "$APPS/bin/code-server"
 fi
 
 awk -v a="$T_START" -v b="$(now)" -v t="$WITH_TEST" \

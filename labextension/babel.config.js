@@ -1,0 +1,1 @@
+module.exports = require('@jupyterlab/testing/lib/babel-config').default;

@@ -1,0 +1,204 @@
+/**
+ * The data layer against a fake `fetch`: URLs, methods, bodies and headers that reach the
+ * server, and errors that carry the server's own message.
+ */
+import { ServerConnection } from '@jupyterlab/services';
+
+import { errorMessage, FleetAPI, LabfleetError, serverNamePath } from '../api';
+
+const BASE = 'http://127.0.0.1:8000/user/alice/work/';
+
+interface ICall {
+  method: string;
+  path: string;
+  body: string;
+  headers: Headers;
+}
+
+/** A FleetAPI whose requests are answered by `reply` and recorded in `calls`. */
+function fake(reply: (call: ICall) => Response | Promise<Response>): {
+  api: FleetAPI;
+  calls: ICall[];
+} {
+  const calls: ICall[] = [];
+  const fetchFn = async (input: RequestInfo | URL, init?: RequestInit) => {
+    const req = input instanceof Request ? input : new Request(input as string, init);
+    const url = new URL(req.url);
+    const call: ICall = {
+      method: req.method,
+      path: url.pathname,
+      body: await req.text(),
+      headers: req.headers
+    };
+    calls.push(call);
+    return reply(call);
+  };
+  const settings = ServerConnection.makeSettings({
+    baseUrl: BASE,
+    token: '',
+    fetch: fetchFn as typeof fetch
+  });
+  return { api: new FleetAPI(settings), calls };
+}
+
+function json(data: unknown, status = 200): Response {
+  return new Response(JSON.stringify(data), {
+    status,
+    headers: { 'Content-Type': 'application/json' }
+  });
+}
+
+afterEach(() => {
+  document.cookie = '_xsrf=; expires=Thu, 01 Jan 1970 00:00:00 GMT';
+});
+
+describe('FleetAPI requests', () => {
+  it('asks the session endpoints under the server base URL', async () => {
+    const session = { name: 'work', user: 'alice', project: 'acme/ml' };
+    const { api, calls } = fake(() => json(session));
+    await expect(api.session()).resolves.toEqual(session);
+    await api.usage();
+    await api.mountedFolders();
+    await api.quota();
+    await api.apps();
+    await api.sessions();
+    expect(calls.map(c => `${c.method} ${c.path}`)).toEqual([
+      'GET /user/alice/work/labfleet/session',
+      'GET /user/alice/work/labfleet/usage',
+      'GET /user/alice/work/labfleet/vfolders',
+      'GET /user/alice/work/labfleet/quota',
+      'GET /user/alice/work/labfleet/apps',
+      'GET /user/alice/work/labfleet/sessions'
+    ]);
+  });
+
+  it('sends the XSRF cookie as a header and never a token', async () => {
+    document.cookie = '_xsrf=2|abc|def';
+    const { api, calls } = fake(() => json([]));
+    await api.sessions();
+    expect(calls[0].headers.get('X-XSRFToken')).toBe('2|abc|def');
+    expect(calls[0].headers.get('Authorization')).toBeNull();
+  });
+
+  it('posts spawn options as JSON to the named session', async () => {
+    const { api, calls } = fake(() => json({ name: 'exp-1', status: 'PENDING' }, 201));
+    const options = {
+      project: 'acme/ml',
+      type: 'interactive' as const,
+      image: 'local',
+      cpu: '2',
+      mem: '4g',
+      gpu: '0.5',
+      vfolders: ['data']
+    };
+    await expect(api.startSession('exp-1', options)).resolves.toEqual({
+      name: 'exp-1',
+      status: 'PENDING'
+    });
+    expect(calls[0].method).toBe('POST');
+    expect(calls[0].path).toBe('/user/alice/work/labfleet/sessions/exp-1');
+    expect(JSON.parse(calls[0].body)).toEqual(options);
+    expect(calls[0].headers.get('Content-Type')).toBe('application/json');
+  });
+
+  it('stops the default server as ~ and escapes other names', async () => {
+    const { api, calls } = fake(() => new Response(null, { status: 204 }));
+    await expect(api.stopSession('')).resolves.toBeNull();
+    await api.stopSession('a b');
+    expect(calls.map(c => `${c.method} ${c.path}`)).toEqual([
+      'DELETE /user/alice/work/labfleet/sessions/~',
+      'DELETE /user/alice/work/labfleet/sessions/a%20b'
+    ]);
+  });
+
+  it('reaches the labfleet service through the api proxy', async () => {
+    const { api, calls } = fake(() => json({}));
+    await api.launchOptions('alice');
+    await api.folders();
+    await api.createFolder({ name: 'data', usage_mode: 'general' });
+    await api.invite('f-1', 'bob', 'ro');
+    await api.invitations();
+    await api.answerInvitation('i-1', true);
+    await api.answerInvitation('i-2', false);
+    await api.storageHosts();
+    expect(calls.map(c => `${c.method} ${c.path} ${c.body}`)).toEqual([
+      'GET /user/alice/work/labfleet/api/users/alice/launch-options ',
+      'GET /user/alice/work/labfleet/api/vfolders ',
+      'POST /user/alice/work/labfleet/api/vfolders {"name":"data","usage_mode":"general"}',
+      'POST /user/alice/work/labfleet/api/vfolders/f-1/invitations {"invitee":"bob","permission":"ro"}',
+      'GET /user/alice/work/labfleet/api/vfolder-invitations ',
+      'POST /user/alice/work/labfleet/api/vfolder-invitations/i-1/accept {}',
+      'POST /user/alice/work/labfleet/api/vfolder-invitations/i-2/decline {}',
+      'GET /user/alice/work/labfleet/api/storage-hosts '
+    ]);
+  });
+});
+
+describe('FleetAPI errors', () => {
+  it("carries the server's message and status", async () => {
+    const { api } = fake(() =>
+      json({ message: 'project acme/ml has 0.5 GPU shares left; this asks 1' }, 403)
+    );
+    const err: LabfleetError = await api
+      .startSession('x', { project: 'acme/ml', type: 'interactive' })
+      .then(() => {
+        throw new Error('not refused');
+      })
+      .catch((e: LabfleetError) => e);
+    expect(err).toBeInstanceOf(LabfleetError);
+    expect(err.status).toBe(403);
+    expect(err.message).toBe('project acme/ml has 0.5 GPU shares left; this asks 1');
+  });
+
+  it('passes on a 502 from the proxy with its words', async () => {
+    const { api } = fake(() => json({ message: 'the labfleet service did not answer' }, 502));
+    await expect(api.folders()).rejects.toMatchObject({
+      status: 502,
+      message: 'the labfleet service did not answer'
+    });
+  });
+
+  it('does not show an HTML error page', async () => {
+    const { api } = fake(
+      () =>
+        new Response('<html><body>404: Not Found</body></html>', {
+          status: 404,
+          statusText: 'Not Found'
+        })
+    );
+    await expect(api.session()).rejects.toMatchObject({
+      status: 404,
+      message: '404 Not Found'
+    });
+  });
+
+  it('turns a network failure into an error with status 0', async () => {
+    const { api } = fake(() => {
+      throw new TypeError('Failed to fetch');
+    });
+    await expect(api.usage()).rejects.toMatchObject({ status: 0 });
+    await expect(api.usage()).rejects.toThrow(/cannot reach this session's server/);
+  });
+});
+
+describe('errorMessage', () => {
+  it('prefers message, then reason, then short text', () => {
+    expect(errorMessage(400, 'Bad Request', { message: ' cpu must be a number ' })).toBe(
+      'cpu must be a number'
+    );
+    expect(errorMessage(403, 'Forbidden', { reason: 'not yours' })).toBe('not yours');
+    expect(errorMessage(409, 'Conflict', 'already exists')).toBe('already exists');
+    expect(errorMessage(500, 'Internal Server Error', 'x'.repeat(400))).toBe(
+      '500 Internal Server Error'
+    );
+    expect(errorMessage(0, '', null)).toBe('the server did not answer');
+  });
+});
+
+describe('serverNamePath', () => {
+  it('names the default server ~', () => {
+    expect(serverNamePath('')).toBe('~');
+    expect(serverNamePath('work')).toBe('work');
+    expect(serverNamePath('a/b')).toBe('a%2Fb');
+  });
+});

@@ -1,0 +1,153 @@
+/** The sidebar's state against a fake API: what it asks, what it keeps when a request fails. */
+import { FleetAPI, LabfleetError } from '../api';
+import { FleetStore } from '../store';
+
+type Handler = (...args: any[]) => Promise<unknown>;
+
+/** A FleetAPI whose methods are the given handlers; every call is logged by name. */
+function fakeApi(handlers: Record<string, Handler>): { api: FleetAPI; log: string[] } {
+  const log: string[] = [];
+  const api = Object.create(FleetAPI.prototype) as FleetAPI;
+  const names = [
+    'session',
+    'usage',
+    'mountedFolders',
+    'quota',
+    'apps',
+    'sessions',
+    'startSession',
+    'stopSession',
+    'launchOptions',
+    'folders',
+    'createFolder',
+    'invite',
+    'invitations',
+    'answerInvitation',
+    'storageHosts'
+  ];
+  for (const name of names) {
+    (api as any)[name] = (...args: unknown[]) => {
+      log.push(args.length ? `${name}(${args.map(a => JSON.stringify(a)).join(',')})` : name);
+      return (handlers[name] ?? (async () => []))(...args);
+    };
+  }
+  return { api, log };
+}
+
+const SESSION = {
+  id: 's1',
+  name: 'work',
+  user: 'alice',
+  type: 'interactive',
+  project: 'acme/ml',
+  domain: 'acme',
+  time_left: 100,
+  uptime: 10
+};
+
+describe('FleetStore', () => {
+  it('asks what the open sections show, side by side', async () => {
+    const { api, log } = fakeApi({ session: async () => SESSION });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    let changes = 0;
+    store.changed.connect(() => changes++);
+    await store.refresh();
+    expect(log.sort()).toEqual(
+      ['apps', 'folders', 'invitations', 'mountedFolders', 'quota', 'session', 'sessions'].sort()
+    );
+    expect(store.data.session?.project).toBe('acme/ml');
+    expect(changes).toBe(7);
+  });
+
+  it('stops asking for a closed section', async () => {
+    const { api, log } = fakeApi({ session: async () => SESSION });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    await store.refresh();
+    store.toggle('folders');
+    store.toggle('apps');
+    store.toggle('quota');
+    log.length = 0;
+    await store.refresh();
+    expect(log.sort()).toEqual(['session', 'sessions']);
+    expect(store.isOpen('folders')).toBe(false);
+  });
+
+  it("keeps the last good answer and the failure's words", async () => {
+    let fail = false;
+    const { api } = fakeApi({
+      session: async () => SESSION,
+      quota: async () => {
+        if (fail) {
+          throw new LabfleetError('the labfleet service did not answer', 502);
+        }
+        return { keypair: null, project: null, domain: null, project_name: 'acme/ml' };
+      }
+    });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    await store.refresh();
+    expect(store.errors.quota).toBeUndefined();
+    fail = true;
+    await store.refresh();
+    expect(store.errors.quota).toBe('the labfleet service did not answer');
+    expect(store.data.quota?.project_name).toBe('acme/ml');
+    fail = false;
+    await store.refresh();
+    expect(store.errors.quota).toBeUndefined();
+  });
+
+  it('asks launch options for the user the session names', async () => {
+    const { api, log } = fakeApi({
+      session: async () => ({ ...SESSION, user: 'alice@example.org' })
+    });
+    const store = new FleetStore(api, { user: '', serverName: 'work' });
+    await store.fetch('session');
+    store.newSessionOpen = true;
+    await store.loadLaunchOptions();
+    expect(log).toContain('launchOptions("alice@example.org")');
+    expect(store.isOpen('sessions')).toBe(true);
+  });
+
+  it('refreshes sessions and quota after a start, and lets a refusal through', async () => {
+    const { api, log } = fakeApi({
+      startSession: async (name: string) => {
+        if (name === 'big') {
+          throw new LabfleetError('keypair quota: 0 GPU left, this asks 1', 403);
+        }
+        return { name };
+      }
+    });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    await store.startSession('exp', { project: 'acme/ml', type: 'interactive' });
+    expect(log).toEqual([
+      'startSession("exp",{"project":"acme/ml","type":"interactive"})',
+      'sessions',
+      'quota'
+    ]);
+    await expect(
+      store.startSession('big', { project: 'acme/ml', type: 'interactive', gpu: '1' })
+    ).rejects.toThrow('keypair quota: 0 GPU left, this asks 1');
+  });
+
+  it('stops this session by its own server name', async () => {
+    const { api, log } = fakeApi({});
+    const store = new FleetStore(api, { user: 'alice', serverName: '' });
+    await store.stopThisSession();
+    expect(log).toEqual(['stopSession("")']);
+  });
+
+  it('refreshes folders and invitations after answering one', async () => {
+    const { api, log } = fakeApi({});
+    const store = new FleetStore(api, { user: 'bob', serverName: 'work' });
+    await store.answerInvitation('i-1', true);
+    expect(log.sort()).toEqual(['answerInvitation("i-1",true)', 'folders', 'invitations']);
+  });
+
+  it('counts time from when the session answered', async () => {
+    let now = 1000;
+    const { api } = fakeApi({ session: async () => SESSION });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work', now: () => now });
+    await store.fetch('session');
+    now = 4000;
+    expect((store.now() - store.sessionReceivedAt) / 1000).toBe(3);
+  });
+});

@@ -1,0 +1,203 @@
+/**
+ * Typed requests to the session's server extension (`<base url>labfleet/...`).
+ *
+ * Everything goes through `ServerConnection.makeRequest`: JupyterLab adds the XSRF header and
+ * the login cookie does the rest, so the page never holds a token.  The labfleet service is
+ * reached through the extension's proxy (`labfleet/api/<path>`), which calls it with the
+ * session's own Hub token.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import type {
+  IApp,
+  IFolder,
+  IFolderCreate,
+  IInvitation,
+  ILaunchOptions,
+  IMountedFolder,
+  IQuota,
+  ISessionInfo,
+  ISessionSummary,
+  ISpawnOptions,
+  IStorageHost,
+  IUsage
+} from './types';
+
+/** A refused or failed request; `message` is the server's own words where it gave some. */
+export class LabfleetError extends Error {
+  constructor(
+    message: string,
+    readonly status: number
+  ) {
+    super(message);
+    this.name = 'LabfleetError';
+  }
+}
+
+const MAX_TEXT_MESSAGE = 300;
+
+/** The message a person should read for a failed response. */
+export function errorMessage(status: number, statusText: string, body: unknown): string {
+  if (body && typeof body === 'object') {
+    const b = body as Record<string, unknown>;
+    // Jupyter server errors carry `message` and sometimes `reason`.
+    for (const key of ['message', 'reason', 'error']) {
+      const v = b[key];
+      if (typeof v === 'string' && v.trim()) {
+        return v.trim();
+      }
+    }
+  }
+  if (typeof body === 'string') {
+    const text = body.trim();
+    // A short plain-text answer is worth showing; an HTML error page is not.
+    if (text && !text.startsWith('<') && text.length <= MAX_TEXT_MESSAGE) {
+      return text;
+    }
+  }
+  if (status === 0) {
+    return 'the server did not answer';
+  }
+  return `${status} ${statusText || 'error'}`.trim();
+}
+
+/** A server name as a path component: the default server ("") is `~`. */
+export function serverNamePath(name: string): string {
+  return name === '' ? '~' : encodeURIComponent(name);
+}
+
+export class FleetAPI {
+  /**
+   * @param settings the server connection; tests pass one with their own `fetch`.
+   */
+  constructor(settings?: ServerConnection.ISettings) {
+    this._settings = settings ?? ServerConnection.makeSettings();
+  }
+
+  get settings(): ServerConnection.ISettings {
+    return this._settings;
+  }
+
+  /** The URL of `labfleet/<path>` on this session's server. */
+  url(path: string): string {
+    return URLExt.join(this._settings.baseUrl, 'labfleet', path);
+  }
+
+  /** One request; resolves to the parsed JSON answer (null for an empty body). */
+  async request<T>(path: string, init: RequestInit = {}, body?: unknown): Promise<T> {
+    const req: RequestInit = { ...init };
+    if (body !== undefined) {
+      req.body = JSON.stringify(body);
+      req.headers = { 'Content-Type': 'application/json', ...init.headers };
+    }
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(this.url(path), req, this._settings);
+    } catch (e) {
+      const why = e instanceof Error ? e.message : String(e);
+      throw new LabfleetError(`cannot reach this session's server: ${why}`, 0);
+    }
+    let text = '';
+    try {
+      text = await response.text();
+    } catch {
+      text = '';
+    }
+    let data: unknown = null;
+    if (text) {
+      try {
+        data = JSON.parse(text);
+      } catch {
+        data = text;
+      }
+    }
+    if (!response.ok) {
+      throw new LabfleetError(
+        errorMessage(response.status, response.statusText, data),
+        response.status
+      );
+    }
+    return data as T;
+  }
+
+  // ------------------------------------------------------------ this session (server extension)
+
+  session(): Promise<ISessionInfo> {
+    return this.request('session');
+  }
+
+  usage(): Promise<IUsage> {
+    return this.request('usage');
+  }
+
+  mountedFolders(): Promise<IMountedFolder[]> {
+    return this.request('vfolders');
+  }
+
+  quota(): Promise<IQuota> {
+    return this.request('quota');
+  }
+
+  apps(): Promise<IApp[]> {
+    return this.request('apps');
+  }
+
+  // ------------------------------------------------------------ my sessions
+
+  sessions(): Promise<ISessionSummary[]> {
+    return this.request('sessions');
+  }
+
+  startSession(name: string, options: ISpawnOptions): Promise<unknown> {
+    return this.request(`sessions/${serverNamePath(name)}`, { method: 'POST' }, options);
+  }
+
+  stopSession(name: string): Promise<unknown> {
+    return this.request(`sessions/${serverNamePath(name)}`, {
+      method: 'DELETE'
+    });
+  }
+
+  // ------------------------------------------------------------ the labfleet service, via the proxy
+
+  launchOptions(user: string): Promise<ILaunchOptions> {
+    return this.request(`api/users/${encodeURIComponent(user)}/launch-options`);
+  }
+
+  folders(): Promise<IFolder[]> {
+    return this.request('api/vfolders');
+  }
+
+  createFolder(body: IFolderCreate): Promise<IFolder> {
+    return this.request('api/vfolders', { method: 'POST' }, body);
+  }
+
+  invite(folderId: string, invitee: string, permission: string): Promise<IInvitation> {
+    return this.request(
+      `api/vfolders/${encodeURIComponent(folderId)}/invitations`,
+      { method: 'POST' },
+      { invitee, permission }
+    );
+  }
+
+  /** Pending invitations I received or sent. */
+  invitations(): Promise<IInvitation[]> {
+    return this.request('api/vfolder-invitations');
+  }
+
+  answerInvitation(id: string, accept: boolean): Promise<IInvitation> {
+    const action = accept ? 'accept' : 'decline';
+    return this.request(
+      `api/vfolder-invitations/${encodeURIComponent(id)}/${action}`,
+      { method: 'POST' },
+      {}
+    );
+  }
+
+  storageHosts(): Promise<IStorageHost[]> {
+    return this.request('api/storage-hosts');
+  }
+
+  private _settings: ServerConnection.ISettings;
+}

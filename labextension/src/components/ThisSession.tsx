@@ -1,0 +1,94 @@
+/** "This session": what runs here, on which devices, for how long, and a stop button. */
+import { Button } from '@jupyterlab/ui-components';
+import * as React from 'react';
+
+import { deviceLabel, formatDuration, formatSlots, timeLeftLevel, timeLeftNow } from '../model';
+import type { FleetStore } from '../store';
+import { Empty, ErrorNote, Item } from './common';
+
+export function ThisSession(props: { store: FleetStore; onStop: () => void }): JSX.Element {
+  const { store } = props;
+  const s = store.data.session;
+  const error = store.errors.session;
+  if (!s) {
+    return (
+      <>
+        <ErrorNote message={error} testid="lf-error-session" />
+        {error ? null : <Empty>Loading…</Empty>}
+      </>
+    );
+  }
+  const elapsed = (store.now() - store.sessionReceivedAt) / 1000;
+  const left = timeLeftNow(s.time_left, elapsed);
+  const uptime = s.uptime === null ? null : s.uptime + Math.max(elapsed, 0);
+  const level = timeLeftLevel(left, s.max_lifetime);
+  return (
+    <div className="lf-this-session" data-testid="lf-this-session">
+      <ErrorNote message={error} testid="lf-error-session" />
+      <dl className="lf-facts">
+        <Item label="Project" testid="lf-this-project">
+          {s.project ?? '–'}
+        </Item>
+        <Item label="Type" testid="lf-this-type">
+          {s.type}
+          {s.status && s.status !== 'RUNNING' ? ` (${s.status})` : ''}
+        </Item>
+        <Item label="Image" testid="lf-this-image">
+          {s.image ?? '–'}
+        </Item>
+        <Item label="Resources" testid="lf-this-resources">
+          {formatSlots(s.slots)}
+          {s.resource_group ? ` in ${s.resource_group}` : ''}
+        </Item>
+        <Item label="Devices" testid="lf-this-devices">
+          {s.devices?.length ? (
+            <ul className="lf-devices">
+              {s.devices.map(d => (
+                <li key={d.uuid ?? d.index} className="lf-device">
+                  {deviceLabel(d)}
+                </li>
+              ))}
+            </ul>
+          ) : (
+            'no GPU'
+          )}
+        </Item>
+        <Item label="Uptime" testid="lf-this-uptime">
+          {uptime === null ? '–' : formatDuration(uptime)}
+        </Item>
+        <Item label="Time left" testid="lf-this-time-left">
+          <span className={`lf-level-text lf-level-${level}`}>{formatDuration(left)}</span>
+        </Item>
+      </dl>
+      {s.service && s.service !== 'ok' ? (
+        <div className="lf-note" data-testid="lf-this-service">
+          The labfleet service did not answer: {s.service}
+        </div>
+      ) : null}
+      {s.runner ? (
+        <div className="lf-note" data-testid="lf-this-runner">
+          {s.type} command: {s.runner.state ?? 'unknown'}
+          {s.runner.exit_code !== null && s.runner.exit_code !== undefined
+            ? ` (exit code ${s.runner.exit_code})`
+            : ''}
+        </div>
+      ) : null}
+      {s.inference?.url ? (
+        <div className="lf-note" data-testid="lf-this-inference">
+          Endpoint {s.inference.ready ? 'ready' : 'starting'}: <code>{s.inference.url}</code>
+        </div>
+      ) : null}
+      <div className="lf-actions">
+        <Button
+          className="lf-danger"
+          data-testid="lf-stop-this"
+          small
+          onClick={props.onStop}
+          title="Stop this session (asks first)"
+        >
+          Stop this session
+        </Button>
+      </div>
+    </div>
+  );
+}

@@ -1,0 +1,110 @@
+/** Small building blocks of the sidebar: collapsible sections, usage bars, error notes. */
+import { caretDownIcon, caretRightIcon } from '@jupyterlab/ui-components';
+import * as React from 'react';
+
+import type { Level } from '../model';
+
+export function Section(props: {
+  id: string;
+  title: string;
+  open: boolean;
+  onToggle: () => void;
+  /** Shown at the right of the header, e.g. a count. */
+  badge?: string;
+  children?: React.ReactNode;
+}): JSX.Element {
+  const Caret = props.open ? caretDownIcon : caretRightIcon;
+  return (
+    <section
+      className={`lf-section${props.open ? ' lf-open' : ''}`}
+      data-testid={`lf-section-${props.id}`}
+    >
+      <button
+        type="button"
+        className="lf-section-header"
+        data-testid={`lf-section-toggle-${props.id}`}
+        aria-expanded={props.open}
+        onClick={props.onToggle}
+      >
+        <Caret.react tag="span" className="lf-caret" />
+        <span className="lf-section-title">{props.title}</span>
+        {props.badge ? <span className="lf-section-badge">{props.badge}</span> : null}
+      </button>
+      {props.open ? <div className="lf-section-body">{props.children}</div> : null}
+    </section>
+  );
+}
+
+/** A usage bar: `fraction` of it filled, coloured by level. */
+export function Bar(props: {
+  label: string;
+  fraction: number;
+  level: Level;
+  /** e.g. "1.5 of 4 cores" */
+  text: string;
+  testid?: string;
+}): JSX.Element {
+  const pct = Math.round(Math.min(Math.max(props.fraction, 0), 1) * 100);
+  const bounded = props.level !== 'unlimited';
+  return (
+    <div
+      className={`lf-bar lf-level-${props.level}`}
+      role="progressbar"
+      aria-label={props.label}
+      aria-valuemin={0}
+      aria-valuemax={100}
+      aria-valuenow={bounded ? pct : undefined}
+      aria-valuetext={props.text}
+      data-testid={props.testid}
+      data-level={props.level}
+      title={`${props.label}: ${props.text}`}
+    >
+      <div className="lf-bar-fill" style={{ width: `${bounded ? pct : 0}%` }} />
+    </div>
+  );
+}
+
+export function ErrorNote(props: { message?: string | null; testid?: string }): JSX.Element | null {
+  if (!props.message) {
+    return null;
+  }
+  return (
+    <div className="lf-error" role="alert" data-testid={props.testid}>
+      {props.message}
+    </div>
+  );
+}
+
+export function Empty(props: { children: React.ReactNode }): JSX.Element {
+  return <div className="lf-empty">{props.children}</div>;
+}
+
+/** A labelled row of a definition list. */
+export function Item(props: {
+  label: string;
+  testid: string;
+  children: React.ReactNode;
+}): JSX.Element {
+  return (
+    <>
+      <dt>{props.label}</dt>
+      <dd data-testid={props.testid}>{props.children}</dd>
+    </>
+  );
+}
+
+/** A form field: label above its input. */
+export function Field(props: {
+  label: string;
+  htmlFor?: string;
+  error?: string;
+  children: React.ReactNode;
+}): JSX.Element {
+  return (
+    <div className={`lf-field${props.error ? ' lf-field-invalid' : ''}`}>
+      <label htmlFor={props.htmlFor}>{props.label}</label>
+      {props.children}
+      {props.error ? <div className="lf-field-error">{props.error}</div> : null}
+    </div>
+  );
+}

@@ -1,0 +1,228 @@
+/**
+ * labfleet in JupyterLab: the "Fleet" sidebar, the usage status bar item, commands and
+ * settings.  Data comes from the session's server extension (api.ts); this file wires it
+ * into the application: dialogs, the file browser, new tabs.
+ */
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  Dialog,
+  ICommandPalette,
+  InputDialog,
+  showDialog,
+  showErrorMessage
+} from '@jupyterlab/apputils';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { Signal } from '@lumino/signaling';
+
+import { FleetAPI } from './api';
+import { fleetIcon } from './icons';
+import { sessionDisplayName } from './model';
+import { FleetSidebar, type IFleetActions } from './sidebar';
+import { UsageStatus } from './statusbar';
+import { FleetStore } from './store';
+import type { ISessionSummary } from './types';
+
+const PLUGIN_ID = '@labfleet/labextension:plugin';
+
+export namespace CommandIDs {
+  export const show = 'labfleet:show';
+  export const newSession = 'labfleet:new-session';
+  export const stopThis = 'labfleet:stop-this-session';
+  export const openFolder = 'labfleet:open-folder';
+  export const refresh = 'labfleet:refresh';
+}
+
+const PALETTE_CATEGORY = 'Fleet';
+const DEFAULT_INTERVAL_S = 5;
+
+/** Ask, then stop a session; a refusal from the service rejects with its message. */
+async function confirmStop(name: string, here: boolean): Promise<boolean> {
+  const result = await showDialog({
+    title: here ? 'Stop this session?' : `Stop session ${sessionDisplayName(name)}?`,
+    body: here
+      ? 'Everything running in this session stops (kernels, terminals, apps) and this page ' +
+        'loses its server. Files in your folders stay.'
+      : 'Everything running in it stops. Files in your folders stay.',
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop session' })]
+  });
+  return result.button.accept;
+}
+
+function activate(
+  app: JupyterFrontEnd,
+  settingRegistry: ISettingRegistry | null,
+  palette: ICommandPalette | null,
+  statusBar: IStatusBar | null,
+  restorer: ILayoutRestorer | null
+): void {
+  const api = new FleetAPI();
+  const store = new FleetStore(api, {
+    user: PageConfig.getOption('hubUser'),
+    serverName: PageConfig.getOption('hubServerName')
+  });
+  const intervalMs = DEFAULT_INTERVAL_S * 1000;
+
+  const actions: IFleetActions = {
+    stopThisSession: async () => {
+      if (!(await confirmStop(store.serverName, true))) {
+        return;
+      }
+      try {
+        await store.stopThisSession();
+      } catch (e) {
+        await showErrorMessage('Could not stop this session', (e as Error).message);
+        return;
+      }
+      // The server is going away: go to the Hub's home page, where the user sees it stop.
+      const hubPrefix = PageConfig.getOption('hubPrefix');
+      if (hubPrefix) {
+        window.location.href = URLExt.join(hubPrefix, 'home');
+      }
+    },
+    stopSession: async (s: ISessionSummary) => {
+      if (s.current || s.name === store.serverName) {
+        return actions.stopThisSession();
+      }
+      if (await confirmStop(s.name, false)) {
+        await store.stopSession(s.name);
+      }
+    },
+    openSession: (s: ISessionSummary) => {
+      if (s.url) {
+        window.open(s.url, '_blank');
+      }
+    },
+    openFolder: (path: string) => {
+      void app.commands.execute('filebrowser:open-path', { path });
+    },
+    openApp: service => {
+      window.open(service.url, '_blank');
+    }
+  };
+
+  const sidebar = new FleetSidebar(store, actions, intervalMs);
+  app.shell.add(sidebar, 'left', { rank: 850 });
+  if (restorer) {
+    restorer.add(sidebar, sidebar.id);
+  }
+
+  let usage: UsageStatus | null = null;
+  let showStatus = true;
+  const statusChanged = new Signal<FleetStore, void>(store);
+  if (statusBar) {
+    usage = new UsageStatus(api, intervalMs, () => app.shell.activateById(sidebar.id));
+    statusBar.registerStatusItem('@labfleet/labextension:usage', {
+      item: usage,
+      align: 'left',
+      rank: 5,
+      isActive: () => showStatus,
+      activeStateChanged: statusChanged
+    });
+  }
+
+  const { commands } = app;
+  commands.addCommand(CommandIDs.show, {
+    label: 'Show the Fleet panel',
+    icon: fleetIcon,
+    execute: () => app.shell.activateById(sidebar.id)
+  });
+  commands.addCommand(CommandIDs.refresh, {
+    label: 'Refresh the Fleet panel',
+    execute: () => sidebar.refresh()
+  });
+  commands.addCommand(CommandIDs.newSession, {
+    label: 'New session…',
+    caption: 'Start another labfleet session (project, image, resources)',
+    icon: fleetIcon,
+    execute: () => {
+      app.shell.activateById(sidebar.id);
+      store.newSessionOpen = true;
+    }
+  });
+  commands.addCommand(CommandIDs.stopThis, {
+    label: 'Stop this session…',
+    caption: 'Stop the labfleet session this Lab runs in (asks first)',
+    execute: () => actions.stopThisSession()
+  });
+  commands.addCommand(CommandIDs.openFolder, {
+    label: args => (args.name ? `Open folder ${args.name}` : 'Open a mounted folder…'),
+    caption: 'Show a virtual folder mounted in this session in the file browser',
+    execute: async args => {
+      let name = (args.name as string | undefined) ?? '';
+      if (!name) {
+        let mounted: string[];
+        try {
+          mounted = (await api.mountedFolders()).map(m => m.name);
+        } catch (e) {
+          await showErrorMessage('Could not list the mounted folders', (e as Error).message);
+          return;
+        }
+        if (!mounted.length) {
+          await showErrorMessage('No folders', 'No virtual folder is mounted in this session.');
+          return;
+        }
+        const choice = await InputDialog.getItem({
+          title: 'Open a mounted folder',
+          items: mounted
+        });
+        if (!choice.button.accept || !choice.value) {
+          return;
+        }
+        name = choice.value;
+      }
+      actions.openFolder(`vfolders/${name}`);
+    }
+  });
+  if (palette) {
+    for (const command of [
+      CommandIDs.show,
+      CommandIDs.newSession,
+      CommandIDs.stopThis,
+      CommandIDs.openFolder,
+      CommandIDs.refresh
+    ]) {
+      palette.addItem({ command, category: PALETTE_CATEGORY });
+    }
+  }
+
+  if (settingRegistry) {
+    const apply = (settings: ISettingRegistry.ISettings) => {
+      const seconds = Number(settings.get('refreshInterval').composite);
+      const ms = (Number.isFinite(seconds) && seconds > 0 ? seconds : DEFAULT_INTERVAL_S) * 1000;
+      sidebar.intervalMs = ms;
+      if (usage) {
+        usage.intervalMs = ms;
+      }
+      const ratio = Number(settings.get('quotaWarnRatio').composite);
+      if (Number.isFinite(ratio) && ratio > 0) {
+        store.warnRatio = ratio;
+      }
+      const show = settings.get('showStatusBar').composite !== false;
+      if (show !== showStatus) {
+        showStatus = show;
+        statusChanged.emit();
+      }
+    };
+    Promise.all([settingRegistry.load(PLUGIN_ID), app.restored])
+      .then(([settings]) => {
+        apply(settings);
+        settings.changed.connect(apply);
+      })
+      .catch(reason => {
+        console.error('labfleet: cannot load the settings', reason);
+      });
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: PLUGIN_ID,
+  description:
+    'labfleet: this session, quotas, sessions, folders and apps; GPU use in the status bar.',
+  autoStart: true,
+  optional: [ISettingRegistry, ICommandPalette, IStatusBar, ILayoutRestorer],
+  activate
+};
+
+export default plugin;

@@ -1,0 +1,580 @@
+/**
+ * Pure helpers for the sidebar and the status bar: formatting, quota levels, the cost of a
+ * new session against what is left.  No DOM, no requests: the unit tests cover these.
+ */
+import type {
+  IDevice,
+  IFolder,
+  IGpuUsage,
+  IQuotaScope,
+  ISessionSummary,
+  IUsage,
+  Slots,
+  SlotsLeft
+} from './types';
+
+/** The order slots are shown in; others follow by name. */
+export const SLOT_ORDER = ['cpu', 'mem', 'gpu', 'gpu.shares'];
+
+/** At this fraction of a limit a bar turns to a warning. */
+export const DEFAULT_WARN_RATIO = 0.8;
+
+/** The smallest share of a GPU (spawner/options.py GPU_QUANTUM). */
+export const GPU_QUANTUM = 0.01;
+
+// Amounts are compared with a little slack: slot amounts come as decimals (0.01 shares).
+const EPSILON = 1e-9;
+
+export function toNumber(value: unknown): number | null {
+  if (typeof value === 'number') {
+    return Number.isFinite(value) ? value : null;
+  }
+  if (typeof value === 'string' && value.trim() !== '') {
+    const n = Number(value);
+    return Number.isFinite(n) ? n : null;
+  }
+  return null;
+}
+
+/** A number with at most `digits` decimals and no trailing zeros: 0.5, 2, 1.25. */
+export function formatNumber(n: number, digits = 2): string {
+  const f = 10 ** digits;
+  const rounded = Math.round(n * f) / f;
+  return String(Object.is(rounded, -0) ? 0 : rounded);
+}
+
+const BYTE_UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+
+/** Bytes in binary units: `0 B`, `512 MiB`, `1.5 GiB`. */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) {
+    return '–';
+  }
+  const sign = bytes < 0 ? '-' : '';
+  let n = Math.abs(bytes);
+  let unit = 0;
+  while (n >= 1024 && unit < BYTE_UNITS.length - 1) {
+    n /= 1024;
+    unit += 1;
+  }
+  const digits = unit === 0 ? 0 : n < 10 ? 2 : n < 100 ? 1 : 0;
+  return `${sign}${formatNumber(n, digits)} ${BYTE_UNITS[unit]}`;
+}
+
+/** The base kind of a slot name: `gpu.shares:A100` → `gpu.shares`. */
+export function baseSlot(slot: string): string {
+  return slot.split(':', 1)[0];
+}
+
+export function slotLabel(slot: string): string {
+  const [base, model] = slot.split(':', 2);
+  const label =
+    {
+      cpu: 'CPU',
+      mem: 'Memory',
+      gpu: 'GPU',
+      'gpu.shares': 'GPU shares'
+    }[base] ?? base;
+  return model ? `${label} (${model})` : label;
+}
+
+/** An amount of a slot for a person: memory in bytes units, CPU in cores, GPUs as counts. */
+export function formatSlot(slot: string, amount: unknown): string {
+  const n = toNumber(amount);
+  if (n === null) {
+    return amount === null || amount === undefined ? '–' : String(amount);
+  }
+  switch (baseSlot(slot)) {
+    case 'mem':
+      return formatBytes(n);
+    case 'cpu':
+      return `${formatNumber(n, 3)} ${n === 1 ? 'core' : 'cores'}`;
+    case 'gpu':
+      return `${formatNumber(n)} ${n === 1 ? 'GPU' : 'GPUs'}`;
+    case 'gpu.shares':
+      return formatNumber(n);
+    default:
+      return formatNumber(n, 3);
+  }
+}
+
+/**
+ * Use against a limit in few words: `3.5 / 4 cores · 0.5 left`, `1 GiB / 8 GiB · 7 GiB left`,
+ * `1 core used · no limit`.
+ */
+export function formatQuotaRow(r: Pick<IQuotaRow, 'slot' | 'used' | 'limit' | 'left'>): string {
+  if (r.limit === null) {
+    return `${formatSlot(r.slot, r.used)} used · no limit`;
+  }
+  const base = baseSlot(r.slot);
+  // Counts share the limit's unit: "3.5 / 4 cores"; sizes keep their own: "1 GiB / 8 GiB".
+  const amount = (n: number) => (base === 'mem' ? formatSlot(r.slot, n) : formatNumber(n, 3));
+  return `${amount(r.used)} / ${formatSlot(r.slot, r.limit)} · ${amount(r.left ?? 0)} left`;
+}
+
+/** `{cpu: 1, mem: 1g}` → `1 core, 1 GiB`. */
+export function formatSlots(slots: Slots | null | undefined): string {
+  if (!slots) {
+    return '–';
+  }
+  const names = sortSlots(Object.keys(slots));
+  if (!names.length) {
+    return '–';
+  }
+  return names
+    .map(s =>
+      baseSlot(s) === 'gpu.shares' ? `${formatSlot(s, slots[s])} GPU` : formatSlot(s, slots[s])
+    )
+    .join(', ');
+}
+
+export function sortSlots(names: Iterable<string>): string[] {
+  const rank = (s: string) => {
+    const i = SLOT_ORDER.indexOf(baseSlot(s));
+    return i < 0 ? SLOT_ORDER.length : i;
+  };
+  return [...new Set(names)].sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+}
+
+/** "0.5 of GPU 0 (A100-80GB)", or "GPU 1 (A100-80GB)" for a whole device. */
+export function deviceLabel(d: Pick<IDevice, 'index' | 'model' | 'shares'>): string {
+  const name = `GPU ${d.index}${d.model ? ` (${d.model})` : ''}`;
+  const shares = toNumber(d.shares);
+  if (shares === null || shares >= 1 - EPSILON) {
+    return name;
+  }
+  return `${formatNumber(shares)} of ${name}`;
+}
+
+/** Seconds for a person: `42s`, `5m 3s`, `2h 5m`, `3d 4h`. */
+export function formatDuration(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) {
+    return 'no limit';
+  }
+  const s = Math.max(0, Math.floor(seconds));
+  const d = Math.floor(s / 86400);
+  const h = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const sec = s % 60;
+  if (d > 0) {
+    return h ? `${d}d ${h}h` : `${d}d`;
+  }
+  if (h > 0) {
+    return m ? `${h}h ${m}m` : `${h}h`;
+  }
+  if (m > 0) {
+    return sec ? `${m}m ${sec}s` : `${m}m`;
+  }
+  return `${sec}s`;
+}
+
+/**
+ * Time left before a session's max lifetime, `elapsed` seconds after the server said
+ * `timeLeft` (the panel counts down between polls).  `null`: no limit.
+ */
+export function timeLeftNow(timeLeft: number | null | undefined, elapsed: number): number | null {
+  if (timeLeft === null || timeLeft === undefined) {
+    return null;
+  }
+  return Math.max(0, timeLeft - Math.max(0, elapsed));
+}
+
+/** `warn` when less than 10 % of the lifetime or 15 minutes is left, `over` at zero. */
+export function timeLeftLevel(timeLeft: number | null, maxLifetime: number | null): Level {
+  if (timeLeft === null) {
+    return 'unlimited';
+  }
+  if (timeLeft <= 0) {
+    return 'over';
+  }
+  const soon = Math.max(15 * 60, (maxLifetime ?? 0) * 0.1);
+  return timeLeft <= soon ? 'warn' : 'ok';
+}
+
+/**
+ * ok / warn / over: how close `used` is to `limit`.  `unlimited` when there is no limit,
+ * `none` when the limit is zero and nothing is used (the slot is simply not granted).
+ */
+export type Level = 'ok' | 'warn' | 'over' | 'unlimited' | 'none';
+
+export function quotaLevel(
+  used: number,
+  limit: number | null,
+  warnRatio = DEFAULT_WARN_RATIO
+): Level {
+  if (limit === null) {
+    return 'unlimited';
+  }
+  if (limit <= 0) {
+    return used > EPSILON ? 'over' : 'none';
+  }
+  if (used >= limit - EPSILON) {
+    return 'over';
+  }
+  return used >= limit * warnRatio - EPSILON ? 'warn' : 'ok';
+}
+
+export interface IQuotaRow {
+  slot: string;
+  used: number;
+  /** null: no limit */
+  limit: number | null;
+  /** null: no limit */
+  left: number | null;
+  /** used / limit, clamped to [0, 1]; 0 without a limit */
+  fraction: number;
+  level: Level;
+}
+
+/**
+ * One row per slot of a quota scope (`GET labfleet/quota`).  A slot the scope does not name
+ * follows `unspecified`: no limit when UNLIMITED, none left when LIMITED.
+ */
+export function quotaRows(scope: IQuotaScope, warnRatio = DEFAULT_WARN_RATIO): IQuotaRow[] {
+  const names = sortSlots([
+    ...Object.keys(scope.limit ?? {}),
+    ...Object.keys(scope.used ?? {}),
+    ...Object.keys(scope.left ?? {})
+  ]);
+  const unlimited = scope.unspecified !== 'LIMITED';
+  return names.map(slot => {
+    const used = toNumber(scope.used?.[slot]) ?? 0;
+    let limit: number | null =
+      slot in (scope.limit ?? {}) ? toNumber(scope.limit[slot]) : unlimited ? null : 0;
+    const leftRaw = scope.left?.[slot];
+    let left: number | null;
+    if (leftRaw === null) {
+      // The server's word: nothing limits this slot.
+      limit = null;
+      left = null;
+    } else {
+      left = toNumber(leftRaw) ?? (limit === null ? null : Math.max(limit - used, 0));
+    }
+    const fraction =
+      limit === null ? 0 : limit <= 0 ? (used > 0 ? 1 : 0) : Math.min(Math.max(used / limit, 0), 1);
+    return {
+      slot,
+      used,
+      limit,
+      left,
+      fraction,
+      level: quotaLevel(used, limit, warnRatio)
+    };
+  });
+}
+
+// ---------------------------------------------------------------- a new session's cost
+
+const MEM_RE = /^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$/i;
+const MEM_UNITS: Record<string, number> = {
+  '': 1,
+  k: 2 ** 10,
+  m: 2 ** 20,
+  g: 2 ** 30,
+  t: 2 ** 40
+};
+
+/** Bytes from `8g`, `512m`, `1.5GiB` or plain bytes, as the spawner reads them; throws a message. */
+export function parseMem(value: string, what = 'memory'): number {
+  const m = MEM_RE.exec(value);
+  if (!m) {
+    throw new Error(`${what} must be a size like 8g or 512m, not "${value}"`);
+  }
+  const bytes = Math.floor(Number(m[1]) * MEM_UNITS[m[2].toLowerCase()]);
+  if (bytes <= 0) {
+    throw new Error(`${what} must be more than 0`);
+  }
+  return bytes;
+}
+
+/** Bytes as a form value: `2g`, `512m`, or plain bytes when no unit divides them. */
+export function memInput(bytes: number): string {
+  for (const unit of ['t', 'g', 'm', 'k']) {
+    const size = MEM_UNITS[unit];
+    if (bytes >= size && bytes % size === 0) {
+      return `${bytes / size}${unit}`;
+    }
+  }
+  return String(Math.floor(bytes));
+}
+
+/** Is `n` a multiple of `quantum` (within float noise)? */
+function onStep(n: number, quantum: number): boolean {
+  const steps = n / quantum;
+  return Math.abs(steps - Math.round(steps)) < 1e-6;
+}
+
+export interface IChoice {
+  cpu: string;
+  mem: string;
+  gpu: string;
+}
+
+export interface IRequested {
+  /** What the service charges against quotas (a whole GPU counts as a share too). */
+  charged: Record<string, number>;
+  /** Input problems, one message per field. */
+  errors: Record<string, string>;
+}
+
+/**
+ * The slots a form choice asks for.  Empty fields ask nothing (the service's defaults apply).
+ * Whole GPUs are charged as `gpu` and as `gpu.shares` (hub_ext/slots.py `charged`), a fraction
+ * as `gpu.shares` only.
+ */
+export function requestedSlots(choice: IChoice): IRequested {
+  const charged: Record<string, number> = {};
+  const errors: Record<string, string> = {};
+  const cpu = choice.cpu.trim();
+  if (cpu) {
+    const n = Number(cpu);
+    if (!Number.isFinite(n) || n <= 0) {
+      errors.cpu = `CPU must be a number of cores above 0, not "${cpu}"`;
+    } else if (!onStep(n, 0.001)) {
+      errors.cpu = 'CPU takes steps of 0.001';
+    } else {
+      charged.cpu = n;
+    }
+  }
+  const mem = choice.mem.trim();
+  if (mem) {
+    try {
+      charged.mem = parseMem(mem);
+    } catch (e) {
+      errors.mem = (e as Error).message;
+    }
+  }
+  const gpu = choice.gpu.trim();
+  if (gpu) {
+    const n = Number(gpu);
+    if (!Number.isFinite(n) || n < 0) {
+      errors.gpu = `GPU must be a number (0.5 = half a device), not "${gpu}"`;
+    } else if (!onStep(n, GPU_QUANTUM)) {
+      errors.gpu = `GPU takes steps of ${GPU_QUANTUM}`;
+    } else if (n > 0) {
+      if (Number.isInteger(n)) {
+        charged.gpu = n;
+      }
+      charged['gpu.shares'] = n;
+    }
+  }
+  return { charged, errors };
+}
+
+export interface ICostRow {
+  slot: string;
+  requested: number;
+  /** null: no limit */
+  left: number | null;
+  /** What would be left afterwards; null: no limit */
+  after: number | null;
+  fits: boolean;
+}
+
+export interface ICost {
+  rows: ICostRow[];
+  fits: boolean;
+}
+
+/** What a request would take from what is left (launch-options' per-project `left`). */
+export function costAgainstQuota(
+  charged: Record<string, number>,
+  left: SlotsLeft | null | undefined
+): ICost {
+  const rows = sortSlots(Object.keys(charged)).map(slot => {
+    const requested = charged[slot];
+    const raw = left ? left[slot] : null;
+    // A slot the launch options do not mention is not limited by any scope.
+    const l = raw === null || raw === undefined ? null : toNumber(raw);
+    const fits = l === null || requested <= l + EPSILON;
+    return {
+      slot,
+      requested,
+      left: l,
+      after: l === null ? null : l - requested,
+      fits
+    };
+  });
+  return { rows, fits: rows.every(r => r.fits) };
+}
+
+/** The image's minimum slots that the choice does not reach: messages. */
+export function belowImageMinimum(
+  charged: Record<string, number>,
+  minSlots: Slots | null | undefined
+): string[] {
+  const out: string[] = [];
+  for (const slot of sortSlots(Object.keys(minSlots ?? {}))) {
+    const min = toNumber(minSlots?.[slot]);
+    if (min === null || min <= 0 || !(slot in charged)) {
+      continue; // not asked: the service fills in at least the image's minimum
+    }
+    if (charged[slot] + EPSILON < min) {
+      out.push(`the image needs at least ${formatSlot(slot, min)} of ${slotLabel(slot)}`);
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- sessions
+
+const SERVER_NAME_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+
+/** null when fine, else why not. */
+export function serverNameProblem(name: string, taken: string[] = []): string | null {
+  if (!name) {
+    return 'give the session a name';
+  }
+  if (!SERVER_NAME_RE.test(name)) {
+    return 'a session name is up to 63 letters, digits, ".", "_" or "-", starting with a letter or digit';
+  }
+  if (taken.includes(name)) {
+    return `you already have a session named ${name}`;
+  }
+  return null;
+}
+
+/** `session-1`, `session-2`, ...: the first not taken. */
+export function suggestServerName(taken: string[], prefix = 'session'): string {
+  for (let i = 1; i < 10000; i++) {
+    const name = `${prefix}-${i}`;
+    if (!taken.includes(name)) {
+      return name;
+    }
+  }
+  return `${prefix}-${Date.now()}`;
+}
+
+/** `PENDING (#2 in queue)`, `RUNNING`, `ERROR: why`. */
+export function sessionStatusLabel(
+  s: Pick<ISessionSummary, 'status' | 'queue_position' | 'status_reason'>
+): string {
+  const status = s.status || 'UNKNOWN';
+  if (status === 'PENDING' && s.queue_position !== null && s.queue_position !== undefined) {
+    return `PENDING (#${s.queue_position} in queue)`;
+  }
+  if (s.status_reason && !['RUNNING', 'PENDING'].includes(status)) {
+    return `${status}: ${s.status_reason}`;
+  }
+  return status;
+}
+
+/** A session's display name: the default server is "(default)". */
+export function sessionDisplayName(name: string): string {
+  return name === '' ? '(default)' : name;
+}
+
+// ---------------------------------------------------------------- folders
+
+export interface IFolderUsage {
+  used: number;
+  /** The tighter of the folder's own limit and its scope's room; null: no limit */
+  limit: number | null;
+  fraction: number;
+  level: Level;
+}
+
+/** A folder's use against its own size limit (or else its owner's storage quota). */
+export function folderUsage(
+  f: Pick<IFolder, 'usage' | 'limits'>,
+  warnRatio = DEFAULT_WARN_RATIO
+): IFolderUsage {
+  const used = f.usage?.bytes ?? 0;
+  const own = toNumber(f.limits?.max_size);
+  const limit = own !== null && own > 0 ? own : null;
+  const fraction = limit ? Math.min(used / limit, 1) : 0;
+  return { used, limit, fraction, level: quotaLevel(used, limit, warnRatio) };
+}
+
+/** The owner's storage quota for the folder's scope (user or project). */
+export function scopeUsage(
+  f: Pick<IFolder, 'limits'>,
+  warnRatio = DEFAULT_WARN_RATIO
+): IFolderUsage {
+  const scope = f.limits?.scope;
+  const used = scope?.used ?? 0;
+  const raw = toNumber(scope?.limit);
+  const limit = raw !== null && raw > 0 ? raw : null;
+  const fraction = limit ? Math.min(used / limit, 1) : 0;
+  return { used, limit, fraction, level: quotaLevel(used, limit, warnRatio) };
+}
+
+export function permissionLabel(p: string | null | undefined): string {
+  return (
+    { ro: 'read-only', rw: 'read-write', wd: 'read-write-delete' }[p ?? ''] ?? (p ? p : 'no access')
+  );
+}
+
+/** May this user invite others to the folder?  Only owners of user folders with the right. */
+export function canInvite(
+  f: Pick<IFolder, 'is_owner' | 'owner_kind' | 'rights' | 'status'>
+): boolean {
+  return (
+    f.is_owner &&
+    f.owner_kind === 'user' &&
+    f.status === 'READY' &&
+    (f.rights === undefined || f.rights.includes('invite-others'))
+  );
+}
+
+// ---------------------------------------------------------------- usage (status bar)
+
+export function percent(n: number | null | undefined): string {
+  return n === null || n === undefined ? '–' : `${Math.round(n)}%`;
+}
+
+/** The memory a GPU user may fill: the session's limit on a shared device, else the device's. */
+export function gpuMemoryCap(g: IGpuUsage): number | null {
+  return g.memory_limit ?? g.memory_total ?? null;
+}
+
+/** The short status bar text: `GPU 37% 2.0 GiB · CPU 12% · Mem 118 MiB`. */
+export function usageSummary(u: IUsage | null): string {
+  if (!u) {
+    return 'labfleet: –';
+  }
+  const parts: string[] = [];
+  const gpus = u.gpus ?? [];
+  if (gpus.length === 1) {
+    const g = gpus[0];
+    parts.push(`GPU ${percent(g.utilization)} ${formatBytes(g.memory_used)}`);
+  } else if (gpus.length > 1) {
+    const known = gpus.filter(g => g.utilization !== null);
+    const avg = known.length
+      ? known.reduce((a, g) => a + (g.utilization ?? 0), 0) / known.length
+      : null;
+    const mem = gpus.reduce((a, g) => a + (g.memory_used ?? 0), 0);
+    parts.push(`${gpus.length} GPUs ${percent(avg)} ${formatBytes(mem)}`);
+  }
+  parts.push(`CPU ${percent(u.cpu?.percent)}`);
+  parts.push(`Mem ${formatBytes(u.memory?.used)}`);
+  return parts.join(' · ');
+}
+
+/** One tooltip line per device, then CPU and memory. */
+export function usageTooltip(u: IUsage | null): string {
+  if (!u) {
+    return 'labfleet: no usage yet';
+  }
+  const lines = (u.gpus ?? []).map(g => {
+    const cap = gpuMemoryCap(g);
+    const mem = `${formatBytes(g.memory_used)} of ${formatBytes(cap)}${
+      g.memory_limit !== null && g.memory_limit !== undefined ? ' (this session’s limit)' : ''
+    }`;
+    const util = g.utilization === null ? 'utilization unknown' : `${percent(g.utilization)} busy`;
+    const mock = g.source === 'mock' ? ' [mock device]' : '';
+    return `${deviceLabel(g)}: ${util}, ${mem}${mock}`;
+  });
+  const cpuLimit = toNumber(u.cpu?.limit);
+  lines.push(
+    `CPU: ${percent(u.cpu?.percent)} of one core${
+      cpuLimit !== null ? ` (limit ${formatSlot('cpu', cpuLimit)})` : ''
+    }`
+  );
+  lines.push(
+    `Memory: ${formatBytes(u.memory?.used)}${
+      u.memory?.limit ? ` of ${formatBytes(u.memory.limit)}` : ''
+    }`
+  );
+  return lines.join('\n');
+}

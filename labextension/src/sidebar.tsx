@@ -1,0 +1,154 @@
+/**
+ * The "Fleet" sidebar: one ReactWidget with collapsible sections, refreshed by a poll that
+ * stands by while the panel or the browser tab is hidden.
+ */
+import { ReactWidget, ToolbarButtonComponent, refreshIcon } from '@jupyterlab/ui-components';
+import { Poll } from '@lumino/polling';
+import type { Message } from '@lumino/messaging';
+import * as React from 'react';
+
+import { Apps } from './components/Apps';
+import { Section } from './components/common';
+import { Folders } from './components/Folders';
+import { Quota } from './components/Quota';
+import { Sessions } from './components/Sessions';
+import { ThisSession } from './components/ThisSession';
+import { fleetIcon } from './icons';
+import type { FleetStore, SectionId } from './store';
+import type { IApp, ISessionSummary } from './types';
+
+/** What the panel asks the application to do (index.ts: dialogs, tabs, the file browser). */
+export interface IFleetActions {
+  /** Ask, then stop the session this page runs in. */
+  stopThisSession(): Promise<void>;
+  /** Ask, then stop another session; rejects with the service's error. */
+  stopSession(s: ISessionSummary): Promise<void>;
+  openSession(s: ISessionSummary): void;
+  /** Show a path (relative to the Lab root) in the file browser. */
+  openFolder(path: string): void;
+  openApp(app: IApp): void;
+}
+
+const TITLES: Record<SectionId, string> = {
+  session: 'This session',
+  quota: 'Quota',
+  sessions: 'Sessions',
+  folders: 'Folders',
+  apps: 'Apps'
+};
+
+function count(list: unknown[] | null): string | undefined {
+  return list ? String(list.length) : undefined;
+}
+
+export function FleetPanel(props: {
+  store: FleetStore;
+  actions: IFleetActions;
+  onRefresh: () => void;
+}): JSX.Element {
+  const { store, actions } = props;
+  const d = store.data;
+  const section = (id: SectionId, badge: string | undefined, body: React.ReactNode) => (
+    <Section
+      id={id}
+      title={TITLES[id]}
+      open={store.isOpen(id)}
+      onToggle={() => store.toggle(id)}
+      badge={badge}
+    >
+      {body}
+    </Section>
+  );
+  const pending = (d.invitations ?? []).filter(
+    i => i.state === 'pending' && i.invitee === store.user
+  ).length;
+  return (
+    <div className="lf-panel" data-testid="lf-sidebar">
+      <div className="lf-header">
+        <span className="lf-header-title">Fleet</span>
+        <ToolbarButtonComponent
+          icon={refreshIcon}
+          tooltip="Refresh"
+          onClick={props.onRefresh}
+          dataset={{ testid: 'lf-refresh' }}
+        />
+      </div>
+      {section(
+        'session',
+        d.session?.status ?? undefined,
+        <ThisSession store={store} onStop={() => void actions.stopThisSession()} />
+      )}
+      {section('quota', undefined, <Quota store={store} />)}
+      {section(
+        'sessions',
+        count(d.sessions),
+        <Sessions store={store} onOpen={actions.openSession} onStop={actions.stopSession} />
+      )}
+      {section(
+        'folders',
+        pending
+          ? `${count(d.folders) ?? ''} · ${pending} invited`.replace(/^ · /, '')
+          : count(d.folders),
+        <Folders store={store} onOpen={actions.openFolder} />
+      )}
+      {section('apps', count(d.apps), <Apps store={store} onOpen={actions.openApp} />)}
+    </div>
+  );
+}
+
+export class FleetSidebar extends ReactWidget {
+  constructor(store: FleetStore, actions: IFleetActions, intervalMs: number) {
+    super();
+    this.store = store;
+    this._actions = actions;
+    this.id = 'labfleet-sidebar';
+    this.addClass('lf-sidebar');
+    this.title.icon = fleetIcon;
+    this.title.caption = 'Fleet: this session, quotas, sessions, folders, apps';
+    store.changed.connect(() => this.update(), this);
+    this._poll = new Poll({
+      factory: () => store.refresh(),
+      frequency: { interval: intervalMs, backoff: true, max: 10 * intervalMs },
+      name: '@labfleet/labextension:sidebar',
+      // No requests while nobody looks: the panel is collapsed or the tab is in the background.
+      standby: () => !this.isVisible || 'when-hidden'
+    });
+  }
+
+  readonly store: FleetStore;
+
+  /** The refresh interval (settings). */
+  set intervalMs(ms: number) {
+    this._poll.frequency = { ...this._poll.frequency, interval: ms, max: 10 * ms };
+  }
+
+  refresh(): Promise<void> {
+    return this._poll.refresh();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._poll.dispose();
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    void this._poll.refresh();
+  }
+
+  protected render(): JSX.Element {
+    return (
+      <FleetPanel
+        store={this.store}
+        actions={this._actions}
+        onRefresh={() => void this.refresh()}
+      />
+    );
+  }
+
+  private _actions: IFleetActions;
+  private _poll: Poll;
+}

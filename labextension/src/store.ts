@@ -1,0 +1,275 @@
+/**
+ * The sidebar's state: the latest answer of each endpoint and why the last request for it
+ * failed.  `refresh()` asks only what the open sections show; a poll calls it (sidebar.tsx).
+ * Actions (start, stop, create, share, answer) throw `LabfleetError` for the form that made
+ * them to show, and refresh what they changed.
+ */
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { FleetAPI, LabfleetError } from './api';
+import type {
+  IApp,
+  IFolder,
+  IFolderCreate,
+  IInvitation,
+  ILaunchOptions,
+  IMountedFolder,
+  IQuota,
+  ISessionInfo,
+  ISessionSummary,
+  ISpawnOptions,
+  IStorageHost
+} from './types';
+
+export type SectionId = 'session' | 'quota' | 'sessions' | 'folders' | 'apps';
+
+export const SECTIONS: SectionId[] = ['session', 'quota', 'sessions', 'folders', 'apps'];
+
+export type Resource =
+  | 'session'
+  | 'quota'
+  | 'sessions'
+  | 'mounted'
+  | 'apps'
+  | 'folders'
+  | 'invitations'
+  | 'launchOptions'
+  | 'hosts';
+
+/** What each section shows. */
+const SECTION_RESOURCES: Record<SectionId, Resource[]> = {
+  session: ['session'],
+  quota: ['quota'],
+  sessions: ['sessions'],
+  folders: ['folders', 'invitations', 'mounted'],
+  apps: ['apps']
+};
+
+export interface IFleetData {
+  session: ISessionInfo | null;
+  quota: IQuota | null;
+  sessions: ISessionSummary[] | null;
+  mounted: IMountedFolder[] | null;
+  apps: IApp[] | null;
+  folders: IFolder[] | null;
+  invitations: IInvitation[] | null;
+  launchOptions: ILaunchOptions | null;
+  hosts: IStorageHost[] | null;
+}
+
+export interface IStoreOptions {
+  /** The Hub user this session belongs to (PageConfig `hubUser`). */
+  user: string;
+  /** This server's name (PageConfig `hubServerName`; "" for the default server). */
+  serverName: string;
+  /** Clock in ms, for tests. */
+  now?: () => number;
+}
+
+function messageOf(e: unknown): string {
+  if (e instanceof LabfleetError || e instanceof Error) {
+    return e.message;
+  }
+  return String(e);
+}
+
+export class FleetStore {
+  constructor(api: FleetAPI, options: IStoreOptions) {
+    this.api = api;
+    this.user = options.user;
+    this.serverName = options.serverName;
+    this._now = options.now ?? Date.now;
+  }
+
+  readonly api: FleetAPI;
+  readonly serverName: string;
+  /** The Hub user; the session endpoint's answer wins once known. */
+  user: string;
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get data(): Readonly<IFleetData> {
+    return this._data;
+  }
+
+  /** Why the last request for each resource failed; absent when it succeeded. */
+  get errors(): Readonly<Partial<Record<Resource, string>>> {
+    return this._errors;
+  }
+
+  /** When the session info arrived (ms), to count its uptime and time left on. */
+  get sessionReceivedAt(): number {
+    return this._sessionAt;
+  }
+
+  now(): number {
+    return this._now();
+  }
+
+  /** The quota bar warning ratio (settings). */
+  get warnRatio(): number {
+    return this._warnRatio;
+  }
+  set warnRatio(value: number) {
+    if (value !== this._warnRatio) {
+      this._warnRatio = value;
+      this._changed.emit();
+    }
+  }
+
+  isOpen(section: SectionId): boolean {
+    return this._open.has(section);
+  }
+
+  /** Open or close a section; opening one fetches what it shows. */
+  toggle(section: SectionId, open?: boolean): void {
+    const want = open ?? !this._open.has(section);
+    if (want === this._open.has(section)) {
+      return;
+    }
+    if (want) {
+      this._open.add(section);
+      void this.refresh([section]);
+    } else {
+      this._open.delete(section);
+    }
+    this._changed.emit();
+  }
+
+  /** Whether the "New session" form is shown (a command opens it). */
+  get newSessionOpen(): boolean {
+    return this._newSessionOpen;
+  }
+  set newSessionOpen(value: boolean) {
+    if (value === this._newSessionOpen) {
+      return;
+    }
+    this._newSessionOpen = value;
+    if (value) {
+      this._open.add('sessions');
+      void this.loadLaunchOptions();
+    }
+    this._changed.emit();
+  }
+
+  /** Fetch what the given (default: the open) sections show, side by side. */
+  async refresh(sections?: SectionId[]): Promise<void> {
+    const wanted = new Set<Resource>();
+    for (const s of sections ?? SECTIONS.filter(s => this._open.has(s))) {
+      SECTION_RESOURCES[s].forEach(r => wanted.add(r));
+    }
+    // The session info names the user and this session's project for the other sections.
+    if (this._data.session === null) {
+      wanted.add('session');
+    }
+    await Promise.all([...wanted].map(r => this.fetch(r)));
+  }
+
+  /** Fetch one resource; a failure is kept in `errors` (the last good answer stays). */
+  async fetch(resource: Resource): Promise<void> {
+    try {
+      const value = await this._load(resource);
+      (this._data as any)[resource] = value;
+      if (resource === 'session') {
+        this._sessionAt = this._now();
+        const s = value as ISessionInfo;
+        if (s?.user) {
+          this.user = s.user;
+        }
+      }
+      delete this._errors[resource];
+    } catch (e) {
+      this._errors[resource] = messageOf(e);
+    }
+    this._changed.emit();
+  }
+
+  loadLaunchOptions(): Promise<void> {
+    return this.fetch('launchOptions');
+  }
+
+  loadStorageHosts(): Promise<void> {
+    return this.fetch('hosts');
+  }
+
+  /** Start a session named `name`; throws LabfleetError with the service's message. */
+  async startSession(name: string, options: ISpawnOptions): Promise<void> {
+    await this.api.startSession(name, options);
+    await this.fetch('sessions');
+    await this.fetch('quota');
+  }
+
+  /** Stop one of my sessions (not this one: see `stopThisSession`). */
+  async stopSession(name: string): Promise<void> {
+    await this.api.stopSession(name);
+    await this.fetch('sessions');
+    await this.fetch('quota');
+  }
+
+  /** Stop the session this page runs in: afterwards the page has no server. */
+  async stopThisSession(): Promise<void> {
+    await this.api.stopSession(this.serverName);
+  }
+
+  async createFolder(body: IFolderCreate): Promise<IFolder> {
+    const folder = await this.api.createFolder(body);
+    await this.fetch('folders');
+    return folder;
+  }
+
+  async invite(folderId: string, invitee: string, permission: string): Promise<IInvitation> {
+    const inv = await this.api.invite(folderId, invitee, permission);
+    await this.fetch('invitations');
+    return inv;
+  }
+
+  async answerInvitation(id: string, accept: boolean): Promise<void> {
+    await this.api.answerInvitation(id, accept);
+    await Promise.all([this.fetch('invitations'), this.fetch('folders')]);
+  }
+
+  private _load(resource: Resource): Promise<unknown> {
+    const api = this.api;
+    switch (resource) {
+      case 'session':
+        return api.session();
+      case 'quota':
+        return api.quota();
+      case 'sessions':
+        return api.sessions();
+      case 'mounted':
+        return api.mountedFolders();
+      case 'apps':
+        return api.apps();
+      case 'folders':
+        return api.folders();
+      case 'invitations':
+        return api.invitations();
+      case 'launchOptions':
+        return api.launchOptions(this.user);
+      case 'hosts':
+        return api.storageHosts();
+    }
+  }
+
+  private _data: IFleetData = {
+    session: null,
+    quota: null,
+    sessions: null,
+    mounted: null,
+    apps: null,
+    folders: null,
+    invitations: null,
+    launchOptions: null,
+    hosts: null
+  };
+  private _errors: Partial<Record<Resource, string>> = {};
+  private _open = new Set<SectionId>(SECTIONS);
+  private _newSessionOpen = false;
+  private _sessionAt = 0;
+  private _warnRatio = 0.8;
+  private _now: () => number;
+  private _changed = new Signal<this, void>(this);
+}

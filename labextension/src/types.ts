@@ -1,0 +1,249 @@
+/**
+ * The shapes the session's server extension answers (server_ext/ENDPOINTS.md) and the labfleet
+ * service's REST API answers through it (`labfleet/api/...`, hub_ext/service/openapi.yaml).
+ */
+
+/** Slot amounts: numbers from the API (`mem` in bytes); strings tolerated. */
+export type Slots = Record<string, number | string>;
+
+/** Amounts left per slot; `null` means no limit. */
+export type SlotsLeft = Record<string, number | string | null>;
+
+export type SessionType = 'interactive' | 'batch' | 'inference';
+
+export const SESSION_TYPES: SessionType[] = ['interactive', 'batch', 'inference'];
+
+export interface IDevice {
+  uuid?: string;
+  index: number;
+  model: string;
+  memory?: number | null;
+  /** The share of the device this session holds: 1 for a whole device. */
+  shares?: number | string | null;
+}
+
+export interface IRunner {
+  state?: string;
+  command?: string;
+  exit_code?: number | null;
+  output?: string;
+}
+
+export interface IInference {
+  url: string;
+  ready: boolean;
+  example?: string;
+}
+
+/** `GET labfleet/session` */
+export interface ISessionInfo {
+  id: string | null;
+  name: string;
+  user: string;
+  type: SessionType;
+  project: string | null;
+  domain: string | null;
+  image: string | null;
+  resource_group: string | null;
+  node: string | null;
+  status: string | null;
+  slots: Slots;
+  devices: IDevice[];
+  mounts: { id: string; name: string; permission: string }[];
+  created_at: string | null;
+  started_at: string | null;
+  uptime: number | null;
+  max_lifetime: number | null;
+  expires_at: string | null;
+  time_left: number | null;
+  urls: { lab?: string; base?: string };
+  runner: IRunner | null;
+  inference: IInference | null;
+  service: string;
+}
+
+export interface IGpuUsage {
+  uuid?: string;
+  index: number;
+  model: string;
+  shares?: number | string | null;
+  utilization: number | null;
+  memory_used: number | null;
+  memory_total: number | null;
+  memory_limit: number | null;
+  source?: string;
+}
+
+/** `GET labfleet/usage` */
+export interface IUsage {
+  at?: string;
+  cpu: { percent: number | null; limit: number | null };
+  memory: { used: number | null; limit: number | null };
+  gpus: IGpuUsage[];
+}
+
+/** One item of `GET labfleet/vfolders`: a folder mounted in this session. */
+export interface IMountedFolder {
+  id: string;
+  name: string;
+  owner: string;
+  permission: string;
+  usage_mode: string;
+  host: string;
+  /** Relative to the Lab's root, e.g. `vfolders/data`. */
+  path: string;
+  usage_bytes: number | null;
+  max_size: number | null;
+  status: string;
+}
+
+export interface IQuotaScope {
+  limit: Slots;
+  used: Slots;
+  left: SlotsLeft;
+  unspecified?: 'LIMITED' | 'UNLIMITED' | string;
+}
+
+/** `GET labfleet/quota` */
+export interface IQuota {
+  keypair: IQuotaScope | null;
+  project: IQuotaScope | null;
+  domain: IQuotaScope | null;
+  project_name: string | null;
+}
+
+/** One item of `GET labfleet/apps`. */
+export interface IApp {
+  name: string;
+  title: string;
+  url: string;
+  source: 'launcher' | 'image' | string;
+}
+
+/** One item of `GET labfleet/sessions`. */
+export interface ISessionSummary {
+  id: string | null;
+  name: string;
+  project: string | null;
+  type: SessionType | string;
+  image: string | null;
+  status: string;
+  status_reason?: string | null;
+  queue_position?: number | null;
+  slots?: Slots;
+  devices?: IDevice[];
+  created_at?: string | null;
+  url?: string | null;
+  current?: boolean;
+}
+
+/** `GET labfleet/api/users/<me>/launch-options` (hub_ext/launchoptions.py). */
+export interface ILaunchOptions {
+  user: string;
+  projects: { name: string; left: SlotsLeft }[];
+  images: {
+    name: string;
+    display_name: string;
+    min_slots: Slots;
+    accelerators: string[];
+    projects: string[];
+  }[];
+  resource_groups: {
+    name: string;
+    description: string | null;
+    session_types: string[];
+  }[];
+  vfolders: {
+    id: string;
+    name: string;
+    owner: string;
+    permission: string | null;
+    usage_mode: string;
+    host: string;
+    auto: boolean;
+    mountable: boolean;
+  }[];
+}
+
+/** What `POST labfleet/sessions/<name>` takes (spawner/options.py). */
+export interface ISpawnOptions {
+  project: string;
+  type: SessionType;
+  image?: string;
+  resource_group?: string;
+  cpu?: string;
+  mem?: string;
+  gpu?: string;
+  vfolders?: string[];
+  command?: string;
+}
+
+/** One item of `GET labfleet/api/vfolders` (hub_ext/vfolders.py `folder_view`). */
+export interface IFolder {
+  id: string;
+  name: string;
+  host: string;
+  owner: string;
+  owner_kind: 'user' | 'project' | string;
+  domain: string;
+  usage_mode: string;
+  permission: string | null;
+  is_owner: boolean;
+  can_manage: boolean;
+  status: string;
+  auto_mount: boolean;
+  creator?: string | null;
+  created_at?: string | null;
+  project_permission?: string;
+  usage: {
+    bytes: number;
+    files?: number;
+    trash_bytes?: number;
+    scanned_at?: string | null;
+  };
+  limits: {
+    max_size: number | null;
+    scope: {
+      kind: string;
+      name: string;
+      used: number;
+      limit: number | null;
+      folders: number;
+      max_folders: number | null;
+    };
+  };
+  rights?: string[];
+}
+
+/** `POST labfleet/api/vfolders` body. */
+export interface IFolderCreate {
+  name: string;
+  host?: string;
+  usage_mode?: string;
+  max_size?: number;
+}
+
+/** hub_ext/vfshare.py `invitation_view`. */
+export interface IInvitation {
+  id: string;
+  vfolder: string;
+  vfolder_name: string;
+  inviter: string;
+  invitee: string;
+  permission: string;
+  state: string;
+  created_at: string | null;
+}
+
+/** One item of `GET labfleet/api/storage-hosts`. */
+export interface IStorageHost {
+  name: string;
+  description?: string | null;
+  capacity?: number | null;
+  used?: number;
+  is_active: boolean;
+  rights?: string[];
+}
+
+export const PERMISSIONS = ['ro', 'rw', 'wd'] as const;
+export const USAGE_MODES = ['general', 'model', 'data'] as const;

@@ -1,0 +1,219 @@
+"""The Fleet sidebar in a real browser: Debian's Chromium driven by Playwright, against the real Hub.
+
+alice logs in on the Hub's login page, starts a session with 0.5 of a mock GPU from the spawn form, opens
+the Fleet sidebar in JupyterLab and sees her session's resources and the quota bars, opens a mounted folder
+in the file browser, creates a folder, starts a second session from the sidebar (with the new folder, which
+its own file browser then shows) and stops it, opens TensorBoard from the Apps list, and reads the status
+bar. Screenshots of the sidebar (light and dark themes) go to test-artifacts/browser/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hubfixture import start_hub
+
+pytestmark = pytest.mark.hub
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("LABFLEET_TEST_ARTIFACTS", REPO / "test-artifacts")) / "browser"
+CHROMIUM = "/usr/bin/chromium"
+APPS_BIN = REPO / ".labfleet-tools" / "apps" / "bin"
+PASSWORD = "alice-password-1"
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    state = tmp_path_factory.mktemp("browser")
+    env = {}
+    if APPS_BIN.is_dir():  # the app launchers find TensorBoard on the session's PATH
+        env["PATH"] = f"{APPS_BIN}{os.pathsep}{os.environ['PATH']}"
+    hub = start_hub(state, env=env)
+    root = hub.wait_token("root")
+    for path, body in [
+        ("/domains", {"name": "acme", "total_resource_slots": {"gpu.shares": 4}}),
+        ("/projects", {"domain": "acme", "name": "ml", "total_resource_slots": {"gpu.shares": 2}}),
+        ("/users", {"username": "alice", "domain": "acme", "projects": ["ml"], "password": PASSWORD}),
+    ]:
+        r = hub.api("POST", path, root, json=body)
+        assert r.status_code == 201, r.text
+    r = hub.api("PATCH", "/policies/keypair/default", root, json={"max_session_lifetime": 8 * 3600})
+    assert r.status_code == 200, r.text
+    alice = hub.wait_token("alice")
+    folder = hub.api("POST", "/vfolders", alice, json={"name": "data"}).json()
+    put = hub.api("PUT", f"/vfolders/{folder['id']}/files/readme.txt", alice, data=b"hello from data\n")
+    assert put.status_code == 201, put.text
+    yield hub
+    for server in ("work", "second"):
+        hub.hub_api("DELETE", f"/users/alice/servers/{server}")
+    hub.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert shutil.which(CHROMIUM), "Chromium is missing: bash scripts/setup.sh --test installs it"
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--headless",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-dev-shm-usage",
+            ],
+        )
+        yield b
+        b.close()
+
+
+def tid(name: str) -> str:
+    return f'[data-testid="{name}"]'
+
+
+def shot(page, name: str, locator=None) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    (locator or page).screenshot(path=str(path))
+    return path
+
+
+def open_lab(page, url: str):
+    page.goto(url)
+    # JupyterLab's <body> counts as hidden: wait for the shell to be attached, then for the launcher.
+    page.wait_for_selector("#jp-main-dock-panel", state="attached", timeout=WAIT_MS)
+    page.wait_for_selector(".jp-DirListing-content", state="attached", timeout=WAIT_MS)
+
+
+def open_fleet(page):
+    tab = page.locator('li[data-id="labfleet-sidebar"]')
+    tab.wait_for(state="attached", timeout=WAIT_MS)
+    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+        tab.click()
+    page.wait_for_selector(tid("lf-sidebar"), timeout=WAIT_MS)
+    return page.locator("#labfleet-sidebar")
+
+
+def expand(page, section: str):
+    toggle = page.locator(tid(f"lf-section-toggle-{section}"))
+    if toggle.get_attribute("aria-expanded") != "true":
+        toggle.click()
+    page.wait_for_selector(f"{tid(f'lf-section-{section}')}.lf-open", timeout=WAIT_MS)
+
+
+def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+
+    # Log in and start a session with half a mock GPU and the folder `data` from the spawn form.
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", "alice")
+    page.fill("#password_input", PASSWORD)
+    page.click("#login_submit")
+    page.wait_for_url("**/hub/**", timeout=WAIT_MS)
+    page.goto(f"{hub.url}/hub/spawn/alice/work")
+    page.select_option("#lf-project", "acme/ml")
+    page.fill("#lf-gpu", "0.5")
+    page.locator(".lf-vfolder", has_text="data").locator("input").check()
+    page.click('form#spawn_form input[type="submit"], form#spawn_form button[type="submit"]')
+    page.wait_for_url("**/user/alice/work/**", timeout=WAIT_MS)
+    open_lab(page, f"{hub.url}/user/alice/work/lab")
+    sidebar = open_fleet(page)
+
+    # This session: project, resources and the device share.
+    expand(page, "session")
+    expect(page.locator(tid("lf-this-project"))).to_contain_text("acme/ml")
+    expect(page.locator(tid("lf-this-devices"))).to_contain_text("0.5 of GPU 0")
+    expect(page.locator(tid("lf-this-devices"))).to_contain_text("A100")
+    expect(page.locator(tid("lf-this-time-left"))).to_contain_text("7h 5")  # of an 8-hour lifetime
+    # Quota: a bar per slot for me, the project and the domain; the project has 0.5 of 2 GPU shares in use.
+    expand(page, "quota")
+    bar = page.locator(f'{tid("lf-quota-project-gpu.shares")} .lf-bar[role="progressbar"]')
+    expect(bar).to_have_attribute("aria-valuenow", "25")  # percent
+    expect(bar).to_have_attribute("aria-valuetext", "0.5 / 2 · 1.5 left")
+    expect(page.locator(tid("lf-quota-domain"))).to_be_visible()
+    expect(page.locator(tid("lf-quota-keypair"))).to_be_visible()
+    shot(page, "sidebar-session-quota-light", sidebar)
+
+    # Folders: the mounted one opens in the file browser.
+    expand(page, "folders")
+    data = page.locator(tid("lf-folder-data"))
+    expect(data).to_have_attribute("data-mounted", "true")
+    data.locator(tid("lf-folder-open")).click()
+    expect(page.locator(".jp-DirListing-content")).to_contain_text("readme.txt")
+    expect(page.locator(".jp-FileBrowser .jp-BreadCrumbs")).to_contain_text("data")
+    open_fleet(page)
+    # A new folder appears in the list.
+    page.locator(tid("lf-folder-create-toggle")).click()
+    page.fill(tid("lf-folder-create-name"), "results")
+    page.locator(tid("lf-folder-create-submit")).click()
+    expect(page.locator(tid("lf-folder-results"))).to_be_visible()
+    shot(page, "sidebar-folders-light", sidebar)
+
+    # Sessions: start a second one with the new folder; the cost shows before it is sent.
+    expand(page, "sessions")
+    expect(page.locator(tid("lf-session-work"))).to_have_attribute("data-status", "RUNNING")
+    page.locator(tid("lf-new-session-toggle")).click()
+    page.fill(tid("lf-ns-name"), "second")
+    page.select_option(tid("lf-ns-project"), "acme/ml")
+    page.fill(tid("lf-ns-gpu"), "0.25")
+    page.locator(tid("lf-ns-vfolder-results")).check()
+    expect(page.locator(tid("lf-ns-cost"))).to_contain_text("0.25")
+    shot(page, "sidebar-new-session-light", sidebar)
+    page.locator(tid("lf-ns-submit")).click()
+    second = page.locator(tid("lf-session-second"))
+    expect(second).to_have_attribute("data-status", "RUNNING", timeout=90_000)
+    shot(page, "sidebar-sessions-light", sidebar)
+    # The second session's own file browser shows the new folder.
+    other = context.new_page()
+    open_lab(other, f"{hub.url}/user/alice/second/lab/tree/vfolders")
+    expect(other.locator(".jp-DirListing-content")).to_contain_text("results")
+    other.close()
+    # Stop it from the sidebar (with a confirmation).
+    second.locator(tid("lf-session-stop")).click()
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count():
+        dialog.locator(".jp-mod-accept").click()
+    expect(page.locator(tid("lf-session-second"))).to_have_count(0, timeout=90_000)
+
+    # Apps: TensorBoard opens in a new tab through the proxy.
+    expand(page, "apps")
+    app = page.locator(tid("lf-app-tensorboard"))
+    expect(app).to_be_visible()
+    with context.expect_page() as popup:
+        app.click()
+    tab = popup.value
+    tab.wait_for_load_state("domcontentloaded", timeout=WAIT_MS)
+    assert "/user/alice/work/tensorboard/" in tab.url
+    expect(tab.locator("body")).to_contain_text("TensorBoard", timeout=WAIT_MS)
+    tab.close()
+
+    # The status bar shows the session's GPU share and use.
+    status = page.locator(tid("lf-statusbar"))
+    expect(status).to_contain_text("GPU")
+    assert "A100" in (status.get_attribute("title") or "")
+
+    # The dark theme: the sidebar follows JupyterLab's variables.
+    page.keyboard.press("Control+Shift+C")  # the command palette
+    page.fill(".lm-CommandPalette-input", "Use Theme: JupyterLab Dark")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=WAIT_MS)
+    time.sleep(0.5)  # the theme's stylesheet applies after the attribute changes
+    shot(page, "sidebar-dark", sidebar)
+    shot(page, "lab-dark")
+    context.close()
