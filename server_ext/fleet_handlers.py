@@ -10,6 +10,7 @@ import os
 import re
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import quote
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -230,8 +231,14 @@ class ServiceProxyHandler(FleetHandler):
         raw = None
         if self.request.method in ("POST", "PUT", "PATCH"):
             raw = self.request.body or b""
+        # tornado gave the path decoded: encode it again, or a name with a space, "%", "#" or "?" would
+        # reach the service as a broken request line.
         got = await self.fleet.calls.service(
-            self.request.method or "GET", path, query=query, raw=raw, content_type=ctype or None
+            self.request.method or "GET",
+            quote(path, safe="/"),
+            query=query,
+            raw=raw,
+            content_type=ctype or None,
         )
         self.set_status(got.status if 100 <= got.status < 600 else 502)
         if got.content_type.startswith("application/json"):

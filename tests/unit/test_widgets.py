@@ -1,0 +1,519 @@
+"""The notebook widgets against the in-memory fleet (widgets.fake): their models (plain attributes and the
+children's traits) follow the fleet through starts, stops, uploads, refusals, auto refresh and a failing
+source; the pure formatting; the HTTP client against a real tornado server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import datetime, timezone
+
+import pytest
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+
+from widgets import FleetClient, FleetError, GPUMonitor, QuotaMeter, SessionLauncher, Sessions, VFolderBrowser
+from widgets import format as fmt
+from widgets.client import connectable, server_path
+from widgets.fake import FakeFleet, GiB
+from widgets.launcher import build_request, describe_answer, problems
+
+WAIT = 5.0  # seconds: the most any wait in these tests may take
+
+
+async def until(check, what: str, timeout: float = WAIT) -> None:
+    """Poll ``check()`` on the loop (the widgets' tasks run meanwhile), bounded in time."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def fleet():
+    return FakeFleet()
+
+
+@pytest.fixture
+def make():
+    """Build widgets (with no auto refresh unless asked) and close them after the test."""
+    made = []
+
+    def build(cls, client, **kw):
+        kw.setdefault("refresh_interval", 0)
+        w = cls(client=client, **kw)
+        made.append(w)
+        return w
+
+    yield build
+    for w in made:
+        w.close()
+
+
+# ------------------------------------------------------------------ formatting (pure)
+
+
+@pytest.mark.parametrize(
+    "used, limit, expected",
+    [(0, 10, "ok"), (7.99, 10, "ok"), (8, 10, "warn"), (9.99, 10, "warn"), (10, 10, "over"), (11, 10, "over")]
+    + [(5, None, "ok"), (0, 0, "over"), ("1.6", "2", "warn")],
+)
+def test_levels(used, limit, expected):
+    assert fmt.level(used, limit) == expected
+
+
+def test_bars_and_words():
+    assert fmt.bar(1.6, 2) == {"value": 1.6, "max": 2.0, "bar_style": "warning", "level": "warn"}
+    assert fmt.bar(3, 2)["value"] == 2.0 and fmt.bar(3, 2)["bar_style"] == "danger"
+    # A zero limit: a full red bar, since nothing may be used.
+    assert fmt.bar(0, 0) == {"value": 1.0, "max": 1.0, "bar_style": "danger", "level": "over"}
+    assert fmt.fmt_bytes(0) == "0 B" and fmt.fmt_bytes(1536) == "1.5 KiB" and fmt.fmt_bytes(GiB) == "1 GiB"
+    assert fmt.fmt_slot("mem", 64 * GiB) == "64 GiB" and fmt.fmt_slot("gpu.shares", 0.25) == "0.25"
+    assert fmt.fmt_slot("cpu", None) == "unlimited"
+    assert (
+        fmt.fmt_percent(37.4) == "37 %"
+        and fmt.fmt_percent(2.25) == "2.2 %"
+        and fmt.fmt_percent(None) == "n/a"
+    )
+    assert [fmt.fmt_duration(s) for s in (None, 42, 600, 3725, 90000)] == [
+        "no limit",
+        "42 s",
+        "10 min",
+        "1 h 2 min",
+        "1 d 1 h",
+    ]
+    assert fmt.sort_slots({"gpu:A100", "gpu.shares", "cpu", "mem"}) == [
+        "cpu",
+        "mem",
+        "gpu.shares",
+        "gpu:A100",
+    ]
+    assert "&lt;b&gt;" in fmt.error_html("<b>")
+
+
+def test_launch_request_is_built_and_checked_before_sending():
+    opts = build_request(
+        project="acme/ml", type="batch", cpu=2, mem_gib=1.5, gpu=0.29, command=" python x.py "
+    )
+    assert opts == {
+        "project": "acme/ml",
+        "type": "batch",
+        "cpu": 2,
+        "mem": int(1.5 * GiB),
+        "gpu": 0.29,
+        "command": "python x.py",
+    }
+    assert build_request(project="p", type="interactive", gpu=2.0)["gpu"] == 2
+    assert problems("train", opts) == []
+    assert problems("bad name!", {"project": "p"})[0].startswith("name 'bad name!'")
+    assert problems("", {"project": "p", "gpu": 1.5}) == [
+        "more than one GPU comes in whole devices (1, 2, ...), not 1.5"
+    ]
+    # The endpoint passes on the Hub's status: 201 up, 202 starting (or queued).
+    assert describe_answer("", {"name": "", "status": 201}) == "Session (default) has started."
+    assert describe_answer("q", {"name": "q", "status": 202}).startswith("Session q is starting")
+    assert problems("x", {"project": "p", "type": "inference", "command": ""}) == [
+        "an inference session needs a command"
+    ]
+
+
+# ------------------------------------------------------------------ the client (real HTTP on 127.0.0.1)
+
+
+def test_client_urls():
+    assert connectable("http://0.0.0.0:8888/user/alice/work") == "http://127.0.0.1:8888/user/alice/work/"
+    assert connectable("http://:8888/user/alice/") == "http://127.0.0.1:8888/user/alice/"
+    assert connectable("http://[::]:9/x/") == "http://127.0.0.1:9/x/"
+    assert connectable("https://hub.example:443/user/a/") == "https://hub.example:443/user/a/"
+    assert server_path("") == "~" and server_path("a b") == "a%20b"
+    with pytest.raises(FleetError, match="not inside a labfleet session"):
+        FleetClient.from_env({})
+    c = FleetClient.from_env(
+        {
+            "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:5/user/alice/w/",
+            "JUPYTERHUB_API_TOKEN": "t",
+            "JUPYTERHUB_USER": "alice",
+        }
+    )
+    assert c.base_url == "http://127.0.0.1:5/user/alice/w/" and c.token == "t"
+
+
+class _Recorder(web.RequestHandler):
+    seen: list[dict] = []
+
+    def _any(self, path):
+        self.seen.append(
+            {
+                "method": self.request.method,
+                "path": path,
+                "query": self.request.query,
+                "auth": self.request.headers.get("Authorization"),
+                "length": self.request.headers.get("Content-Length"),
+                "body": self.request.body,
+            }
+        )
+        if self.request.headers.get("Authorization") != "token secret":
+            self.set_status(403)
+            self.finish({"message": "no token"})
+        elif path == "labfleet/session":
+            self.finish({"user": "alice", "name": "work"})
+        elif path == "labfleet/sessions/big":
+            self.set_status(409)
+            self.finish({"message": "project acme/ml would use 3 of its 2 gpu.shares"})
+        elif path == "labfleet/broken":
+            self.set_status(502)
+            self.finish("<html>bad gateway</html>")
+        else:
+            self.finish(json.dumps({"ok": path}))
+
+    get = post = put = delete = _any
+
+
+@pytest.fixture
+async def server():
+    sock, port = bind_unused_port()
+    srv = HTTPServer(web.Application([(r"/user/alice/work/(.*)", _Recorder)]))
+    srv.add_sockets([sock])
+    _Recorder.seen = []
+    yield f"http://127.0.0.1:{port}/user/alice/work/"
+    srv.stop()
+
+
+async def test_client_speaks_the_endpoints_contract(server):
+    c = FleetClient(server, "secret")
+    assert await c.quota() == {"ok": "labfleet/quota"}
+    assert await c.launch_options() == {"ok": "labfleet/api/users/alice/launch-options"}
+    await c.start_session("", {"project": "ml", "gpu": 0.5})
+    await c.stop_session("train")
+    await c.vfolders()
+    await c.upload("f1", "dir/a b.txt", b"12345")
+    seen = [(s["method"], s["path"]) for s in _Recorder.seen]
+    assert seen == [
+        ("GET", "labfleet/quota"),
+        ("GET", "labfleet/session"),  # who "me" is, asked once
+        ("GET", "labfleet/api/users/alice/launch-options"),
+        ("POST", "labfleet/sessions/~"),
+        ("DELETE", "labfleet/sessions/train"),
+        ("GET", "labfleet/api/vfolders"),
+        ("PUT", "labfleet/api/vfolders/f1/files/dir/a b.txt"),  # sent as a%20b.txt
+    ]
+    assert all(s["auth"] == "token secret" for s in _Recorder.seen)
+    assert json.loads(_Recorder.seen[3]["body"]) == {"project": "ml", "gpu": 0.5}
+    assert _Recorder.seen[5]["query"] == "status=READY"
+    assert _Recorder.seen[6]["length"] == "5" and _Recorder.seen[6]["body"] == b"12345"
+
+
+async def test_client_errors_carry_the_services_words(server):
+    c = FleetClient(server, "secret")
+    with pytest.raises(FleetError) as e:
+        await c.start_session("big", {"project": "ml", "gpu": 3})
+    assert e.value.status == 409 and e.value.message == "project acme/ml would use 3 of its 2 gpu.shares"
+    with pytest.raises(FleetError, match="answered 502") as e:
+        await c.request("GET", "labfleet/broken")
+    with pytest.raises(FleetError, match="no token"):
+        await FleetClient(server, "wrong").quota()
+    sock, port = bind_unused_port()
+    sock.close()  # nobody listens there
+    with pytest.raises(FleetError, match="cannot reach the session server"):
+        await FleetClient(f"http://127.0.0.1:{port}/", "secret", timeout=5).quota()
+
+
+# ------------------------------------------------------------------ QuotaMeter
+
+
+async def test_quota_bars_follow_the_fleet(fleet, make):
+    q = make(QuotaMeter, fleet)
+    assert await q.refresh()
+    assert q.project_name == "acme/ml"
+    row = next(r for r in q.rows if (r["scope"], r["slot"]) == ("project", "gpu.shares"))
+    assert (row["used"], row["limit"], row["left"], row["level"]) == (0.5, 2, 1.5, "ok")
+    b = q.bar_for("project", "gpu.shares")
+    assert (b.value, b.max, b.bar_style) == (0.5, 2.0, "success")
+    assert q.labels[("project", "gpu.shares")].value == "0.5 of 2"
+    # Unlimited: no bar, the word.
+    assert q.bar_for("domain", "cpu") is None
+    assert q.bars[("domain", "cpu")].layout.display == "none"
+    assert "unlimited" in q.labels[("domain", "cpu")].value
+    # 1.6 of 2 shares: warning; all 2: danger.
+    await fleet.start_session("b", {"project": "acme/ml", "gpu": 0.6})
+    await fleet.start_session("b2", {"project": "acme/ml", "gpu": 0.5})
+    await q.refresh()
+    b = q.bar_for("project", "gpu.shares")
+    assert (b.value, b.max, b.bar_style) == (1.6, 2.0, "warning")
+    assert q.bar_for("domain", "gpu.shares").bar_style == "success"  # 1.6 of 4
+    await fleet.start_session("c", {"project": "acme/ml", "gpu": 0.4})
+    await q.refresh()
+    b = q.bar_for("project", "gpu.shares")
+    assert (b.value, b.bar_style) == (2.0, "danger")
+    assert next(r for r in q.rows if (r["scope"], r["slot"]) == ("project", "gpu.shares"))["left"] == 0
+    # Stopping gives the shares back.
+    for name in ("b", "b2", "c"):
+        await fleet.stop_session(name)
+    await q.refresh()
+    assert q.bar_for("project", "gpu.shares").value == 0.5
+    assert q.bar_for("keypair", "mem").max == 64 * GiB
+
+
+# ------------------------------------------------------------------ Sessions
+
+
+async def test_sessions_list_start_queue_and_stop_button(fleet, make):
+    s = make(Sessions, fleet)
+    await s.refresh()
+    assert [(r["name"], r["status"], r["current"]) for r in s.rows] == [("work", "RUNNING", True)]
+    # This session cannot stop itself from here.
+    assert s.stop_buttons["work"].disabled
+    # One whole GPU (the other device) and then 0.75 of one: only 0.5 is free anywhere, so it queues.
+    await fleet.start_session("whole", {"project": "web", "gpu": 1})
+    await fleet.start_session("queued", {"project": "web", "gpu": 0.75})
+    await s.refresh()
+    by_name = {r["name"]: r for r in s.rows}
+    assert [r["name"] for r in s.rows] == ["work", "queued", "whole"]
+    assert by_name["whole"]["status"] == "RUNNING" and by_name["whole"]["url"] == "/user/alice/whole/lab"
+    assert by_name["queued"]["status_text"].startswith("PENDING (queue position 1)")
+    status_html = s._lines["queued"].children[2].value
+    assert "queue position 1" in status_html
+    assert 'href="/user/alice/whole/lab"' in s._lines["whole"].children[0].value
+    # The stop button (as a click in the page would): the queued one starts on the freed device.
+    button = s.stop_buttons["whole"]
+    assert not button.disabled
+    button.click()
+    await until(lambda: "whole" not in [r["name"] for r in s.rows], "the stopped session leaves the list")
+    assert s.message == "Stopped session whole." and not s.message_is_error
+    assert {r["name"]: r["status"] for r in s.rows} == {"work": "RUNNING", "queued": "RUNNING"}
+    assert "whole" not in s.stop_buttons and button.comm is None  # closed with its row
+    # A stop the service refuses says why.
+    assert not await s.stop("nope")
+    assert s.message_is_error and "you have no session named nope" in s.message_box.value
+
+
+# ------------------------------------------------------------------ SessionLauncher
+
+
+async def test_launcher_offers_choices_bounded_by_quota_and_starts(fleet, make):
+    launcher = make(SessionLauncher, fleet)
+    await launcher.refresh()
+    assert launcher.project.options == ("acme/ml", "acme/web") and launcher.project.value == "acme/ml"
+    assert launcher.left == {"cpu": 7, "mem": 63 * GiB, "gpu": None, "gpu.shares": 1.5}
+    # The inputs stop at what is left.
+    assert launcher.gpu.max == 1.5 and launcher.cpu.max == 7 and launcher.mem.max == 63
+    assert [v for _, v in launcher.image.options] == ["", "local/host", "pytorch:2.3"]
+    assert launcher.command.disabled
+    launcher.gpu.value = 0.5
+    launcher.name.value = "train"
+    by_slot = {r["slot"]: r for r in launcher.summary}
+    assert by_slot["gpu.shares"] == {"slot": "gpu.shares", "request": 0.5, "left": 1.5, "fits": True}
+    assert "left in acme/ml" in launcher.quota_box.value
+    assert await launcher.start() == {"name": "train", "status": 201}
+    assert launcher.message == "Session train has started." and not launcher.message_is_error
+    assert "Session train has started." in launcher.message_box.value
+    live = {s.name: s for s in fleet.all_sessions if s.status == "RUNNING"}
+    assert str(live["train"].slots["gpu.shares"]) == "0.5" and live["train"].project == "acme/ml"
+    # The refresh after the start shows less left.
+    assert launcher.left["gpu.shares"] == 1 and launcher.gpu.max == 1
+    # The other project: its own quota (only the domain and keypair bound it).
+    launcher.project.value = "acme/web"
+    assert launcher.left["gpu.shares"] == 3 and launcher.gpu.max == 3
+
+
+async def test_launcher_shows_the_refusal_past_quota(fleet, make):
+    launcher = make(SessionLauncher, fleet)
+    started = []
+    launcher.on_started(started.append)
+    await launcher.refresh()
+    launcher.gpu.value = 1.0
+    launcher.name.value = "big"
+    # Meanwhile another start takes the project's shares (the launcher's numbers are now stale).
+    await fleet.start_session("other", {"project": "acme/ml", "gpu": 1})
+    calls = len(fleet.calls)
+    assert await launcher.start() is None
+    assert launcher.message_is_error
+    assert launcher.message == (
+        "could not start big: project acme/ml would use 2.5 of its 2 gpu.shares (1.5 already in use)"
+    )
+    assert "would use 2.5 of its 2 gpu.shares" in launcher.message_box.value
+    assert "start_session" in fleet.calls[calls:] and started == []
+    assert "big" not in [s.name for s in fleet.all_sessions]
+    # ... and the form now knows what is left, and says the request is too big.
+    assert launcher.left["gpu.shares"] == 0.5 and launcher.gpu.value == 0.5
+    launcher.gpu.max = 2  # as if the quota had not been read again
+    launcher.gpu.value = 1.0
+    assert "the service will refuse it" in launcher.quota_box.value
+    # Wrong input is caught before anyone is asked.
+    launcher.session_type.value = "batch"
+    assert not launcher.command.disabled
+    calls = len(fleet.calls)
+    assert await launcher.start() is None
+    assert launcher.message == "a batch session needs a command" and fleet.calls[calls:] == []
+
+
+async def test_launcher_start_button_and_callback(fleet, make):
+    launcher = make(SessionLauncher, fleet)
+    sessions = make(Sessions, fleet)
+    await launcher.refresh()
+    await sessions.refresh()
+    launcher.on_started(lambda answer: sessions.schedule_refresh())
+    launcher.session_type.value = "batch"
+    launcher.command.value = "python train.py"
+    launcher.name.value = "job"
+    launcher.start_button.click()
+    await until(lambda: "job" in [r["name"] for r in sessions.rows], "the batch session shows in the list")
+    await until(lambda: not launcher.start_button.disabled, "the button is enabled again")
+    job = next(s for s in fleet.all_sessions if s.name == "job")
+    assert (job.type, job.command) == ("batch", "python train.py")
+
+
+# ------------------------------------------------------------------ VFolderBrowser
+
+
+async def test_folders_usage_upload_and_create(fleet, make):
+    MiB = 2**20
+    next(f for f in fleet.folders if f.name == "data").max_size = 50 * MiB  # small numbers, same levels
+    v = make(VFolderBrowser, fleet)
+    await v.refresh()
+    rows = {r["name"]: r for r in v.rows}
+    assert set(rows) == {"data", "shared-ml", "results-of-bob"}
+    assert (rows["data"]["owner"], rows["data"]["permission"], rows["data"]["text"]) == (
+        "mine",
+        "wd",
+        "40 MiB of 50 MiB",
+    )
+    assert rows["results-of-bob"]["owner"] == "shared by bob" and rows["results-of-bob"]["limit"] is None
+    assert v.bars[rows["results-of-bob"]["id"]].layout.display == "none"
+    # Only folders I may write to take uploads.
+    assert [name for name, _ in v.target.options] == ["data", "shared-ml"]
+    data_bar = v.bars[rows["data"]["id"]]
+    assert (data_bar.value, data_bar.max, data_bar.bar_style) == (40 * MiB, 50 * MiB, "warning")  # 80 %
+    # An upload as the page sends it: FileUpload's value.
+    v.target.value = rows["data"]["id"]
+    content = b"x" * (5 * MiB)
+    when = datetime.now(timezone.utc)
+    v.upload_button.value = (
+        {
+            "name": "big.bin",
+            "type": "",
+            "size": len(content),
+            "content": memoryview(content),
+            "last_modified": when,
+        },
+    )
+    await until(lambda: v.message.startswith("Uploaded"), "the upload finishes")
+    assert v.message == "Uploaded big.bin into data."
+    assert v.upload_button.value == ()
+    data_bar = v.bars[rows["data"]["id"]]
+    assert (data_bar.value, data_bar.bar_style) == (45 * MiB, "warning")  # 90 %
+    assert next(f for f in fleet.folders if f.name == "data").files["big.bin"] == len(content)
+    # Past the folder's limit: refused, the words shown, usage unchanged.
+    assert not await v.upload(rows["data"]["id"], [("more.bin", b"y" * (6 * MiB))])
+    assert v.message_is_error and "do not fit in vfolder data" in v.message
+    assert next(r for r in v.rows if r["name"] == "data")["usage"] == 45 * MiB
+    # Exactly full: danger.
+    assert await v.upload(rows["data"]["id"], [("last.bin", b"z" * (5 * MiB))])
+    assert (v.bars[rows["data"]["id"]].value, v.bars[rows["data"]["id"]].bar_style) == (50 * MiB, "danger")
+    # A read-only folder refuses too (the service is the judge, whatever the page sends).
+    assert not await v.upload(rows["results-of-bob"]["id"], [("x", b"1")])
+    assert "shared with you ro" in v.message
+    # Create a folder with the button.
+    v.new_name.value = "models"
+    v.create_button.click()
+    await until(lambda: "models" in [r["name"] for r in v.rows], "the new folder shows")
+    assert v.message == "Created folder models." and v.new_name.value == ""
+    assert "models" in [name for name, _ in v.target.options]
+    assert await v.create("models") is None and "already have a folder named models" in v.message
+
+
+# ------------------------------------------------------------------ GPUMonitor
+
+
+async def test_gpu_monitor_rows(fleet, make):
+    g = make(GPUMonitor, fleet)
+    assert g.refresh_interval == 0
+    await g.refresh()
+    cpu, mem, gpu = g.rows
+    assert cpu["kind"] == "cpu" and cpu["percent"] == 12.5 and cpu["max_percent"] == 100
+    assert (mem["used"], mem["limit"]) == (300 * 2**20, GiB)
+    assert (gpu["model"], gpu["shares"], gpu["utilization"]) == ("A100-80GB", 0.5, 37)
+    assert (gpu["memory_used"], gpu["memory_limit"]) == (2 * GiB, 40 * GiB)
+    util = g.bars[f"gpu:{gpu['uuid']}:util"]
+    gmem = g.bars[f"gpu:{gpu['uuid']}:mem"]
+    assert (util.value, util.max) == (37, 100) and g.labels[f"gpu:{gpu['uuid']}:util"].value == "37 %"
+    assert (gmem.value, gmem.max, gmem.bar_style) == (2 * GiB, 40 * GiB, "success")
+    assert g.labels[f"gpu:{gpu['uuid']}:mem"].value == "2 GiB of 40 GiB"
+    # Near the memory limit: warning; a driver that cannot tell utilization: n/a.
+    fleet.gpu_memory_used, fleet.gpu_utilization = 36 * GiB, None
+    await g.refresh()
+    assert gmem.bar_style == "warning" and g.labels[f"gpu:{gpu['uuid']}:util"].value == "n/a"
+    assert g.no_gpu.value == ""
+
+
+async def test_gpu_monitor_defaults_and_no_gpu(make):
+    fleet = FakeFleet()
+    fleet.current = fleet.add_session("cpu-only", {"project": "web", "cpu": 2})
+    g = make(GPUMonitor, fleet, refresh_interval=None)
+    assert g.refresh_interval == 2  # the default: live
+    await g.refresh()
+    assert [r["kind"] for r in g.rows] == ["cpu", "memory"]
+    assert g.rows[0]["max_percent"] == 200 and "No GPU" in g.no_gpu.value
+
+
+# ------------------------------------------------------------------ refreshing
+
+
+async def test_auto_refresh_picks_up_changes_and_close_stops_it(fleet, make):
+    q = make(QuotaMeter, fleet, refresh_interval=0.05)
+    g = make(GPUMonitor, fleet, refresh_interval=0.05)
+    await until(lambda: q.rows and g.rows, "the first load")
+    await fleet.start_session("b", {"project": "acme/ml", "gpu": 1})
+    fleet.gpu_utilization = 99
+    await until(
+        lambda: q.bar_for("project", "gpu.shares").value == 1.5, "the quota bar shows the new session"
+    )
+    await until(lambda: g.rows[2]["utilization"] == 99, "the GPU monitor shows the new utilization")
+    task = q._task
+    q.close()
+    await until(lambda: task.done(), "the refresh task ends")
+    assert task.cancelled()
+    seen = q.refreshes
+    await fleet.stop_session("b")
+    await asyncio.sleep(0.2)
+    assert q.refreshes == seen  # no more refreshes after close()
+    # Its controls are closed with it, down to the bars inside its rows.
+    assert q.comm is None and q.bars[("project", "gpu.shares")].comm is None
+
+
+async def test_a_failing_source_shows_its_error_and_recovers(fleet, make):
+    q = make(QuotaMeter, fleet, refresh_interval=0.05)
+    await until(lambda: q.refreshes > 0, "the first load")
+    rows = q.rows
+    fleet.fail = "the labfleet service did not answer (502)"
+    await until(lambda: q.error is not None, "the error shows")
+    assert q.error == "the labfleet service did not answer (502)"
+    assert "did not answer (502)" in q.error_box.value
+    assert q.rows == rows  # the last good data stays
+    assert not q._task.done()  # and it keeps trying
+    fleet.fail = None
+    await fleet.start_session("b", {"project": "acme/ml", "gpu": 0.25})
+    await until(lambda: q.error is None, "the error clears")
+    await until(lambda: q.bar_for("project", "gpu.shares").value == 0.75, "the fresh data shows")
+    assert q.error_box.value == ""
+
+
+async def test_every_widget_shows_a_failing_source(fleet, make):
+    fleet.fail = "session server unreachable"
+    for cls in (QuotaMeter, Sessions, SessionLauncher, VFolderBrowser, GPUMonitor):
+        w = make(cls, fleet)
+        assert not await w.refresh()
+        assert w.error == "session server unreachable" and "session server unreachable" in w.error_box.value
+        assert w.error_box in w.children
+    # A bug in the answer (not a FleetError) is shown too, not raised into the kernel.
+    fleet.fail = None
+    q = make(QuotaMeter, fleet)
+    q.client = type("Broken", (), {"quota": staticmethod(lambda: _raise(KeyError("used")))})()
+    assert not await q.refresh() and q.error == "KeyError: 'used'"
+
+
+async def _raise(e: Exception):
+    raise e

@@ -1,0 +1,194 @@
+"""The widgets' data source: an async client of the session's own labfleet endpoints.
+
+Every labfleet session answers ``<base_url>labfleet/...`` (server_ext/ENDPOINTS.md); a kernel runs
+next to that server, so it asks its own server, with the session's Hub token, and the server asks the
+labfleet service as the session's owner. Non-blocking: tornado's AsyncHTTPClient on the kernel's
+running loop, so a refresh never holds up the kernel.
+
+:class:`widgets.fake.FakeFleet` has the same coroutine methods, for tests and demos without a Hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+DEFAULT_TIMEOUT = 30.0
+# Hosts a server binds to that nobody connects to: the kernel reaches its server on the loopback.
+_ANY_HOSTS = {"", "0.0.0.0", "::", "[::]", "*"}
+
+
+class FleetError(Exception):
+    """A request the session or the labfleet service refused or could not answer; ``message`` says why."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def connectable(url: str) -> str:
+    """The server's bind URL as a URL to connect to: ``0.0.0.0`` (or no host) becomes ``127.0.0.1``,
+    and the path ends with a slash."""
+    parts = urlsplit(url)
+    if not parts.scheme:
+        raise FleetError(f"the session's URL {url!r} has no scheme (http:// or https://)")
+    host = parts.hostname or ""
+    netloc = parts.netloc
+    if host in _ANY_HOSTS or f"[{host}]" in _ANY_HOSTS:
+        netloc = "127.0.0.1" + (f":{parts.port}" if parts.port else "")
+    path = parts.path if parts.path.endswith("/") else parts.path + "/"
+    return urlunsplit((parts.scheme, netloc, path, "", ""))
+
+
+def server_path(name: str) -> str:
+    """A server name in ``labfleet/sessions/<name>``: the default server ``""`` is ``~``."""
+    return quote(name, safe="") if name else "~"
+
+
+def _message(body: bytes, fallback: str) -> str:
+    try:
+        data = json.loads(body or b"")
+    except (ValueError, UnicodeDecodeError):
+        return fallback
+    if isinstance(data, dict) and data.get("message"):
+        return str(data["message"])
+    return fallback
+
+
+class FleetClient:
+    """The labfleet endpoints of one session server, at ``base_url`` with ``token``.
+
+    ``FleetClient.from_env()`` reads ``$JUPYTERHUB_SERVICE_URL`` and ``$JUPYTERHUB_API_TOKEN``, which a
+    kernel of a session under a Hub has. From outside a session (tests, scripts) give both: e.g.
+    ``FleetClient("http://127.0.0.1:8000/user/alice/work/", token)`` through the Hub's proxy.
+    """
+
+    def __init__(
+        self, base_url: str, token: str | None, *, user: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        self.base_url = connectable(base_url)
+        self.token = token
+        self.timeout = timeout
+        self._user = user
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> FleetClient:
+        env = os.environ if environ is None else environ
+        url = env.get("JUPYTERHUB_SERVICE_URL")
+        token = env.get("JUPYTERHUB_API_TOKEN")
+        if not url or not token:
+            raise FleetError(
+                "not inside a labfleet session ($JUPYTERHUB_SERVICE_URL and $JUPYTERHUB_API_TOKEN are not"
+                " set): pass client=FleetClient(url, token), or widgets.fake.FakeFleet() for a demo"
+            )
+        return cls(url, token, user=env.get("JUPYTERHUB_USER") or None)
+
+    def __repr__(self) -> str:
+        return f"FleetClient({self.base_url!r})"
+
+    # -- HTTP ------------------------------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        data: bytes | None = None,
+        query: dict[str, str] | None = None,
+    ) -> Any:
+        """``method`` on ``<base_url><path>``; JSON ``body`` or raw ``data``; the answer's JSON (or None).
+
+        Raises :class:`FleetError` with the service's own message on a 4xx/5xx, and with the cause when
+        the server cannot be reached.
+        """
+        url = self.base_url + path.lstrip("/")
+        if query:
+            url += "?" + urlencode(query)
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"token {self.token}"
+        payload: bytes | None = None
+        if data is not None:
+            payload = data
+            headers["Content-Type"] = "application/octet-stream"
+        elif body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        elif method in ("POST", "PUT", "PATCH"):
+            payload = b""
+        req = HTTPRequest(
+            url,
+            method=method,
+            headers=headers,
+            body=payload,
+            connect_timeout=self.timeout,
+            request_timeout=self.timeout,
+            follow_redirects=False,
+        )
+        try:
+            resp = await AsyncHTTPClient().fetch(req, raise_error=False)
+        except HTTPClientError as e:  # pragma: no cover - raise_error=False leaves only 599s
+            raise FleetError(f"{method} {path}: {e}", 502) from None
+        except OSError as e:
+            raise FleetError(f"cannot reach the session server at {self.base_url}: {e}", 502) from None
+        if resp.code == 599:
+            raise FleetError(f"cannot reach the session server at {self.base_url}: {resp.error}", 504)
+        if resp.code >= 300:
+            fallback = f"{method} {path} answered {resp.code} {resp.reason}"
+            raise FleetError(_message(resp.body, fallback), resp.code)
+        if not resp.body:
+            return None
+        try:
+            return json.loads(resp.body)
+        except ValueError:
+            raise FleetError(f"{method} {path} did not answer JSON", 502) from None
+
+    # -- the endpoints the widgets use -------------------------------------------------------------------
+
+    async def session(self) -> dict[str, Any]:
+        return await self.request("GET", "labfleet/session")
+
+    async def user(self) -> str:
+        """The session's owner (the one the labfleet/api calls act as)."""
+        if not self._user:
+            self._user = str((await self.session())["user"])
+        return self._user
+
+    async def usage(self) -> dict[str, Any]:
+        return await self.request("GET", "labfleet/usage")
+
+    async def quota(self) -> dict[str, Any]:
+        return await self.request("GET", "labfleet/quota")
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return await self.request("GET", "labfleet/sessions")
+
+    async def start_session(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", f"labfleet/sessions/{server_path(name)}", options)
+
+    async def stop_session(self, name: str) -> Any:
+        return await self.request("DELETE", f"labfleet/sessions/{server_path(name)}")
+
+    async def launch_options(self) -> dict[str, Any]:
+        user = quote(await self.user(), safe="")
+        return await self.request("GET", f"labfleet/api/users/{user}/launch-options")
+
+    async def vfolders(self) -> list[dict[str, Any]]:
+        """My folders, those shared with me and my projects' folders (not the trashed ones)."""
+        return await self.request("GET", "labfleet/api/vfolders", query={"status": "READY"})
+
+    async def create_vfolder(self, name: str, **fields: Any) -> dict[str, Any]:
+        return await self.request("POST", "labfleet/api/vfolders", {"name": name, **fields})
+
+    async def upload(self, folder_id: str, path: str, data: bytes) -> dict[str, Any]:
+        """Write ``data`` to ``path`` in the folder (a whole-file PUT, sent with its Content-Length)."""
+        target = quote(path.lstrip("/"), safe="/")
+        return await self.request(
+            "PUT", f"labfleet/api/vfolders/{quote(folder_id, safe='')}/files/{target}", data=bytes(data)
+        )
