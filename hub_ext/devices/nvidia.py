@@ -11,6 +11,7 @@ pass a fake module with the same functions: ``NvidiaPlugin(nvml=fake)``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from hub_ext.devices.base import DeviceInfo, DevicePlugin
@@ -125,35 +126,43 @@ class NvidiaPlugin(DevicePlugin):
             return False
         return bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
 
+    def _on_device(self, uuid: str, what: str, read: Callable[[Any, Any], Any]) -> Any:
+        """``read(nvml, handle)`` of the device with this UUID, between nvmlInit and nvmlShutdown;
+        ``None`` when NVML or the device is not there."""
+        try:
+            nvml = self._module()
+        except ImportError as e:
+            log.debug("nvidia: no %s for %s: %s", what, uuid, e)
+            return None
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as e:  # no GPU here: expected, and asked often, so quietly
+            log.debug("nvidia: no %s for %s: NVML not available: %s", what, uuid, e)
+            return None
+        try:
+            return read(nvml, nvml.nvmlDeviceGetHandleByUUID(uuid.encode()))
+        except nvml.NVMLError as e:
+            log.warning("nvidia: no %s for %s: %s", what, uuid, e)
+            return None
+        finally:
+            self._shutdown(nvml)
+
     def utilization(self, uuid: str) -> dict[str, int | None] | None:
         """Now: ``{"gpu_util": percent or None, "mem_used": bytes, "mem_total": bytes}`` of the
         device (GPU or MIG instance) with this UUID; ``None`` when NVML or the device is not there.
 
         ``gpu_util`` is ``None`` where NVML does not measure it (MIG instances).
         """
-        try:
-            nvml = self._module()
-        except ImportError as e:
-            log.debug("nvidia: no utilization for %s: %s", uuid, e)
-            return None
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as e:  # no GPU here: expected, and asked often, so quietly
-            log.debug("nvidia: no utilization for %s: NVML not available: %s", uuid, e)
-            return None
-        try:
-            handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+
+        def read(nvml: Any, handle: Any) -> dict[str, int | None]:
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             try:
                 gpu_util: int | None = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
             except nvml.NVMLError:
                 gpu_util = None
             return {"gpu_util": gpu_util, "mem_used": int(mem.used), "mem_total": int(mem.total)}
-        except nvml.NVMLError as e:
-            log.warning("nvidia: no utilization for %s: %s", uuid, e)
-            return None
-        finally:
-            self._shutdown(nvml)
+
+        return self._on_device(uuid, "utilization", read)
 
     def processes(self, uuid: str) -> list[dict[str, int | None]] | None:
         """The compute processes on the device now, with their memory and (where NVML samples it) their
@@ -162,16 +171,8 @@ class NvidiaPlugin(DevicePlugin):
         Pids are the driver's: those of the node's PID namespace, which a session in a PID namespace of
         its own (a container, the local sandbox) cannot map to its own processes.
         """
-        try:
-            nvml = self._module()
-            nvml.nvmlInit()
-        except ImportError:
-            return None
-        except nvml.NVMLError as e:
-            log.debug("nvidia: no processes for %s: NVML not available: %s", uuid, e)
-            return None
-        try:
-            handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+
+        def read(nvml: Any, handle: Any) -> list[dict[str, int | None]]:
             running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             try:
                 samples: dict[int, int] | None = {
@@ -182,16 +183,10 @@ class NvidiaPlugin(DevicePlugin):
             out: list[dict[str, int | None]] = []
             for p in running:
                 used = getattr(p, "usedGpuMemory", None)
+                util = samples.get(int(p.pid), 0) if samples is not None else None
                 out.append(
-                    {
-                        "pid": int(p.pid),
-                        "mem_used": int(used) if used is not None else None,
-                        "gpu_util": samples.get(int(p.pid), 0) if samples is not None else None,
-                    }
+                    {"pid": int(p.pid), "mem_used": int(used) if used is not None else None, "gpu_util": util}
                 )
             return out
-        except nvml.NVMLError as e:
-            log.warning("nvidia: no processes for %s: %s", uuid, e)
-            return None
-        finally:
-            self._shutdown(nvml)
+
+        return self._on_device(uuid, "processes", read)

@@ -14,8 +14,10 @@ import os
 import secrets
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
@@ -316,13 +318,14 @@ class LabfleetService(Application):
                     self.log.warning("Could not purge the trash of vfolder %s: %s", folder_id, e)
             await self.rescan_vfolder(folder_id)
 
-    async def _housekeeping_loop(self) -> None:
+    async def _every(self, interval: int, job: Callable[[], Awaitable[Any]], what: str) -> None:
+        """Run ``job`` every ``interval`` seconds for as long as the service runs."""
         while True:
-            await asyncio.sleep(self.vfolder_scan_interval)
+            await asyncio.sleep(interval)
             try:
-                await self.vfolder_housekeeping()
+                await job()
             except Exception:  # keep the loop alive; the next round tries again
-                self.log.exception("vfolder housekeeping failed")
+                self.log.exception("%s failed", what)
 
     async def stop_expired_sessions(self) -> list[str]:
         """Ask the Hub to stop every running session past its max lifetime; the ids asked for."""
@@ -341,14 +344,6 @@ class LabfleetService(Application):
             else:
                 self.log.warning("Session %s reached its max lifetime, but the Hub did not stop it", sid)
         return stopped
-
-    async def _lifetime_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.lifetime_check_interval)
-            try:
-                await self.stop_expired_sessions()
-            except Exception:  # keep the loop alive; the next round tries again
-                self.log.exception("lifetime check failed")
 
     def make_app(self) -> web.Application:
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
@@ -388,9 +383,13 @@ class LabfleetService(Application):
             asyncio.ensure_future(self.hub_sync.sync_all(names))
             asyncio.ensure_future(self.reconcile_with_hub())
         if self.vfolder_scan_interval > 0:
-            asyncio.ensure_future(self._housekeeping_loop())
+            asyncio.ensure_future(
+                self._every(self.vfolder_scan_interval, self.vfolder_housekeeping, "vfolder housekeeping")
+            )
         if self.lifetime_check_interval > 0 and self.hub_sync.enabled:
-            asyncio.ensure_future(self._lifetime_loop())
+            asyncio.ensure_future(
+                self._every(self.lifetime_check_interval, self.stop_expired_sessions, "lifetime check")
+            )
         # The Hub stops its managed services with SIGTERM: finish cleanly, no traceback.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
