@@ -178,6 +178,7 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     page.locator(tid("lf-ns-submit")).click()
     second = page.locator(tid("lf-session-second"))
     expect(second).to_have_attribute("data-status", "RUNNING", timeout=90_000)
+    expect(page.locator(tid("lf-ns-started"))).to_have_count(0)  # the row now says how it stands
     shot(page, "sidebar-sessions-light", sidebar)
     # The second session's own file browser shows the new folder.
     other = context.new_page()

@@ -85,6 +85,13 @@ export function Sessions(props: {
   const list = store.data.sessions;
   const error = store.errors.sessions;
   const [started, setStarted] = React.useState<string | null>(null);
+  // The note stays only until the new session is listed: from then on its row says how it stands.
+  const listed = started !== null && !!list?.some(s => s.name === started);
+  React.useEffect(() => {
+    if (listed) {
+      setStarted(null);
+    }
+  }, [listed]);
   return (
     <div className="lf-sessions" data-testid="lf-sessions">
       <ErrorNote message={error} testid="lf-error-sessions" />
@@ -106,7 +113,7 @@ export function Sessions(props: {
       ) : (
         <Empty>No sessions.</Empty>
       )}
-      {started ? (
+      {started && !listed ? (
         <div className="lf-info" data-testid="lf-ns-started">
           Session {started} was asked for: it shows above as it starts.
         </div>
