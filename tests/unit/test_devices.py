@@ -433,3 +433,14 @@ def test_real_nvml_finds_a_gpu():
     assert all(d.memory_bytes > 0 and d.model for d in devices)
     usage = plugin.utilization(devices[0].uuid)
     assert usage is not None and usage["mem_total"] == devices[0].memory_bytes
+
+
+@pytest.mark.gpu
+def test_real_nvml_lists_processes_of_a_device():
+    """On a GPU machine: the session's usage endpoint reads processes through this call."""
+    plugin = NvidiaPlugin()
+    devices = plugin.discover()
+    assert devices, f"no GPU found: {plugin.reason}"
+    procs = plugin.processes(devices[0].uuid)
+    assert isinstance(procs, list)
+    assert all(isinstance(p["pid"], int) and p["pid"] > 0 for p in procs)
