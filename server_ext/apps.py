@@ -40,6 +40,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SERVICE_PORTS_ENV = "LABFLEET_SERVICE_PORTS"
@@ -298,6 +299,12 @@ def unavailable_reason(item: Launcher, environ: Mapping[str, str]) -> str | None
     return None
 
 
+def icon_path(name: str) -> str:
+    """The launcher's icon in JupyterLab's launcher (server_ext/icons/<name>.svg); empty: none."""
+    path = Path(__file__).with_name("icons") / f"{name}.svg"
+    return str(path) if path.is_file() else ""
+
+
 def available_launchers(environ: Mapping[str, str]) -> list[Launcher]:
     return [item for item in LAUNCHERS if unavailable_reason(item, environ) is None]
 
@@ -313,7 +320,7 @@ def launcher_config(name: str, environ: Mapping[str, str]) -> dict[str, Any]:
     environ = dict(environ)  # the commands are built when the app starts, from this snapshot
     config: dict[str, Any] = {
         "timeout": START_TIMEOUT,
-        "launcher_entry": {"title": item.title, "category": "Other"},
+        "launcher_entry": {"title": item.title, "category": "Other", "icon_path": icon_path(item.name)},
         "new_browser_tab": True,
     }
     if name == "tensorboard":

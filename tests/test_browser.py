@@ -204,6 +204,10 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     expect(tab.locator("body")).to_contain_text("TensorBoard", timeout=WAIT_MS)
     tab.close()
 
+    # The JupyterLab launcher lists the apps too (jupyter-server-proxy's cards).
+    expect(page.locator(".jp-LauncherCard", has_text="TensorBoard").first).to_be_visible()
+    shot(page, "lab-launcher-light")
+
     # The status bar shows the session's GPU share and use.
     status = page.locator(tid("lf-statusbar"))
     expect(status).to_contain_text("GPU")
@@ -217,4 +221,15 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     time.sleep(0.5)  # the theme's stylesheet applies after the attribute changes
     shot(page, "sidebar-dark", sidebar)
     shot(page, "lab-dark")
+
+    # The notebook widgets, rendered by Voila inside the session with the real service.
+    home = hub.state / "homes" / "alice"
+    shutil.copy(REPO / "widgets" / "examples" / "fleet.ipynb", home / "fleet.ipynb")
+    voila = context.new_page()
+    voila.goto(f"{hub.url}/user/alice/work/voila/render/fleet.ipynb")
+    expect(voila.locator(".labfleet-widget").first).to_be_visible(timeout=90_000)
+    expect(voila.locator("body")).to_contain_text("acme/ml")
+    expect(voila.locator("body")).not_to_contain_text("Traceback")
+    time.sleep(1)  # the widgets' first refresh fills their rows
+    shot(voila, "voila-widgets", None)
     context.close()
