@@ -513,6 +513,15 @@ def queue_view(db: Session, group: ResourceGroup) -> list[dict[str, Any]]:
     return [dict(session_view(by_id[i.session_id]), position=positions[i.session_id]) for i in ordered]
 
 
+def lifetime_of(s: ComputeSession) -> tuple[str | None, int | None, datetime | None]:
+    """(when it first ran, its max lifetime in seconds, when that ends): ``None`` where there is none."""
+    started = next((h["at"] for h in s.status_history or [] if h.get("status") == "RUNNING"), None)
+    policy = s.keypair.resource_policy if s.keypair is not None else None
+    lifetime = (policy.max_session_lifetime or None) if policy is not None else None
+    expires = datetime.fromisoformat(started) + timedelta(seconds=lifetime) if started and lifetime else None
+    return started, lifetime, expires
+
+
 def session_detail(db: Session, s: ComputeSession) -> dict[str, Any]:
     """One session as its own endpoint answers it: the view, plus where it queues, the service ports its
     image declares (the session's app launchers) and its lifetime under the keypair policy."""
@@ -520,27 +529,17 @@ def session_detail(db: Session, s: ComputeSession) -> dict[str, Any]:
     view["queue_position"] = position_of(db, s)
     image = db.scalar(select(Image).where(Image.name == s.image)) if s.image else None
     view["service_ports"] = list(image.service_ports or []) if image is not None else []
-    started = next((h["at"] for h in s.status_history or [] if h.get("status") == "RUNNING"), None)
-    policy = s.keypair.resource_policy if s.keypair is not None else None
-    lifetime = policy.max_session_lifetime if policy is not None and policy.max_session_lifetime else None
+    started, lifetime, expires = lifetime_of(s)
     view["started_at"] = started
     view["max_lifetime"] = lifetime
-    view["expires_at"] = (
-        (datetime.fromisoformat(started) + timedelta(seconds=lifetime)).isoformat()
-        if started and lifetime
-        else None
-    )
+    view["expires_at"] = expires.isoformat() if expires else None
     return view
 
 
 def past_lifetime(db: Session, now: datetime) -> list[ComputeSession]:
     """Running sessions that have outlived their keypair policy's ``max_session_lifetime``."""
-    out = []
-    for s in db.scalars(select(ComputeSession).where(ComputeSession.status == "RUNNING")):
-        expires = session_detail(db, s)["expires_at"]
-        if expires and datetime.fromisoformat(expires) <= now:
-            out.append(s)
-    return out
+    running = db.scalars(select(ComputeSession).where(ComputeSession.status == "RUNNING"))
+    return [s for s in running if (expires := lifetime_of(s)[2]) is not None and expires <= now]
 
 
 def position_of(db: Session, s: ComputeSession) -> int | None:

@@ -78,15 +78,18 @@ class SessionCalls:
         """``method`` on ``<service api>/<path>``; ``raw`` sends bytes as they are (file uploads)."""
         if not self.service_url:
             return Answer(503, {"message": "this session has no labfleet service (LABFLEET_SERVICE_URL)"})
-        return await self._call(self.service_url, method, path, body, query, raw, content_type)
+        return await self._call(
+            "the labfleet service", self.service_url, method, path, body, query, raw, content_type
+        )
 
     async def hub(self, method: str, path: str, body: Any = None) -> Answer:
         if not self.hub_api_url:
             return Answer(503, {"message": "this session runs outside a Hub (no JUPYTERHUB_API_URL)"})
-        return await self._call(self.hub_api_url, method, path, body, None, None, None)
+        return await self._call("the Hub", self.hub_api_url, method, path, body, None, None, None)
 
     async def _call(
         self,
+        what: str,
         base: str,
         method: str,
         path: str,
@@ -122,11 +125,11 @@ class SessionCalls:
         try:
             response = await AsyncHTTPClient().fetch(request, raise_error=False)
         except HTTPClientError as e:  # raised for timeouts even with raise_error=False
-            return Answer(504, {"message": f"{_what(base, self)} did not answer: {e}"})
+            return Answer(504, {"message": f"{what} did not answer: {e}"})
         except OSError as e:
-            return Answer(502, {"message": f"{_what(base, self)} cannot be reached: {e}"})
+            return Answer(502, {"message": f"{what} cannot be reached: {e}"})
         if response.code == 599:
-            return Answer(504, {"message": f"{_what(base, self)} did not answer: {response.error}"})
+            return Answer(504, {"message": f"{what} did not answer: {response.error}"})
         ctype = response.headers.get("Content-Type", "")
         text = response.body or b""
         if "json" in ctype:
@@ -135,10 +138,6 @@ class SessionCalls:
             except ValueError:
                 pass
         return Answer(response.code, text, ctype or "application/octet-stream")
-
-
-def _what(base: str, calls: SessionCalls) -> str:
-    return "the labfleet service" if base == calls.service_url else "the Hub"
 
 
 def quoted(name: str) -> str:

@@ -250,28 +250,10 @@ class ServiceProxyHandler(FleetHandler):
 
     @web.authenticated
     @authorized
-    async def get(self, path: str) -> None:
+    async def _any(self, path: str) -> None:
         await self._pass(path)
 
-    @web.authenticated
-    @authorized
-    async def post(self, path: str) -> None:
-        await self._pass(path)
-
-    @web.authenticated
-    @authorized
-    async def patch(self, path: str) -> None:
-        await self._pass(path)
-
-    @web.authenticated
-    @authorized
-    async def put(self, path: str) -> None:
-        await self._pass(path)
-
-    @web.authenticated
-    @authorized
-    async def delete(self, path: str) -> None:
-        await self._pass(path)
+    get = post = patch = put = delete = _any
 
 
 def fleet_handlers(context: FleetContext) -> list[tuple[str, Any, dict[str, Any]]]:
