@@ -10,7 +10,7 @@ Method:
 - the cluster is first filled to ``--fill`` of its GPU capacity with the trace's first tasks
   (placed in memory by the group's policy and written as RUNNING sessions in one bulk insert);
 - then ``--admissions`` tasks from the trace (continuing where the fill stopped) are admitted
-  one by one with ``hub_ext.sessions.admit``, each in its own transaction and commit, as the
+  one by one with ``hub_ext.compute.sessions.admit``, each in its own transaction and commit, as the
   service does; before each one, while the GPU demand held is above the fill level, a random
   running session is stopped (``sessions.terminate``), so the run stays at that fill; a task that
   has to wait (PENDING) is cancelled at once, so no queue builds up.
@@ -18,7 +18,7 @@ Method:
 Measured per admission: the whole decision (open the transaction, admit, commit), and within
 it the in-memory placement step (every ``Cluster.place`` call the decision makes, timed by a
 wrapper installed here); the DB transaction's cost is the difference.  The cluster cache's hit
-rate is that of the decisions (``hub_ext.clustercache``).
+rate is that of the decisions (``hub_ext.compute.clustercache``).
 
 Usage::
 
@@ -53,15 +53,16 @@ for p in (REPO, REPO / "benchmarks"):
 from packing import Task, arrivals, data_dir, load_nodes, load_tasks, percentile  # noqa: E402
 from sqlalchemy import insert, select  # noqa: E402
 
-from hub_ext import clustercache, nodes, policies, sessions, tenancy  # noqa: E402
-from hub_ext import db as lfdb  # noqa: E402
-from hub_ext.authz import Actor  # noqa: E402
-from hub_ext.devices.base import DeviceInfo, NodeInfo  # noqa: E402
-from hub_ext.models import Allocation, ComputeSession, Device, Keypair, Project, User  # noqa: E402
-from hub_ext.models import Node as NodeRow  # noqa: E402
-from hub_ext.scheduler import POLICIES, Cluster, Node  # noqa: E402
-from hub_ext.secretbox import ensure_key_file  # noqa: E402
-from hub_ext.slots import ResourceSlots  # noqa: E402
+from hub_ext.compute import clustercache, nodes, sessions  # noqa: E402
+from hub_ext.compute.devices.base import DeviceInfo, NodeInfo  # noqa: E402
+from hub_ext.compute.scheduler import POLICIES, Cluster, Node  # noqa: E402
+from hub_ext.core import db as lfdb  # noqa: E402
+from hub_ext.core.authz import Actor  # noqa: E402
+from hub_ext.core.models import Allocation, ComputeSession, Device, Keypair, Project, User  # noqa: E402
+from hub_ext.core.models import Node as NodeRow  # noqa: E402
+from hub_ext.core.secretbox import ensure_key_file  # noqa: E402
+from hub_ext.core.slots import ResourceSlots  # noqa: E402
+from hub_ext.tenancy import directory, policies  # noqa: E402
 
 CLI = Actor.cli()
 GROUP = "openb"
@@ -142,12 +143,12 @@ def build_world(url: str, node_list: list[Node], domains: int, placement: str) -
         )
         for d in range(domains):
             dname = f"d{d}"
-            tenancy.create_domain(db, CLI, {"name": dname})
+            directory.create_domain(db, CLI, {"name": dname})
             for p in range(2):
-                tenancy.create_project(db, CLI, {"domain": dname, "name": f"p{p}"})
+                directory.create_project(db, CLI, {"domain": dname, "name": f"p{p}"})
                 for u in range(2):
                     name = f"u{d}-{p}-{u}"
-                    tenancy.create_user(db, CLI, {"username": name, "domain": dname, "projects": [f"p{p}"]})
+                    directory.create_user(db, CLI, {"username": name, "domain": dname, "projects": [f"p{p}"]})
                     users.append((name, f"{dname}/p{p}"))
         for n in node_list:
             devices = [

@@ -33,7 +33,7 @@ from urllib.parse import quote
 from jupyterhub.spawner import SpawnException
 from traitlets import Float, Integer, Unicode, default
 
-from hub_ext.client import LabfleetServiceClient, Reply
+from hub_ext.hub.client import LabfleetServiceClient, Reply
 
 from . import form
 from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts

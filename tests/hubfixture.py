@@ -14,11 +14,11 @@ from pathlib import Path
 
 import requests
 
-from hub_ext import db as lfdb
-from hub_ext import tenancy
-from hub_ext.authz import Actor
-from hub_ext.policies import ensure_default_keypair_policy
-from hub_ext.secretbox import ensure_key_file
+from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
+from hub_ext.core.secretbox import ensure_key_file
+from hub_ext.tenancy import directory
+from hub_ext.tenancy.policies import ensure_default_keypair_policy
 
 REPO = Path(__file__).parent.parent
 ADMIN_PASSWORD = "root-password-1"
@@ -38,8 +38,8 @@ def seed(db_url: str) -> None:
     with lfdb.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         cli = Actor.cli()
-        tenancy.create_domain(db, cli, {"name": "root"})
-        tenancy.create_user(
+        directory.create_domain(db, cli, {"name": "root"})
+        directory.create_user(
             db, cli, {"username": "root", "domain": "root", "role": "superadmin", "password": ADMIN_PASSWORD}
         )
     engine.dispose()

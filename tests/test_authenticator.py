@@ -1,4 +1,4 @@
-"""The labfleet authenticators (hub_ext/authenticator.py).
+"""The labfleet authenticators (hub_ext/hub/authenticator.py).
 
 Part A drives the authenticators against a small HTTP fake of the labfleet service's three internal
 auth endpoints (the service itself is tested for real elsewhere; the fake only lives in this file).
@@ -37,15 +37,15 @@ from traitlets import List as TList
 from traitlets import Set
 from traitlets.config import Configurable
 
-from hub_ext import authenticator as lfauth
-from hub_ext import hubmap
-from hub_ext.authenticator import (
+from hub_ext.core import hubmap
+from hub_ext.hub import authenticator as lfauth
+from hub_ext.hub.authenticator import (
     LabfleetAuthenticator,
     LabfleetAuthModel,
     LabfleetDelegatingMixin,
     labfleet_authenticator_for,
 )
-from hub_ext.client import DEFAULT_SERVICE_URL
+from hub_ext.hub.client import DEFAULT_SERVICE_URL
 
 TOKEN = "svc-" + secrets.token_hex(16)
 API = "/services/labfleet/api"
@@ -862,16 +862,16 @@ class ThreadedIdP:
 @pytest.mark.hub
 def test_real_hub_oauth_login(tmp_path, monkeypatch):
     """A real Hub (jupyterhub_config.py + the labfleet service) logging a browser in through the IdP."""
-    from hub_ext import db as lfdb
-    from hub_ext import tenancy
-    from hub_ext.authz import Actor
-    from hub_ext.secretbox import KEY_FILE_ENV, ensure_key_file
+    from hub_ext.core import db as lfdb
+    from hub_ext.core.authz import Actor
+    from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file
+    from hub_ext.tenancy import directory
     from tests.hubfixture import seed, start_hub
 
     with ThreadedIdP() as idp:
         extra = "\n".join(
             [
-                "from hub_ext.authenticator import labfleet_authenticator_for",
+                "from hub_ext.hub.authenticator import labfleet_authenticator_for",
                 "c.JupyterHub.authenticator_class = labfleet_authenticator_for('generic-oauth')",
                 f"c.GenericOAuthenticator.client_id = {idp.client_id!r}",
                 f"c.GenericOAuthenticator.client_secret = {idp.client_secret!r}",
@@ -896,8 +896,8 @@ def test_real_hub_oauth_login(tmp_path, monkeypatch):
         seed(db_url)
         engine = lfdb.make_engine(db_url)
         with lfdb.session_scope(lfdb.make_session_factory(engine)) as db:
-            tenancy.create_domain(db, Actor.cli(), {"name": "acme"})
-            tenancy.create_project(db, Actor.cli(), {"domain": "acme", "name": "ml"})
+            directory.create_domain(db, Actor.cli(), {"name": "acme"})
+            directory.create_project(db, Actor.cli(), {"domain": "acme", "name": "ml"})
         engine.dispose()
         hub = start_hub(state, db_url=db_url, extra_config=extra, do_seed=False)
         try:

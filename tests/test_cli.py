@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.passwords import verify_password
+from hub_ext.core.passwords import verify_password
 
 REPO = Path(__file__).resolve().parents[1]
 LOGIN_URL = "http://127.0.0.1:8000/hub/login"

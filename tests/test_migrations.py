@@ -7,11 +7,11 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from hub_ext import db as lfdb
-from hub_ext import tenancy
-from hub_ext.authz import Actor
-from hub_ext.models import Base, Keypair
-from hub_ext.policies import ensure_default_keypair_policy
+from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
+from hub_ext.core.models import Base, Keypair
+from hub_ext.tenancy import directory
+from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
 
 TABLES = {
@@ -43,7 +43,7 @@ TABLES = {
 
 def _check_upgrade(url, monkeypatch, tmp_path):
     monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
-    from hub_ext.secretbox import ensure_key_file
+    from hub_ext.core.secretbox import ensure_key_file
 
     ensure_key_file(tmp_path / "key")
     engine = lfdb.make_engine(url)
@@ -58,16 +58,18 @@ def _check_upgrade(url, monkeypatch, tmp_path):
     factory = lfdb.make_session_factory(engine)
     with lfdb.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
-        tenancy.create_domain(db, Actor.cli(), {"name": "acme", "total_resource_slots": {"gpu.shares": 0.3}})
-        tenancy.create_user(db, Actor.cli(), {"username": "ann", "domain": "acme"})
+        directory.create_domain(
+            db, Actor.cli(), {"name": "acme", "total_resource_slots": {"gpu.shares": 0.3}}
+        )
+        directory.create_user(db, Actor.cli(), {"username": "ann", "domain": "acme"})
     with lfdb.session_scope(factory) as db:
-        d = tenancy.get_domain(db, "acme")
+        d = directory.get_domain(db, "acme")
         assert d.slots["gpu.shares"] == d.slots.parse({"gpu.shares": "0.1"}).get_amount("gpu.shares") * 3
         main = db.scalars(select(Keypair)).one()
         assert main.is_main
     with pytest.raises(IntegrityError):
         with lfdb.session_scope(factory) as db:
-            user = tenancy.get_user(db, "ann")
+            user = directory.get_user(db, "ann")
             policy = user.keypairs[0].resource_policy
             second = Keypair(access_key="A" * 20, secret_key_encrypted="x", user=user, resource_policy=policy)
             second.is_main, second.is_active = True, True

@@ -7,15 +7,16 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import func, select
 
-from hub_ext import db as lfdb
-from hub_ext import nodes, sessions, tenancy
-from hub_ext.authz import Actor
-from hub_ext.devices.base import NodeInfo
-from hub_ext.devices.mock import MockPlugin
-from hub_ext.errors import LabfleetError
-from hub_ext.models import Allocation, ComputeSession
-from hub_ext.policies import ensure_default_keypair_policy
-from hub_ext.secretbox import ensure_key_file
+from hub_ext.compute import nodes, sessions
+from hub_ext.compute.devices.base import NodeInfo
+from hub_ext.compute.devices.mock import MockPlugin
+from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import LabfleetError
+from hub_ext.core.models import Allocation, ComputeSession
+from hub_ext.core.secretbox import ensure_key_file
+from hub_ext.tenancy import directory
+from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
 
 CLI = Actor.cli()
@@ -32,12 +33,12 @@ def _world(url, tmp_path, monkeypatch, gpus=1, project_cap=None):
     with lfdb.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
-        tenancy.create_domain(db, CLI, {"name": "acme"})
-        tenancy.create_project(
+        directory.create_domain(db, CLI, {"name": "acme"})
+        directory.create_project(
             db, CLI, {"domain": "acme", "name": "ml", "total_resource_slots": project_cap or {}}
         )
-        tenancy.create_user(db, CLI, {"username": "alice", "domain": "acme", "projects": ["ml"]})
-        tenancy.create_user(db, CLI, {"username": "bob", "domain": "acme", "projects": ["ml"]})
+        directory.create_user(db, CLI, {"username": "alice", "domain": "acme", "projects": ["ml"]})
+        directory.create_user(db, CLI, {"username": "bob", "domain": "acme", "projects": ["ml"]})
         devs = MockPlugin(
             devices=[{"model": "A100-80GB", "memory": "80g", "count": gpus}], node="n1"
         ).discover()

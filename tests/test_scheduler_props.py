@@ -26,13 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from hub_ext import clustercache, keypairs, nodes, policies, sessions, tenancy
-from hub_ext import db as lfdb
-from hub_ext.authz import Actor
-from hub_ext.devices.base import NodeInfo
-from hub_ext.devices.mock import MockPlugin
-from hub_ext.errors import LabfleetError
-from hub_ext.models import (
+from hub_ext.compute import clustercache, nodes, sessions
+from hub_ext.compute.devices.base import NodeInfo
+from hub_ext.compute.devices.mock import MockPlugin
+from hub_ext.compute.scheduler import admission
+from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import LabfleetError
+from hub_ext.core.models import (
     HOLDING_STATUSES,
     Allocation,
     ComputeSession,
@@ -43,9 +44,9 @@ from hub_ext.models import (
     ResourceGroup,
     User,
 )
-from hub_ext.scheduler import admission
-from hub_ext.secretbox import ensure_key_file
-from hub_ext.slots import ResourceSlots, charged
+from hub_ext.core.secretbox import ensure_key_file
+from hub_ext.core.slots import ResourceSlots, charged
+from hub_ext.tenancy import directory, keypairs, policies
 from tests.postgres_server import fresh_database
 
 CLI = Actor.cli()
@@ -78,11 +79,11 @@ def _world(url: str, key_file: Path) -> None:
         policies.create_policy(db, CLI, "keypair", {"name": "capped"})
         nodes.ensure_default_group(db)
         for domain, projects in (("acme", ["ml", "cv"]), ("beta", ["x"])):
-            tenancy.create_domain(db, CLI, {"name": domain})
+            directory.create_domain(db, CLI, {"name": domain})
             for p in projects:
-                tenancy.create_project(db, CLI, {"domain": domain, "name": p})
+                directory.create_project(db, CLI, {"domain": domain, "name": p})
         for user, (domain, projects) in USERS.items():
-            tenancy.create_user(db, CLI, {"username": user, "domain": domain, "projects": projects})
+            directory.create_user(db, CLI, {"username": user, "domain": domain, "projects": projects})
         keypairs.issue(db, CLI, {"username": "alice", "resource_policy": "capped"})
         for name, (cpu, mem, gpus) in NODES.items():
             nodes.register_node(db, _node_info(name, cpu, mem, gpus))
@@ -330,9 +331,9 @@ def _configure(factory, world: dict[str, Any]) -> None:
         )
         for full, cap in world["projects"].items():
             d, p = full.split("/")
-            tenancy.update_project(db, CLI, d, p, {"total_resource_slots": cap})
+            directory.update_project(db, CLI, d, p, {"total_resource_slots": cap})
         for d, cap in world["domains"].items():
-            tenancy.update_domain(db, CLI, d, {"total_resource_slots": cap})
+            directory.update_domain(db, CLI, d, {"total_resource_slots": cap})
         policies.update_policy(db, CLI, "keypair", "capped", world["keypair"])
         policies.update_policy(db, CLI, "keypair", "default", world["default_keypair"])
 
@@ -440,7 +441,7 @@ def test_other_writers_bump_the_version(world_copy):
         assert v2 > v
     assert clustercache.peek(engine, _group_id_of(factory)).version < v2
     with lfdb.session_scope(factory) as db:
-        tenancy.delete_user(db, CLI, "carol")
+        directory.delete_user(db, CLI, "carol")
         assert clustercache.version(db, _group_id(db)) > v2
     with lfdb.session_scope(factory) as db:
         assert db.scalar(select(func.count()).select_from(Allocation)) == 0

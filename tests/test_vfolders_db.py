@@ -7,13 +7,16 @@ from threading import Barrier
 import pytest
 from sqlalchemy import func, select
 
-from hub_ext import db as lfdb
-from hub_ext import policies, storage, tenancy, vfolders, vfquota
-from hub_ext.authz import Actor
-from hub_ext.errors import LabfleetError
-from hub_ext.models import VFolderUpload
-from hub_ext.policies import ensure_default_keypair_policy
-from hub_ext.secretbox import ensure_key_file
+from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import LabfleetError
+from hub_ext.core.models import VFolderUpload
+from hub_ext.core.secretbox import ensure_key_file
+from hub_ext.storage import folders as vfolders
+from hub_ext.storage import hosts
+from hub_ext.storage import quota as vfquota
+from hub_ext.tenancy import directory, policies
+from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
 
 CLI = Actor.cli()
@@ -36,15 +39,15 @@ def world(request, tmp_path, monkeypatch):
     factory = lfdb.make_session_factory(engine)
     with lfdb.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
-        storage.ensure_host(
-            db, {"name": "local", "path": str(tmp_path / "vf"), "default_permissions": list(storage.RIGHTS)}
+        hosts.ensure_host(
+            db, {"name": "local", "path": str(tmp_path / "vf"), "default_permissions": list(hosts.RIGHTS)}
         )
         policies.create_policy(
             db, CLI, "user", {"name": "small", "max_quota_scope_size": LIMIT, "max_vfolder_count": 2}
         )
-        tenancy.create_domain(db, CLI, {"name": "acme"})
-        tenancy.create_project(db, CLI, {"domain": "acme", "name": "ml"})
-        tenancy.create_user(
+        directory.create_domain(db, CLI, {"name": "acme"})
+        directory.create_project(db, CLI, {"domain": "acme", "name": "ml"})
+        directory.create_user(
             db, CLI, {"username": "alice", "domain": "acme", "projects": ["ml"], "resource_policy": "small"}
         )
     yield factory
@@ -53,7 +56,7 @@ def world(request, tmp_path, monkeypatch):
 
 def _actor(factory, name="alice"):
     with lfdb.session_scope(factory) as db:
-        return tenancy.actor_for(tenancy.get_user(db, name))
+        return directory.actor_for(directory.get_user(db, name))
 
 
 def test_racing_reservations_never_pass_the_scope_limit(world):
@@ -106,7 +109,7 @@ def test_mounts_for_a_session_include_dot_folders_and_refuse_the_unreachable(wor
         dot = vfolders.create(db, alice, {"name": ".cfg"}, default_host="local")
         data_id, dot_id = data.id, dot.id
     with lfdb.session_scope(factory) as db:
-        user = tenancy.get_user(db, "alice")
+        user = directory.get_user(db, "alice")
         got = {v.id: perm for v, perm in vfolders.resolve_mounts(db, user, ["data"])}
         assert got == {data_id: "wd", dot_id: "wd"}
         assert {v.id for v, _ in vfolders.resolve_mounts(db, user, [])} == {dot_id}
@@ -124,18 +127,18 @@ def test_host_rights_come_from_the_host_domain_project_and_keypair_policy(world,
     factory = world
     alice = _actor(factory)
     with lfdb.session_scope(factory) as db:
-        storage.create_host(db, CLI, {"name": "nfs", "path": str(tmp_path / "nfs")})
+        hosts.create_host(db, CLI, {"name": "nfs", "path": str(tmp_path / "nfs")})
     # No right at all on a host without defaults or grants.
     with pytest.raises(LabfleetError) as e, lfdb.session_scope(factory) as db:
         vfolders.create(db, alice, {"name": "x", "host": "nfs"}, default_host="local")
     assert e.value.status == 403 and "create-vfolder" in e.value.message
     with lfdb.session_scope(factory) as db:
-        tenancy.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": {"nfs": ["create-vfolder"]}})
+        directory.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": {"nfs": ["create-vfolder"]}})
         fid = vfolders.create(db, alice, {"name": "x", "host": "nfs"}, default_host="local").id
     with lfdb.session_scope(factory) as db:
         v, _ = vfolders.readable(db, alice, fid)
         assert vfolders.host_rights(db, alice, v) == {"create-vfolder"}
-        user = tenancy.get_user(db, "alice")
+        user = directory.get_user(db, "alice")
         with pytest.raises(LabfleetError) as e:
             vfolders.resolve_mounts(db, user, ["x"])
         assert e.value.status == 403 and "mount-in-session" in e.value.message
@@ -148,23 +151,23 @@ def test_host_rights_come_from_the_host_domain_project_and_keypair_policy(world,
             db, CLI, "keypair", "default", {"allowed_storage_hosts": {"nfs": ["mount-in-session"]}}
         )
     with lfdb.session_scope(factory) as db:
-        user = tenancy.get_user(db, "alice")
+        user = directory.get_user(db, "alice")
         assert [v.id for v, _ in vfolders.resolve_mounts(db, user, ["x"])] == [fid]
         policies.update_policy(db, CLI, "keypair", "default", {"allowed_storage_hosts": ["nfs"]})
     with lfdb.session_scope(factory) as db:
         v, _ = vfolders.readable(db, alice, fid)
-        assert vfolders.host_rights(db, alice, v) == set(storage.RIGHTS)
+        assert vfolders.host_rights(db, alice, v) == set(hosts.RIGHTS)
         vfolders.trash(db, alice, fid)
     # A project's grant counts for that project's folders only; bad grants are refused.
     with lfdb.session_scope(factory) as db:
         policies.update_policy(db, CLI, "keypair", "default", {"allowed_storage_hosts": []})
-        tenancy.update_project(db, CLI, "acme", "ml", {"allowed_vfolder_hosts": {"nfs": ["upload-file"]}})
-        tenancy.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": {}})
+        directory.update_project(db, CLI, "acme", "ml", {"allowed_vfolder_hosts": {"nfs": ["upload-file"]}})
+        directory.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": {}})
         pf = vfolders.create(
             db, CLI, {"name": "team", "project": "acme/ml", "host": "nfs"}, default_host="local"
         )
         assert vfolders.host_rights(db, alice, pf) == {"upload-file"}
         for bad in ({"nfs": ["fly"]}, {"NFS!": []}, ["nfs"], {"nfs": "upload-file"}):
             with pytest.raises(LabfleetError) as e:
-                tenancy.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": bad})
+                directory.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": bad})
             assert e.value.status == 400

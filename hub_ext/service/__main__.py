@@ -1,3 +1,3 @@
-from .app import main
+from hub_ext.service.app import main
 
 main()

@@ -1,7 +1,7 @@
 """The labfleet service: a Hub-managed tornado application at ``/services/labfleet/``.
 
 It is the single writer of labfleet state.  The Hub starts it from
-``jupyterhub_config.py`` (see ``hub_ext.hubconfig``) with the usual service
+``jupyterhub_config.py`` (see ``hub_ext.hub.configure``) with the usual service
 environment (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_SERVICE_URL``, ...).
 """
 
@@ -26,19 +26,23 @@ from tornado import web
 from traitlets import Bool, Dict, Integer, List, Unicode, default
 from traitlets.config import Application
 
-from .. import audit, images, nodes, sessions, storage, vfolders, vfquota
-from .. import db as lfdb
-from ..authz import Actor
-from ..devices import describe_node, get_plugin
-from ..errors import LabfleetError
-from ..models import FINAL_STATUSES, ComputeSession, User, VFolder
-from ..policies import ensure_default_keypair_policy
-from ..secretbox import SecretBox
-from ..signing import RateLimiter
-from ..storage import RIGHTS
-from .base import NotFoundHandler
-from .handlers import routes
-from .hubsync import HubSync
+from hub_ext.compute import images, nodes, sessions
+from hub_ext.compute.devices import describe_node, get_plugin
+from hub_ext.core import audit
+from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import LabfleetError
+from hub_ext.core.models import FINAL_STATUSES, ComputeSession, User, VFolder
+from hub_ext.core.secretbox import SecretBox
+from hub_ext.core.signing import RateLimiter
+from hub_ext.service.base import NotFoundHandler
+from hub_ext.service.handlers import routes
+from hub_ext.service.hubsync import HubSync
+from hub_ext.storage import folders as vfolders
+from hub_ext.storage import hosts
+from hub_ext.storage import quota as vfquota
+from hub_ext.storage.hosts import RIGHTS
+from hub_ext.tenancy.policies import ensure_default_keypair_policy
 
 
 class LabfleetService(Application):
@@ -209,7 +213,7 @@ class LabfleetService(Application):
         self.ensure_images()
         with lfdb.session_scope(self.session_factory) as db:
             for h in self.storage_hosts:
-                storage.ensure_host(db, h)
+                hosts.ensure_host(db, h)
         self.secretbox = SecretBox()
         self.limiter = RateLimiter()
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)

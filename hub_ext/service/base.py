@@ -12,12 +12,13 @@ from typing import Any
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
 
-from .. import keypairs, signing
-from ..authz import Actor
-from ..db import session_scope
-from ..errors import Forbidden, InvalidInput, LabfleetError, RateLimited, Unauthorized
-from ..secretbox import SecretKeyMissing
-from ..tenancy import actor_for, get_user
+from hub_ext.core import signing
+from hub_ext.core.authz import Actor
+from hub_ext.core.db import session_scope
+from hub_ext.core.errors import Forbidden, InvalidInput, LabfleetError, RateLimited, Unauthorized
+from hub_ext.core.secretbox import SecretKeyMissing
+from hub_ext.tenancy import keypairs
+from hub_ext.tenancy.directory import actor_for, get_user
 
 MAX_BODY = 1 << 20  # JSON bodies; file uploads (vfolders) have their own streaming handlers
 

@@ -9,16 +9,18 @@ from pathlib import Path
 
 from tornado import web
 
-from .. import audit, authz, hubmap, images, keypairs, nodes, policies, sessions, tenancy
-from ..authz import Actor
-from ..errors import Forbidden, InvalidInput, LabfleetError, NotFound
-from ..launchoptions import launch_options
-from ..passwords import verify_password
-from ..quota import me_view
-from ..validate import check_bool, check_fields, check_int, check_name, check_text, check_username
-from .base import APIHandler, BaseHandler, needs_hub
-from .hubsync import SyncPlan
-from .vfhandlers import vfolder_routes
+from hub_ext.compute import images, nodes, sessions
+from hub_ext.compute.launchoptions import launch_options
+from hub_ext.compute.quota import me_view
+from hub_ext.core import audit, authz, hubmap
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import Forbidden, InvalidInput, LabfleetError, NotFound
+from hub_ext.core.passwords import verify_password
+from hub_ext.core.validate import check_bool, check_fields, check_int, check_name, check_text, check_username
+from hub_ext.service.base import APIHandler, BaseHandler, needs_hub
+from hub_ext.service.hubsync import SyncPlan
+from hub_ext.service.vfhandlers import vfolder_routes
+from hub_ext.tenancy import directory, keypairs, policies
 
 SPEC_FILE = Path(__file__).with_name("openapi.yaml")
 
@@ -35,7 +37,7 @@ class MeHandler(APIHandler):
         def op(db, actor):
             if actor.kind != "user":
                 raise NotFound("/api/me answers for users; the Hub has no labfleet account")
-            return me_view(db, tenancy.get_user(db, actor.name)), None
+            return me_view(db, directory.get_user(db, actor.name)), None
 
         await self.run(op)
 
@@ -69,14 +71,16 @@ class SpecHandler(web.RequestHandler):
 
 class DomainListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: ([tenancy.domain_view(d) for d in tenancy.list_domains(db, a)], None))
+        await self.run(
+            lambda db, a: ([directory.domain_view(d) for d in directory.list_domains(db, a)], None)
+        )
 
     async def post(self):
         body = self.body
 
         def op(db, actor):
-            d = tenancy.create_domain(db, actor, body)
-            return tenancy.domain_view(d, detail=True), None
+            d = directory.create_domain(db, actor, body)
+            return directory.domain_view(d, detail=True), None
 
         await self.run(op, status=201)
 
@@ -84,19 +88,22 @@ class DomainListHandler(APIHandler):
 class DomainHandler(APIHandler):
     async def get(self, name):
         await self.run(
-            lambda db, a: (tenancy.domain_view(tenancy.readable_domain(db, a, name), detail=True), None)
+            lambda db, a: (directory.domain_view(directory.readable_domain(db, a, name), detail=True), None)
         )
 
     async def patch(self, name):
         body = self.body
         await self.run(
-            lambda db, a: (tenancy.domain_view(tenancy.update_domain(db, a, name, body), detail=True), None)
+            lambda db, a: (
+                directory.domain_view(directory.update_domain(db, a, name, body), detail=True),
+                None,
+            )
         )
 
     async def delete(self, name):
         def op(db, actor):
-            projects = [p.name for p in tenancy.readable_domain(db, actor, name).projects]
-            tenancy.delete_domain(db, actor, name)
+            projects = [p.name for p in directory.readable_domain(db, actor, name).projects]
+            directory.delete_domain(db, actor, name)
             groups = [hubmap.domain_group(name)] + [hubmap.project_group(name, p) for p in projects]
             return {"deleted": name}, SyncPlan(deleted_groups=set(groups))
 
@@ -110,15 +117,15 @@ class ProjectListHandler(APIHandler):
     async def get(self):
         domain = self.query_arg("domain")
         await self.run(
-            lambda db, a: ([tenancy.project_view(p) for p in tenancy.list_projects(db, a, domain)], None)
+            lambda db, a: ([directory.project_view(p) for p in directory.list_projects(db, a, domain)], None)
         )
 
     async def post(self):
         body = self.body
 
         def op(db, actor):
-            p = tenancy.create_project(db, actor, body)
-            return tenancy.project_view(p), None
+            p = directory.create_project(db, actor, body)
+            return directory.project_view(p), None
 
         await self.run(op, status=201)
 
@@ -126,18 +133,18 @@ class ProjectListHandler(APIHandler):
 class ProjectHandler(APIHandler):
     async def get(self, domain, name):
         await self.run(
-            lambda db, a: (tenancy.project_view(tenancy.readable_project(db, a, domain, name)), None)
+            lambda db, a: (directory.project_view(directory.readable_project(db, a, domain, name)), None)
         )
 
     async def patch(self, domain, name):
         body = self.body
         await self.run(
-            lambda db, a: (tenancy.project_view(tenancy.update_project(db, a, domain, name, body)), None)
+            lambda db, a: (directory.project_view(directory.update_project(db, a, domain, name, body)), None)
         )
 
     async def delete(self, domain, name):
         def op(db, actor):
-            members = tenancy.delete_project(db, actor, domain, name)
+            members = directory.delete_project(db, actor, domain, name)
             plan = SyncPlan(users=set(members), deleted_groups={hubmap.project_group(domain, name)})
             return {"deleted": f"{domain}/{name}"}, plan
 
@@ -147,9 +154,9 @@ class ProjectHandler(APIHandler):
 class MemberListHandler(APIHandler):
     async def get(self, domain, name):
         def op(db, actor):
-            p = tenancy.readable_project(db, actor, domain, name)
+            p = directory.readable_project(db, actor, domain, name)
             return [
-                tenancy.user_view(u) for u in p.members if u in tenancy.list_users(db, actor, domain)
+                directory.user_view(u) for u in p.members if u in directory.list_users(db, actor, domain)
             ], None
 
         await self.run(op)
@@ -158,8 +165,8 @@ class MemberListHandler(APIHandler):
         body = self.body
 
         def op(db, actor):
-            u = tenancy.add_member(db, actor, domain, name, body)
-            return tenancy.user_view(u), SyncPlan(users={u.username})
+            u = directory.add_member(db, actor, domain, name, body)
+            return directory.user_view(u), SyncPlan(users={u.username})
 
         await self.run(op, status=201)
 
@@ -167,7 +174,7 @@ class MemberListHandler(APIHandler):
 class MemberHandler(APIHandler):
     async def delete(self, domain, name, username):
         def op(db, actor):
-            u = tenancy.remove_member(db, actor, domain, name, username)
+            u = directory.remove_member(db, actor, domain, name, username)
             return {"removed": username}, SyncPlan(users={u.username})
 
         await self.run(op)
@@ -180,35 +187,35 @@ class UserListHandler(APIHandler):
     async def get(self):
         domain = self.query_arg("domain")
         await self.run(
-            lambda db, a: ([tenancy.user_view(u) for u in tenancy.list_users(db, a, domain)], None)
+            lambda db, a: ([directory.user_view(u) for u in directory.list_users(db, a, domain)], None)
         )
 
     async def post(self):
         body = self.body
 
         def op(db, actor):
-            u = tenancy.create_user(db, actor, body)
-            return tenancy.user_view(u), SyncPlan(users={u.username})
+            u = directory.create_user(db, actor, body)
+            return directory.user_view(u), SyncPlan(users={u.username})
 
         await self.run(op, status=201)
 
 
 class UserHandler(APIHandler):
     async def get(self, username):
-        await self.run(lambda db, a: (tenancy.user_view(tenancy.readable_user(db, a, username)), None))
+        await self.run(lambda db, a: (directory.user_view(directory.readable_user(db, a, username)), None))
 
     async def patch(self, username):
         body = self.body
 
         def op(db, actor):
-            u = tenancy.update_user(db, actor, username, body)
-            return tenancy.user_view(u), SyncPlan(users={u.username})
+            u = directory.update_user(db, actor, username, body)
+            return directory.user_view(u), SyncPlan(users={u.username})
 
         await self.run(op)
 
     async def delete(self, username):
         def op(db, actor):
-            tenancy.delete_user(db, actor, username)
+            directory.delete_user(db, actor, username)
             return {"deleted": username}, SyncPlan(deleted_users={username})
 
         await self.run(op)
@@ -442,7 +449,7 @@ class LaunchOptionsHandler(APIHandler):
 
     async def get(self, username):
         def op(db, actor):
-            user = tenancy.get_user(db, username)
+            user = directory.get_user(db, username)
             if user is None or not (
                 actor.kind in ("hub", "cli") or authz.can_read_user(actor, user.username, user.domain.name)
             ):
@@ -467,7 +474,7 @@ class PasswordLoginHandler(APIHandler):
             name = data["username"]
             remote = check_text(data.get("remote_addr", ""), "remote_addr", 64)
             who = Actor(name=name if isinstance(name, str) else "?", role="user", remote_addr=remote)
-            user = tenancy.get_user(db, name) if isinstance(name, str) else None
+            user = directory.get_user(db, name) if isinstance(name, str) else None
             ok = user is not None and verify_password(data["password"], user.password_hash)
             if not ok or not user.is_active:
                 reason = "bad username or password" if not ok else "inactive user"
@@ -485,7 +492,7 @@ class PasswordLoginHandler(APIHandler):
             user.last_login = datetime.now(timezone.utc)
             audit.record(
                 db,
-                tenancy.actor_for(user, remote),
+                directory.actor_for(user, remote),
                 "user.login",
                 user.username,
                 target_domain=user.domain.name,
@@ -530,7 +537,7 @@ class IdentityHandler(PasswordLoginHandler):
             fields = {k: data[k] for k in ("domain", "projects", "role") if data.get(k) is not None}
             if "domain" in fields:
                 check_name(fields["domain"], "domain")
-            user = tenancy.get_user(db, name)
+            user = directory.get_user(db, name)
             if user is None:
                 if not create or "domain" not in fields:
                     who = Actor(name=name, role="user", remote_addr=remote)
@@ -543,16 +550,16 @@ class IdentityHandler(PasswordLoginHandler):
                         details={"reason": "unknown user", "source": source},
                     )
                     return None, None
-                user = tenancy.create_user(db, actor, {"username": name, **fields})
+                user = directory.create_user(db, actor, {"username": name, **fields})
                 created.append(name)
             elif sync and fields:
                 changes = {k: v for k, v in fields.items() if k != "domain" or v != user.domain.name}
                 if changes:
-                    tenancy.update_user(db, actor, name, changes)
+                    directory.update_user(db, actor, name, changes)
             if not user.is_active:
                 audit.record(
                     db,
-                    tenancy.actor_for(user, remote),
+                    directory.actor_for(user, remote),
                     "user.login",
                     name,
                     target_domain=user.domain.name,
@@ -563,7 +570,7 @@ class IdentityHandler(PasswordLoginHandler):
             user.last_login = datetime.now(timezone.utc)
             audit.record(
                 db,
-                tenancy.actor_for(user, remote),
+                directory.actor_for(user, remote),
                 "user.login",
                 name,
                 target_domain=user.domain.name,
@@ -580,7 +587,7 @@ class AuthUserHandler(APIHandler):
     async def get(self, username):
         def op(db, actor):
             needs_hub(actor)
-            user = tenancy.get_user(db, username)
+            user = directory.get_user(db, username)
             if user is None:
                 raise NotFound(f"no user {username!r}")
             if not user.is_active:

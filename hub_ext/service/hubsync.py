@@ -15,9 +15,9 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from .. import hubmap
-from ..db import session_scope
-from ..tenancy import get_user
+from hub_ext.core import hubmap
+from hub_ext.core.db import session_scope
+from hub_ext.tenancy.directory import get_user
 
 
 @dataclass

@@ -14,11 +14,15 @@ from urllib.parse import quote
 
 from tornado import web
 
-from .. import storage, vfolders, vfquota, vfshare, vfstore
-from ..errors import Forbidden, InvalidInput, LabfleetError, NotFound
-from ..models import VFolder, VFolderUpload
-from ..validate import check_bool, check_fields, check_int
-from .base import APIHandler
+from hub_ext.core.errors import Forbidden, InvalidInput, LabfleetError, NotFound
+from hub_ext.core.models import VFolder, VFolderUpload
+from hub_ext.core.validate import check_bool, check_fields, check_int
+from hub_ext.service.base import APIHandler
+from hub_ext.storage import folders as vfolders
+from hub_ext.storage import hosts
+from hub_ext.storage import quota as vfquota
+from hub_ext.storage import sharing as vfshare
+from hub_ext.storage import store as vfstore
 
 MAX_UPLOAD = 1 << 40  # one request's body; the quotas are the real limit
 CHUNK = 1 << 20
@@ -43,12 +47,12 @@ def _open_folder(db, actor, folder_id: str, level: str, right: str | None = None
         raise Forbidden(f"vfolder {v.name} is shared with you {acc.permission}; this needs {level}")
     vfolders.need_ready(v)
     if right is not None:
-        storage.need_right(vfolders.host_rights(db, actor, v), right, v.host)
+        hosts.need_right(vfolders.host_rights(db, actor, v), right, v.host)
     return v, vfolders.store_of(v)
 
 
 def _free_disk(path: str) -> int | None:
-    disk = storage.disk_usage(path)
+    disk = hosts.disk_usage(path)
     return disk.free if disk else None
 
 
@@ -72,10 +76,10 @@ class StorageHostListHandler(VFolderAPIHandler):
         def op(db, actor):
             user = vfolders.actor_user(db, actor)
             return [
-                storage.host_view(
-                    db, h, rights=storage.rights_for(actor, user, h, None), admin=actor.reads_everything
+                hosts.host_view(
+                    db, h, rights=hosts.rights_for(actor, user, h, None), admin=actor.reads_everything
                 )
-                for h in storage.list_hosts(db)
+                for h in hosts.list_hosts(db)
             ]
 
         await self.do(op)
@@ -83,28 +87,28 @@ class StorageHostListHandler(VFolderAPIHandler):
     async def post(self):
         body = self.body
         await self.do(
-            lambda db, a: storage.host_view(db, storage.create_host(db, a, body), admin=True), status=201
+            lambda db, a: hosts.host_view(db, hosts.create_host(db, a, body), admin=True), status=201
         )
 
 
 class StorageHostHandler(VFolderAPIHandler):
     async def get(self, name):
         def op(db, actor):
-            h = storage.get_host(db, name)
+            h = hosts.get_host(db, name)
             user = vfolders.actor_user(db, actor)
-            return storage.host_view(
-                db, h, rights=storage.rights_for(actor, user, h, None), admin=actor.reads_everything
+            return hosts.host_view(
+                db, h, rights=hosts.rights_for(actor, user, h, None), admin=actor.reads_everything
             )
 
         await self.do(op)
 
     async def patch(self, name):
         body = self.body
-        await self.do(lambda db, a: storage.host_view(db, storage.update_host(db, a, name, body), admin=True))
+        await self.do(lambda db, a: hosts.host_view(db, hosts.update_host(db, a, name, body), admin=True))
 
     async def delete(self, name):
         def op(db, actor):
-            storage.delete_host(db, actor, name)
+            hosts.delete_host(db, actor, name)
             return {"deleted": name}
 
         await self.do(op)
@@ -439,7 +443,7 @@ class FilesHandler(_StreamingHandler):
                 entry = store.stat(rel) if rel else None
                 is_dir = entry is None or entry.type == "dir"
                 if archive or not is_dir:
-                    storage.need_right(vfolders.host_rights(db, self.actor, v), "download-file", v.host)
+                    hosts.need_right(vfolders.host_rights(db, self.actor, v), "download-file", v.host)
                 name = v.name
             if is_dir and not archive:
                 listing = [_entry(e) for e in store.list_dir(rel)]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub_ext.scheduler.admission import (
+from hub_ext.compute.scheduler.admission import (
     DOMAIN_QUOTA,
     IMAGE_MIN_RESOURCES,
     IMAGE_NOT_ALLOWED,
@@ -33,14 +33,14 @@ from hub_ext.scheduler.admission import (
     check_admission,
     quota_view,
 )
-from hub_ext.scheduler.queueing import (
+from hub_ext.compute.scheduler.queueing import (
     PendingItem,
     dominant_share,
     order_queue,
     queue_positions,
     schedule_pass,
 )
-from hub_ext.slots import ResourceSlots
+from hub_ext.core.slots import ResourceSlots
 
 S = ResourceSlots
 KEY = "AKTESTKEY00000000001"

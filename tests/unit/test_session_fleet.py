@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from hub_ext.devices.base import plugin_for_device
-from hub_ext.devices.mock import MockPlugin, mock_uuid
-from hub_ext.devices.nvidia import NvidiaPlugin
+from hub_ext.compute.devices.base import plugin_for_device
+from hub_ext.compute.devices.mock import MockPlugin, mock_uuid
+from hub_ext.compute.devices.nvidia import NvidiaPlugin
 from server_ext import fleet
 from server_ext.runner import SessionEnv
 from tests.unit.test_devices import FakeNVML, two_gpus

@@ -1,4 +1,4 @@
-from hub_ext import signing
+from hub_ext.core import signing
 
 
 def test_sign_and_check_roundtrip():

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from hub_ext.client import Reply
+from hub_ext.hub.client import Reply
 from spawner.docker import LabfleetDockerSpawner
 from spawner.docker_config import container_config
 from spawner.form import render

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext import vfstore
-from hub_ext.errors import Conflict, InvalidInput, NotFound
-from hub_ext.vfstore import FolderStore, check_relpath, iter_tar
+from hub_ext.core.errors import Conflict, InvalidInput, NotFound
+from hub_ext.storage import store as vfstore
+from hub_ext.storage.store import FolderStore, check_relpath, iter_tar
 
 # ---------------------------------------------------------------------------- fixtures
 

@@ -1,0 +1,406 @@
+"""Each resource group's placement state, kept in memory between decisions and checked against the DB.
+
+Rebuilding a placement :class:`~hub_ext.compute.scheduler.placement.Cluster` from every node, device and
+allocation of a group costs tens of milliseconds at a thousand nodes, while a decision on a built
+one takes well under a millisecond.  So each process keeps, per (engine, group), the last Cluster
+it built, tagged with the group's ``alloc_version`` (a column of ``resource_groups``).
+
+Why a cached Cluster is never wrong:
+
+1. Every transaction that changes a group's allocations, nodes or devices first bumps the group's
+   ``alloc_version`` (:func:`bump`).  The bump updates the group's row, so on PostgreSQL it takes
+   the row lock that decisions take (on SQLite every transaction holds the write lock), and holds
+   it until commit: a decision that holds the lock sees the group's rows as of one version.
+   Any other write to those rows (a node edited elsewhere, a user deleted with its sessions) is
+   bumped by a flush hook (:func:`_bump_before_flush`).
+2. A decision reads the version after taking the lock (:func:`get`) and uses the cached Cluster
+   only if it carries that version; otherwise it rebuilds it from the DB (:func:`build`).
+3. A transaction that changes a cached Cluster (apply / release in place, or a rebuild that saw
+   its own uncommitted bump) owns it until it commits (:func:`claim`).  Other transactions treat
+   an owned entry as missing, and a rollback drops it: the DB keeps the old version, and another
+   process may later commit that same next version with a different state.
+
+A :class:`~hub_ext.compute.scheduler.placement.Cluster` is not thread-safe; the group lock serialises
+the decisions that use one, and a plain lock guards the cache's dict.  Caches are per engine (a
+weak key), so two databases never share one.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine, event, inspect, or_, select, update
+from sqlalchemy.orm import Session
+
+from hub_ext.compute.scheduler.placement import Cluster
+from hub_ext.compute.scheduler.placement import Device as PDevice
+from hub_ext.compute.scheduler.placement import Node as PNode
+from hub_ext.core.models import (
+    Allocation,
+    ComputeSession,
+    Device,
+    Domain,
+    Keypair,
+    Node,
+    Project,
+    ResourceGroup,
+    User,
+)
+
+_INFO_KEY = "labfleet.clustercache"
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """What a decision needs of a device row without loading it."""
+
+    id: int
+    node_id: int
+    index: int  # the device's own index (NVML), not its position on the node
+    model: str
+
+
+@dataclass
+class Entry:
+    """A group's placement state as of ``version``, with the row ids behind its names."""
+
+    version: int
+    cluster: Cluster
+    devices: dict[str, DeviceRef]  # device uuid -> row
+    nodes: dict[str, int]  # node name -> row id
+    owner: object | None = None  # the uncommitted transaction that changed it, if any
+    device_uuids: dict[int, str] = field(default_factory=dict)  # device row id -> uuid
+    node_names: dict[int, str] = field(default_factory=dict)  # node row id -> name
+    _empty: Cluster | None = None
+
+    def __post_init__(self) -> None:
+        self.device_uuids = {ref.id: uuid for uuid, ref in self.devices.items()}
+        self.node_names = {node_id: name for name, node_id in self.nodes.items()}
+
+    def empty(self) -> Cluster:
+        """The same nodes with nothing allocated: could a request ever fit?"""
+        if self._empty is None:
+            self._empty = Cluster(
+                PNode(
+                    name=n.name,
+                    cpu=n.cpu,
+                    mem=n.mem,
+                    devices=[
+                        PDevice(id=d.id, index=d.index, model=d.model, memory=d.memory) for d in n.devices
+                    ],
+                    labels=dict(n.labels),
+                )
+                for n in self.cluster.nodes.values()
+            )
+        return self._empty
+
+
+class _Tx:
+    """This transaction's part in the cache: its token, what it changed, which groups it bumped."""
+
+    __slots__ = ("token", "touched", "bumped", "expected")
+
+    def __init__(self) -> None:
+        self.token = object()
+        self.touched: list[tuple[dict[int, Entry], int, Entry]] = []
+        self.bumped: set[int] = set()
+        # Rows the scheduler changes and applies to its cached cluster itself (until the next flush).
+        self.expected: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+_lock = threading.Lock()
+_caches: weakref.WeakKeyDictionary[Engine, dict[int, Entry]] = weakref.WeakKeyDictionary()
+_stats: Counter[str] = Counter()
+
+
+def _engine(db: Session) -> Engine:
+    bind = db.get_bind()
+    return bind if isinstance(bind, Engine) else bind.engine
+
+
+def _tx(db: Session) -> _Tx:
+    tx = db.info.get(_INFO_KEY)
+    if tx is None:
+        tx = db.info[_INFO_KEY] = _Tx()
+    return tx
+
+
+def _per_engine(db: Session) -> dict[int, Entry]:
+    engine = _engine(db)
+    with _lock:
+        per = _caches.get(engine)
+        if per is None:
+            per = _caches[engine] = {}
+        return per
+
+
+# ---------------------------------------------------------------- versions
+
+
+def version(db: Session, group_id: int) -> int:
+    """The group's alloc_version as this transaction sees it (read after the group lock)."""
+    return int(db.scalar(select(ResourceGroup.alloc_version).where(ResourceGroup.id == group_id)) or 0)
+
+
+def bump(db: Session, group_id: int) -> int:
+    """Bump the group's alloc_version before changing its allocations, nodes or devices.
+
+    Returns the new version.  On PostgreSQL the UPDATE locks the group's row until commit.
+    """
+    stmt = (
+        update(ResourceGroup)
+        .where(ResourceGroup.id == group_id)
+        .values(alloc_version=ResourceGroup.alloc_version + 1)
+        .returning(ResourceGroup.alloc_version)
+        .execution_options(synchronize_session=False)
+    )
+    new = int(db.execute(stmt).scalar_one())
+    _tx(db).bumped.add(group_id)
+    return new
+
+
+# ---------------------------------------------------------------- the cache
+
+
+def build(db: Session, group_id: int, version: int) -> Entry:
+    """The group's ALIVE nodes with what their allocations hold, read from the DB."""
+    node_rows = db.execute(
+        select(Node.id, Node.name, Node.cpu, Node.mem, Node.labels).where(
+            Node.resource_group_id == group_id, Node.status == "ALIVE"
+        )
+    ).all()
+    dev_rows = db.execute(
+        select(Device.id, Device.node_id, Device.uuid, Device.index, Device.model, Device.memory_bytes)
+        .join(Node, Device.node_id == Node.id)
+        .where(Node.resource_group_id == group_id, Node.status == "ALIVE")
+        .order_by(Device.node_id, Device.index, Device.id)
+    ).all()
+    held_cpu: dict[int, int] = defaultdict(int)
+    held_mem: dict[int, int] = defaultdict(int)
+    held_dev: dict[int, int] = defaultdict(int)
+    alloc_rows = db.execute(
+        select(
+            Allocation.node_id,
+            Allocation.device_id,
+            Allocation.cpu_milli,
+            Allocation.mem,
+            Allocation.shares_centi,
+        )
+        .join(Node, Allocation.node_id == Node.id)
+        .where(Node.resource_group_id == group_id, Node.status == "ALIVE")
+    ).all()
+    for node_id, device_id, cpu_milli, mem, centi in alloc_rows:
+        held_cpu[node_id] += cpu_milli
+        held_mem[node_id] += mem
+        if device_id is not None:
+            held_dev[device_id] += centi
+    devs_of: dict[int, list[PDevice]] = defaultdict(list)
+    devices: dict[str, DeviceRef] = {}
+    for dev_id, node_id, dev_uuid, index, model, memory in dev_rows:
+        position = len(devs_of[node_id])  # position, not NVML index: MIG instances share theirs
+        devs_of[node_id].append(
+            PDevice(
+                id=dev_uuid,
+                index=position,
+                model=model,
+                memory=memory,
+                allocated=Decimal(held_dev[dev_id]) / 100,
+            )
+        )
+        devices[dev_uuid] = DeviceRef(id=dev_id, node_id=node_id, index=index, model=model)
+    pnodes = [
+        PNode(
+            name=name,
+            cpu=Decimal(cpu),
+            mem=mem,
+            devices=devs_of[node_id],
+            cpu_allocated=Decimal(held_cpu[node_id]) / 1000,
+            mem_allocated=held_mem[node_id],
+            labels=dict(labels or {}),
+        )
+        for node_id, name, cpu, mem, labels in node_rows
+    ]
+    return Entry(
+        version=version,
+        cluster=Cluster(pnodes),
+        devices=devices,
+        nodes={name: node_id for node_id, name, *_ in node_rows},
+    )
+
+
+def get(db: Session, group_id: int) -> Entry:
+    """The group's placement state as of the DB's alloc_version; call it holding the group lock.
+
+    The cached entry when its version matches and no other transaction owns it, else a rebuilt one.
+    """
+    current = version(db, group_id)
+    tx = _tx(db)
+    per = _per_engine(db)
+    with _lock:
+        entry = per.get(group_id)
+        if entry is not None and entry.version == current and entry.owner in (None, tx.token):
+            _stats["hits"] += 1
+            return entry
+    entry = build(db, group_id, current)
+    if group_id in tx.bumped:
+        # It saw this transaction's own uncommitted changes: not to be trusted before commit.
+        entry.owner = tx.token
+        tx.touched.append((per, group_id, entry))
+    with _lock:
+        per[group_id] = entry
+        _stats["rebuilds"] += 1
+    return entry
+
+
+def lookup(db: Session, group_id: int, current: int) -> Entry | None:
+    """The cached entry if it is valid at version ``current`` for this transaction, else None."""
+    per = _per_engine(db)  # takes _lock itself: it is not reentrant
+    with _lock:
+        entry = per.get(group_id)
+    if entry is not None and entry.version == current and entry.owner in (None, _tx(db).token):
+        return entry
+    return None
+
+
+def claim(db: Session, group_id: int, entry: Entry) -> None:
+    """This transaction is about to change ``entry``: others must not use it before the commit."""
+    tx = _tx(db)
+    if entry.owner is not tx.token:
+        entry.owner = tx.token
+        tx.touched.append((_per_engine(db), group_id, entry))
+
+
+def expect(db: Session, rows: Iterable[Any]) -> None:
+    """Allocation rows whose change the caller has bumped and applies to the cached cluster itself,
+    until they are flushed; the flush hook bumps the group again for any other change."""
+    _tx(db).expected.update(rows)
+
+
+def peek(engine: Engine, group_id: int) -> Entry | None:
+    """The cached entry, whatever its state (for tests and benchmarks)."""
+    with _lock:
+        return (_caches.get(engine) or {}).get(group_id)
+
+
+def stats() -> dict[str, int]:
+    """Cache hits and rebuilds of decisions, and entries dropped by rollbacks, in this process."""
+    return {k: _stats[k] for k in ("hits", "rebuilds", "dropped")}
+
+
+def reset_stats() -> None:
+    _stats.clear()
+
+
+def _drop(touched: Iterable[tuple[dict[int, Entry], int, Entry]]) -> None:
+    with _lock:
+        for per, group_id, entry in touched:
+            if per.get(group_id) is entry:
+                del per[group_id]
+                _stats["dropped"] += 1
+
+
+# ---------------------------------------------------------------- transaction events
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    tx = session.info.get(_INFO_KEY)
+    # Savepoints fire after_commit too; only the outermost commit makes the changes real.
+    if tx is None or session.get_nested_transaction() is not None:
+        return
+    for _per, _group_id, entry in tx.touched:
+        if entry.owner is tx.token:
+            entry.owner = None
+    tx.touched.clear()
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _after_rollback(session: Session, previous_transaction: Any) -> None:
+    tx = session.info.get(_INFO_KEY)
+    if tx is not None:
+        _drop(tx.touched)
+        tx.touched.clear()
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _after_transaction_end(session: Session, transaction: Any) -> None:
+    if transaction.parent is not None or transaction.nested:
+        return
+    tx = session.info.pop(_INFO_KEY, None)
+    if tx is not None:
+        _drop(tx.touched)  # neither committed nor rolled back (e.g. closed): never trust it
+
+
+def _node_groups(session: Session, node_ids: set[int]) -> set[int]:
+    if not node_ids:
+        return set()
+    return set(session.scalars(select(Node.resource_group_id).where(Node.id.in_(node_ids))))
+
+
+@event.listens_for(Session, "before_flush")
+def _bump_before_flush(session: Session, flush_context: Any, instances: Any) -> None:
+    """Bump the groups whose allocations, nodes or devices this flush changes behind the cache's back.
+
+    Placement and release (:func:`expect`) are skipped; everything else is bumped, including
+    node registration (which also bumps first, for the lock) and the database's own cascades
+    (a user deleted with its sessions): a cached cluster at the version before is then stale.
+    """
+    groups: set[int] = set()
+    node_ids: set[int] = set()
+    parents: dict[Any, set[Any]] = defaultdict(set)  # session column -> ids of deleted parents
+    tx = session.info.get(_INFO_KEY)
+    expected = tx.expected if tx is not None else ()
+    for obj in (*session.new, *session.dirty, *session.deleted):
+        if obj in expected:
+            continue
+        if isinstance(obj, Node):
+            if obj.resource_group_id is not None:
+                groups.add(obj.resource_group_id)
+            elif obj.resource_group is not None and obj.resource_group.id is not None:
+                groups.add(obj.resource_group.id)
+            history = inspect(obj).attrs.resource_group_id.history
+            groups.update(g for g in history.deleted if g is not None)
+        elif isinstance(obj, (Device, Allocation)):
+            if obj.node_id is not None:
+                node_ids.add(obj.node_id)
+            elif obj.node is not None and obj.node.id is not None:
+                node_ids.add(obj.node.id)
+    for obj in session.deleted:
+        for model, column in (
+            (User, ComputeSession.user_id),
+            (Project, ComputeSession.project_id),
+            (Keypair, ComputeSession.keypair_id),
+            (Domain, ComputeSession.domain_id),
+            (ComputeSession, ComputeSession.id),
+        ):
+            if isinstance(obj, model):
+                parents[column].add(obj.id)
+    if not (groups or node_ids or parents):
+        return
+    with session.no_autoflush:
+        groups |= _node_groups(session, node_ids)
+        if parents:
+            held = (
+                select(ComputeSession.resource_group_id)
+                .join(Allocation, Allocation.session_id == ComputeSession.id)
+                .where(or_(*(column.in_(ids) for column, ids in parents.items())))
+                .distinct()
+            )
+            groups.update(session.scalars(held))
+        for group_id in sorted(groups):  # one order everywhere: no deadlock between bumpers
+            bump(session, group_id)
+
+
+@event.listens_for(Session, "after_flush")
+def _flushed(session: Session, flush_context: Any) -> None:
+    # What was expected is written now; a later change to the same rows is someone else's.
+    tx = session.info.get(_INFO_KEY)
+    if tx is not None and tx.expected:
+        for obj in (*session.new, *session.dirty, *session.deleted):
+            tx.expected.discard(obj)

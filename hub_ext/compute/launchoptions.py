@@ -1,0 +1,107 @@
+"""What a user may launch: projects with the quota left, images, resource groups, folders.
+
+The spawn form, the Lab sidebar and the launcher widget all ask this one question
+(``GET /api/users/{name}/launch-options``), so they offer the same choices admission accepts.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from hub_ext.compute import images, nodes
+from hub_ext.compute.quota import allocated
+from hub_ext.core.models import Image, User
+from hub_ext.core.slots import ResourceSlots
+from hub_ext.storage import folders as vfolders
+
+SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
+
+
+def _left(
+    limit: ResourceSlots, used: ResourceSlots, unlimited_unspecified: bool
+) -> dict[str, Decimal | None]:
+    out: dict[str, Decimal | None] = {}
+    for slot in SLOTS:
+        if slot not in limit:
+            out[slot] = None if unlimited_unspecified else Decimal(0)
+        else:
+            out[slot] = max(limit.get_amount(slot) - used.get_amount(slot), Decimal(0))
+    return out
+
+
+def _tightest(*lefts: dict[str, Decimal | None]) -> dict[str, Any]:
+    """Slot by slot, the smallest amount left over every scope (None: no scope limits it)."""
+    out: dict[str, Any] = {}
+    for slot in SLOTS:
+        amounts = [amount for left in lefts if (amount := left[slot]) is not None]
+        if not amounts:
+            out[slot] = None
+            continue
+        amount = min(amounts)
+        out[slot] = ResourceSlots({slot: amount}).to_json()[slot] if amount else 0
+    return out
+
+
+def launch_options(db: Session, user: User) -> dict[str, Any]:
+    kp = user.main_keypair
+    policy = kp.resource_policy if kp else None
+    kp_left: dict[str, Decimal | None] = (
+        _left(policy.slots, allocated(db, keypair=kp.id), policy.default_for_unspecified == "UNLIMITED")
+        if kp and policy
+        else dict.fromkeys(SLOTS, Decimal(0))
+    )
+    domain_left = _left(user.domain.slots, allocated(db, domain=user.domain_id), True)
+    projects = [
+        {
+            "name": p.full_name,
+            "left": _tightest(kp_left, domain_left, _left(p.slots, allocated(db, project=p.id), True)),
+        }
+        for p in sorted(user.projects, key=lambda p: p.full_name)
+        if p.is_active
+    ]
+    names = [str(p["name"]) for p in projects]
+    image_rows = []
+    for image in db.scalars(select(Image).where(Image.is_active.is_(True)).order_by(Image.name)):
+        usable = [n for n in names if images.allowed_for(image, n)]
+        if usable:
+            image_rows.append(
+                {
+                    "name": image.name,
+                    "display_name": image.display_name or image.name,
+                    "min_slots": image.min_slots.to_json(),
+                    "accelerators": list(image.accelerators or []),
+                    "projects": usable,
+                }
+            )
+    groups = [
+        {
+            "name": g.name,
+            "description": g.description,
+            "session_types": list(g.allowed_session_types or nodes.SESSION_TYPES),
+        }
+        for g in nodes.usable_groups(db, user)
+    ]
+    folders = [
+        {
+            "id": v.id,
+            "name": v.name,
+            "owner": vfolders.owner_label(v),
+            "permission": acc.permission,
+            "usage_mode": v.usage_mode,
+            "host": v.host.name,
+            "auto": v.user_id == user.id and v.name.startswith("."),
+            "mountable": can_mount,
+        }
+        for v, acc, can_mount in vfolders.mountable_for(db, user)
+    ]
+    return {
+        "user": user.username,
+        "projects": projects,
+        "images": image_rows,
+        "resource_groups": groups,
+        "vfolders": folders,
+    }

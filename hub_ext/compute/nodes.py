@@ -1,0 +1,286 @@
+"""Resource groups and nodes: CRUD, grants, node registration from device plugins,
+and the capacity view (what each node and device has, holds and has free)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from hub_ext.compute import clustercache
+from hub_ext.core import audit
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from hub_ext.core.models import Allocation, Device, Node, ResourceGroup, ResourceGroupGrant, User, utcnow
+from hub_ext.core.validate import (
+    check_bool,
+    check_choice,
+    check_fields,
+    check_int,
+    check_name,
+    check_string_list,
+    check_text,
+)
+
+SESSION_TYPES = ("interactive", "batch", "inference")
+SCHEDULERS = ("fifo", "lifo", "drf")
+PLACEMENTS = ("whole-gpu", "spread", "pack", "fgd")
+GRANT_KINDS = ("domain", "project", "user")
+DEFAULT_GROUP = "default"
+
+GROUP_FIELDS = (
+    "description",
+    "is_public",
+    "scheduler",
+    "placement",
+    "allowed_session_types",
+    "pending_timeout",
+    "grants",
+)
+
+
+# ---------------------------------------------------------------- who may use a group
+
+
+def group_allows(group: ResourceGroup, user: User, project_full_name: str) -> bool:
+    """The union of grants: the user's domain, the session's project, or the user."""
+    if group.is_public:
+        return True
+    wanted = {("domain", user.domain.name), ("project", project_full_name), ("user", user.username)}
+    return any((g.kind, g.target) in wanted for g in group.grants)
+
+
+def usable_groups(db: Session, user: User) -> list[ResourceGroup]:
+    projects = [p.full_name for p in user.projects]
+    out = []
+    for g in db.scalars(select(ResourceGroup).order_by(ResourceGroup.name)):
+        if group_allows(g, user, "") or any(group_allows(g, user, p) for p in projects):
+            out.append(g)
+    return out
+
+
+def can_read_group(db: Session, actor: Actor, group: ResourceGroup) -> bool:
+    if actor.reads_everything:
+        return True
+    if actor.role == "admin":
+        return group.is_public or any(
+            (g.kind == "domain" and g.target == actor.domain)
+            or (g.kind == "project" and g.target.startswith(f"{actor.domain}/"))
+            for g in group.grants
+        )
+    user = db.scalar(select(User).where(User.username == actor.name))
+    return user is not None and group in usable_groups(db, user)
+
+
+# ---------------------------------------------------------------- CRUD
+
+
+def _check_grants(value: Any) -> list[tuple[str, str]]:
+    if not isinstance(value, list):
+        raise InvalidInput("grants must be a list of {kind, target}")
+    grants = []
+    for item in value:
+        g = check_fields(item, required=["kind", "target"], what="a grant")
+        kind = check_choice(g["kind"], "grant kind", GRANT_KINDS)
+        target = check_text(g["target"], "grant target", 255)
+        if not target:
+            raise InvalidInput("grant target must not be empty")
+        grants.append((kind, target))
+    return grants
+
+
+def _apply_group_fields(group: ResourceGroup, body: dict[str, Any]) -> None:
+    if "description" in body:
+        group.description = check_text(body["description"], "description")
+    if "is_public" in body:
+        group.is_public = check_bool(body["is_public"], "is_public")
+    if "scheduler" in body:
+        group.scheduler = check_choice(body["scheduler"], "scheduler", SCHEDULERS)
+    if "placement" in body:
+        group.placement = check_choice(body["placement"], "placement", PLACEMENTS)
+    if "allowed_session_types" in body:
+        types = check_string_list(body["allowed_session_types"], "allowed_session_types")
+        for t in types:
+            check_choice(t, "allowed_session_types", SESSION_TYPES)
+        group.allowed_session_types = sorted(set(types))
+    if "pending_timeout" in body:
+        group.pending_timeout = check_int(body["pending_timeout"], "pending_timeout", maximum=30 * 24 * 3600)
+    if "grants" in body:
+        group.grants = [
+            ResourceGroupGrant(kind=k, target=t) for k, t in dict.fromkeys(_check_grants(body["grants"]))
+        ]
+
+
+def _new_group(name: str, description: str = "", *, is_public: bool = False) -> ResourceGroup:
+    """A group with the defaults: fifo queue, fgd placement, every session type, no timeout."""
+    return ResourceGroup(
+        name=name,
+        description=description,
+        is_public=is_public,
+        scheduler="fifo",
+        placement="fgd",
+        allowed_session_types=list(SESSION_TYPES),
+        pending_timeout=0,
+    )
+
+
+def create_group(db: Session, actor: Actor, body: Any) -> ResourceGroup:
+    body = check_fields(body, required=["name"], optional=GROUP_FIELDS)
+    name = check_name(body["name"], "resource group name")
+    if not actor.is_superadmin:
+        raise Forbidden("only a superadmin can create resource groups")
+    if db.scalar(select(ResourceGroup).where(ResourceGroup.name == name)):
+        raise Conflict(f"resource group {name!r} already exists")
+    group = _new_group(name)
+    _apply_group_fields(group, body)
+    db.add(group)
+    db.flush()
+    audit.record(db, actor, "resource_group.create", name, details=body)
+    return group
+
+
+def get_group(db: Session, actor: Actor, name: str) -> ResourceGroup:
+    group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == name))
+    if group is None or not can_read_group(db, actor, group):
+        raise NotFound(f"no resource group {name!r}")
+    return group
+
+
+def update_group(db: Session, actor: Actor, name: str, body: Any) -> ResourceGroup:
+    group = get_group(db, actor, name)
+    body = check_fields(body, optional=GROUP_FIELDS)
+    if not actor.is_superadmin:
+        raise Forbidden("only a superadmin can change resource groups")
+    _apply_group_fields(group, body)
+    audit.record(db, actor, "resource_group.update", name, details=body)
+    return group
+
+
+def list_groups(db: Session, actor: Actor) -> list[ResourceGroup]:
+    rows = db.scalars(select(ResourceGroup).order_by(ResourceGroup.name))
+    return [g for g in rows if can_read_group(db, actor, g)]
+
+
+def ensure_default_group(db: Session) -> ResourceGroup:
+    group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == DEFAULT_GROUP))
+    if group is None:
+        group = _new_group(
+            DEFAULT_GROUP, "The Hub host and the nodes nobody assigned elsewhere", is_public=True
+        )
+        db.add(group)
+        db.flush()
+    return group
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def register_node(db: Session, info: Any, group_name: str = DEFAULT_GROUP) -> Node:
+    """Create or refresh a node and its devices from a device plugin's NodeInfo.
+
+    Devices that disappeared are removed unless a live allocation still uses them,
+    in which case the node keeps them (and the mismatch is logged by the caller).
+    """
+    group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == group_name))
+    if group is None:
+        group = ensure_default_group(db) if group_name == DEFAULT_GROUP else None
+    if group is None:
+        raise InvalidInput(f"no resource group {group_name!r}")
+    node = db.scalar(select(Node).where(Node.name == info.name))
+    # Bump before changing anything: cached clusters of the group are out of date from here on
+    # (and on PostgreSQL this takes the group's lock, so no decision sees half a registration).
+    clustercache.bump(db, group.id if node is None else node.resource_group_id)
+    if node is None:
+        node = Node(name=info.name, resource_group=group, cpu="0", mem=0, labels={}, status="ALIVE")
+        db.add(node)
+    node.cpu = str(Decimal(str(info.cpu)))
+    node.mem = int(info.mem)
+    node.plugin = getattr(info, "plugin", "") or ""
+    node.status = "ALIVE"
+    node.last_seen = utcnow()
+    seen = {d.uuid for d in info.devices}
+    by_uuid = {d.uuid: d for d in node.devices}
+    for d in info.devices:
+        dev = by_uuid.get(d.uuid)
+        if dev is None:
+            dev = Device(uuid=d.uuid, node=node)
+            db.add(dev)
+        dev.index, dev.model, dev.memory_bytes = d.index, d.model, int(d.memory_bytes)
+        dev.kind, dev.parent_uuid = getattr(d, "kind", "gpu"), getattr(d, "parent_uuid", None)
+    for dev in list(node.devices):
+        if dev.uuid not in seen:
+            used = db.scalar(
+                select(func.count()).select_from(Allocation).where(Allocation.device_id == dev.id)
+            )
+            if not used:
+                node.devices.remove(dev)
+    db.flush()
+    return node
+
+
+def node_usage(db: Session, node: Node) -> tuple[int, int, dict[int, int]]:
+    """(cpu milli-cores held, memory held, {device id: hundredths held})."""
+    cpu, mem = db.execute(
+        select(
+            func.coalesce(func.sum(Allocation.cpu_milli), 0), func.coalesce(func.sum(Allocation.mem), 0)
+        ).where(Allocation.node_id == node.id)
+    ).one()
+    rows = db.execute(
+        select(Allocation.device_id, func.sum(Allocation.shares_centi))
+        .where(Allocation.node_id == node.id, Allocation.device_id.is_not(None))
+        .group_by(Allocation.device_id)
+    ).all()
+    return int(cpu), int(mem), {dev_id: int(total) for dev_id, total in rows}
+
+
+def node_view(db: Session, node: Node) -> dict[str, Any]:
+    cpu_milli, mem, shares = node_usage(db, node)
+    cpu_total = Decimal(node.cpu)
+    cpu_used = Decimal(cpu_milli) / 1000
+    devices = []
+    for d in node.devices:
+        held = Decimal(shares.get(d.id, 0)) / 100
+        devices.append(
+            {
+                "uuid": d.uuid,
+                "index": d.index,
+                "model": d.model,
+                "memory_bytes": d.memory_bytes,
+                "kind": d.kind,
+                "capacity": 1,
+                "allocated": float(held),
+                "free": float(1 - held),
+            }
+        )
+    return {
+        "name": node.name,
+        "resource_group": node.resource_group.name,
+        "status": node.status,
+        "plugin": node.plugin,
+        "capacity": {"cpu": float(cpu_total), "mem": node.mem, "gpu": len(node.devices)},
+        "allocated": {"cpu": float(cpu_used), "mem": mem, "gpu.shares": float(sum(shares.values()) / 100)},
+        "free": {"cpu": float(cpu_total - cpu_used), "mem": node.mem - mem},
+        "devices": devices,
+        "last_seen": node.last_seen.isoformat() if node.last_seen else None,
+    }
+
+
+def list_nodes(db: Session, actor: Actor) -> list[Node]:
+    groups = {g.id for g in list_groups(db, actor)}
+    return [n for n in db.scalars(select(Node).order_by(Node.name)) if n.resource_group_id in groups]
+
+
+def group_view(g: ResourceGroup) -> dict[str, Any]:
+    return {
+        "name": g.name,
+        "description": g.description,
+        "is_public": g.is_public,
+        "scheduler": g.scheduler,
+        "placement": g.placement,
+        "allowed_session_types": list(g.allowed_session_types or []),
+        "pending_timeout": g.pending_timeout,
+        "grants": [{"kind": x.kind, "target": x.target} for x in g.grants],
+        "nodes": [n.name for n in g.nodes],
+    }

@@ -1,0 +1,99 @@
+"""What a user may use and what is left: keypair, project and domain limits.
+
+``used`` is what admission counts: the slots charged to every admitted session that
+has not ended (queued ones included), whole devices counted as shares too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from hub_ext.core.models import HOLDING_STATUSES, ComputeSession, User
+from hub_ext.core.slots import ResourceSlots, charged
+from hub_ext.tenancy.policies import policy_view
+
+
+def allocated(db: Session, **scope: Any) -> ResourceSlots:
+    """Slots charged to live sessions in one scope: keypair=, user=, project= or domain= (an id)."""
+    column = {
+        "keypair": ComputeSession.keypair_id,
+        "user": ComputeSession.user_id,
+        "project": ComputeSession.project_id,
+        "domain": ComputeSession.domain_id,
+    }
+    ((kind, ident),) = scope.items()
+    q = select(ComputeSession.requested_slots).where(
+        column[kind] == ident, ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING"))
+    )
+    total = ResourceSlots()
+    for slots in db.scalars(q):
+        total = total + charged(ResourceSlots.parse(slots))
+    return total
+
+
+def _left(limit: ResourceSlots, used: ResourceSlots, unlimited_unspecified: bool) -> dict[str, Any]:
+    left: dict[str, Any] = {}
+    for name in sorted(set(limit) | set(used)):
+        if name not in limit:
+            left[name] = None if unlimited_unspecified else 0
+            continue
+        rest = limit.get_amount(name) - used.get_amount(name)
+        left[name] = ResourceSlots({name: max(rest, 0)}).to_json()[name]
+    return left
+
+
+def scope_report(limit: ResourceSlots, used: ResourceSlots, *, unlimited_unspecified: bool) -> dict[str, Any]:
+    """``left`` maps each slot to the amount left; ``null`` means unlimited."""
+    return {
+        "limit": limit.to_json(),
+        "used": used.to_json(),
+        "left": _left(limit, used, unlimited_unspecified),
+        "unspecified": "UNLIMITED" if unlimited_unspecified else "LIMITED",
+    }
+
+
+def me_view(db: Session, user: User) -> dict[str, Any]:
+    kp = user.main_keypair
+    kp_policy = kp.resource_policy if kp else None
+    domain = user.domain
+    report: dict[str, Any] = {
+        "username": user.username,
+        "email": user.email,
+        "full_name": user.full_name,
+        "role": user.role,
+        "status": user.status,
+        "domain": {"name": domain.name, "total_resource_slots": domain.slots.to_json()},
+        "projects": [
+            {
+                "name": p.name,
+                "full_name": p.full_name,
+                "description": p.description,
+                "total_resource_slots": p.slots.to_json(),
+            }
+            for p in user.projects
+        ],
+        "main_access_key": kp.access_key if kp else None,
+        "policies": {
+            "keypair": policy_view("keypair", kp_policy) if kp_policy else None,
+            "user": policy_view("user", user.resource_policy) if user.resource_policy else None,
+        },
+    }
+    # Domain and project caps: slots they do not name are unlimited.
+    quota: dict[str, Any] = {
+        "domain": scope_report(domain.slots, allocated(db, domain=domain.id), unlimited_unspecified=True),
+        "projects": {
+            p.full_name: scope_report(p.slots, allocated(db, project=p.id), unlimited_unspecified=True)
+            for p in user.projects
+        },
+    }
+    if kp_policy:
+        quota["keypair"] = scope_report(
+            kp_policy.slots,
+            allocated(db, keypair=kp.id),
+            unlimited_unspecified=kp_policy.default_for_unspecified == "UNLIMITED",
+        )
+    report["quota"] = quota
+    return report

@@ -1,0 +1,36 @@
+"""Placement of tasks on GPU nodes: pure, in-memory, deterministic.
+
+See :mod:`hub_ext.compute.scheduler.placement` for the API and the policies, and
+:mod:`hub_ext.compute.scheduler.fragmentation` for the fragmentation measure behind ``fgd``.
+"""
+
+from hub_ext.compute.scheduler.fragmentation import Shape, Workload, node_fragmentation, shape_of
+from hub_ext.compute.scheduler.placement import (
+    POLICIES,
+    Cluster,
+    Device,
+    Node,
+    Placement,
+    PlacementError,
+    Request,
+    apply,
+    place,
+    release,
+)
+
+__all__ = [
+    "POLICIES",
+    "Cluster",
+    "Device",
+    "Node",
+    "Placement",
+    "PlacementError",
+    "Request",
+    "Shape",
+    "Workload",
+    "apply",
+    "node_fragmentation",
+    "place",
+    "release",
+    "shape_of",
+]

@@ -1,0 +1,578 @@
+"""labfleet's data model (SQLAlchemy 2).
+
+Tenancy (domains, projects, users, memberships), resource policies, keypairs and
+the audit log.  Resource slot mappings are stored as JSON objects of decimal
+strings (see :mod:`hub_ext.core.slots`), never as floats.
+
+The schema is created and upgraded by the Alembic migrations in
+``hub_ext/core/migrations``; ``tests/test_migrations.py`` checks that they match
+these classes.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from hub_ext.core.slots import ResourceSlots
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime on every backend (SQLite hands back naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Role(str, enum.Enum):
+    superadmin = "superadmin"
+    admin = "admin"  # domain admin
+    user = "user"
+    monitor = "monitor"
+
+
+class UserStatus(str, enum.Enum):
+    active = "active"
+    inactive = "inactive"
+
+
+class DefaultForUnspecified(str, enum.Enum):
+    LIMITED = "LIMITED"
+    UNLIMITED = "UNLIMITED"
+
+
+# Enums are stored as plain strings with CHECK-free columns: the validation layer
+# owns the allowed values, and new values need no table rebuild on SQLite.
+_ENUM_LEN = 16
+
+
+class Domain(Base):
+    __tablename__ = "domains"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # {storage host: [rights]} granted to everyone in the domain (see hub_ext.storage.hosts).
+    allowed_vfolder_hosts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    projects: Mapped[list[Project]] = relationship(back_populates="domain", cascade="all, delete-orphan")
+    users: Mapped[list[User]] = relationship(back_populates="domain")
+
+    @property
+    def slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.total_resource_slots)
+
+
+class _FolderPolicy:
+    """Columns shared by user and project resource policies (virtual folders, storage)."""
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    max_vfolder_count: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
+    max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes, 0 = unlimited
+    # One folder's size limit, bytes; 0 = only the scope's limit.
+    max_vfolder_size: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ProjectResourcePolicy(_FolderPolicy, Base):
+    __tablename__ = "project_resource_policies"
+
+
+class UserResourcePolicy(_FolderPolicy, Base):
+    __tablename__ = "user_resource_policies"
+
+
+class KeypairResourcePolicy(Base):
+    __tablename__ = "keypair_resource_policies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    default_for_unspecified: Mapped[str] = mapped_column(String(_ENUM_LEN), default="UNLIMITED")
+    max_concurrent_sessions: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
+    max_pending_sessions: Mapped[int] = mapped_column(Integer, default=0)  # 0 = unlimited
+    max_session_lifetime: Mapped[int] = mapped_column(Integer, default=0)  # seconds, 0 = off
+    idle_timeout: Mapped[int] = mapped_column(Integer, default=-1)  # s; 0 never, <0 global default
+    # Storage hosts the keypair's user may use: a list of names (every right) or {host: [rights]}.
+    allowed_storage_hosts: Mapped[Any] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    @property
+    def slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.total_resource_slots)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    __table_args__ = (UniqueConstraint("domain_id", "name", name="uq_projects_domain_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text, default="")
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    resource_policy_id: Mapped[int | None] = mapped_column(
+        ForeignKey("project_resource_policies.id", ondelete="RESTRICT"), nullable=True
+    )
+    # {storage host: [rights]} granted for this project's folders (see hub_ext.storage.hosts).
+    allowed_vfolder_hosts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    domain: Mapped[Domain] = relationship(back_populates="projects")
+    resource_policy: Mapped[ProjectResourcePolicy | None] = relationship()
+    members: Mapped[list[User]] = relationship(
+        secondary="project_members", back_populates="projects", order_by="User.username"
+    )
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.domain.name}/{self.name}"
+
+    @property
+    def slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.total_resource_slots)
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The JupyterHub user name: the same string on both sides.
+    username: Mapped[str] = mapped_column(String(255), unique=True)
+    email: Mapped[str] = mapped_column(String(255), default="")
+    full_name: Mapped[str] = mapped_column(String(255), default="")
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="RESTRICT"), index=True)
+    role: Mapped[str] = mapped_column(String(_ENUM_LEN), default="user")
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="active")
+    # A PBKDF2 hash (see hub_ext.core.passwords); NULL when the user logs in through another authenticator.
+    password_hash: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    resource_policy_id: Mapped[int | None] = mapped_column(
+        ForeignKey("user_resource_policies.id", ondelete="RESTRICT"), nullable=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    last_login: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    domain: Mapped[Domain] = relationship(back_populates="users")
+    resource_policy: Mapped[UserResourcePolicy | None] = relationship()
+    projects: Mapped[list[Project]] = relationship(
+        secondary="project_members", back_populates="members", order_by="Project.name"
+    )
+    keypairs: Mapped[list[Keypair]] = relationship(back_populates="user", cascade="all, delete-orphan")
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == UserStatus.active.value
+
+    @property
+    def main_keypair(self) -> Keypair | None:
+        for kp in self.keypairs:
+            if kp.is_main and kp.is_active:
+                return kp
+        return None
+
+
+class ProjectMember(Base):
+    __tablename__ = "project_members"
+
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Keypair(Base):
+    __tablename__ = "keypairs"
+    __table_args__ = (
+        # One main keypair per user, enforced by the database too (partial unique index).
+        Index(
+            "uq_keypairs_one_main_per_user",
+            "user_id",
+            unique=True,
+            sqlite_where=text("is_main = 1 AND is_active = 1"),
+            postgresql_where=text("is_main AND is_active"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    access_key: Mapped[str] = mapped_column(String(20), unique=True)
+    # The secret, encrypted with the service's key (hub_ext.core.secretbox): never stored in plain text.
+    secret_key_encrypted: Mapped[str] = mapped_column(Text)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    resource_policy_id: Mapped[int] = mapped_column(
+        ForeignKey("keypair_resource_policies.id", ondelete="RESTRICT")
+    )
+    is_main: Mapped[bool] = mapped_column(Boolean, default=False)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    rate_limit: Mapped[int] = mapped_column(Integer, default=10000)  # requests per 15-minute window
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    user: Mapped[User] = relationship(back_populates="keypairs")
+    resource_policy: Mapped[KeypairResourcePolicy] = relationship()
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_timestamp", "timestamp"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    actor: Mapped[str] = mapped_column(String(255))  # a user name, or "cli", "system"
+    # The actor's domain at the time, so a domain admin can read their domain's log.
+    actor_domain: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    target_domain: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    action: Mapped[str] = mapped_column(String(64))  # e.g. "domain.create", "user.login"
+    target: Mapped[str] = mapped_column(String(255), default="")
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    remote_addr: Mapped[str] = mapped_column(String(64), default="")
+    success: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+# ---------------------------------------------------------------- scheduler: groups, nodes, sessions
+
+SESSION_STATUSES = (
+    "PENDING",
+    "SCHEDULED",
+    "PREPARING",
+    "RUNNING",
+    "TERMINATING",
+    "TERMINATED",
+    "ERROR",
+    "CANCELLED",
+)
+# Sessions in these states hold their allocation (and count against quotas).
+HOLDING_STATUSES = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
+FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
+
+
+class ResourceGroup(Base):
+    __tablename__ = "resource_groups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    # Public groups are open to everyone; others to the union of their grants.
+    is_public: Mapped[bool] = mapped_column(Boolean, default=False)
+    scheduler: Mapped[str] = mapped_column(String(_ENUM_LEN), default="fifo")  # fifo | lifo | drf
+    placement: Mapped[str] = mapped_column(
+        String(_ENUM_LEN), default="fgd"
+    )  # whole-gpu | spread | pack | fgd
+    allowed_session_types: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    pending_timeout: Mapped[int] = mapped_column(Integer, default=0)  # seconds; 0 = wait forever
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Bumped by every transaction that changes the group's allocations, nodes or devices, so
+    # a process's cached placement state (hub_ext.compute.clustercache) knows when it is out of date.
+    alloc_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+    nodes: Mapped[list[Node]] = relationship(back_populates="resource_group", order_by="Node.name")
+    grants: Mapped[list[ResourceGroupGrant]] = relationship(cascade="all, delete-orphan")
+
+
+class ResourceGroupGrant(Base):
+    __tablename__ = "resource_group_grants"
+    __table_args__ = (UniqueConstraint("resource_group_id", "kind", "target", name="uq_rg_grants"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    resource_group_id: Mapped[int] = mapped_column(
+        ForeignKey("resource_groups.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(_ENUM_LEN))  # domain | project | user
+    target: Mapped[str] = mapped_column(String(255))  # domain name, DOMAIN/PROJECT, or user name
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    resource_group_id: Mapped[int] = mapped_column(
+        ForeignKey("resource_groups.id", ondelete="RESTRICT"), index=True
+    )
+    cpu: Mapped[str] = mapped_column(String(32))  # cores, a decimal string
+    mem: Mapped[int] = mapped_column(BigInteger)  # bytes
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="ALIVE")  # ALIVE | LOST | DISABLED
+    plugin: Mapped[str] = mapped_column(String(64), default="")
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    resource_group: Mapped[ResourceGroup] = relationship(back_populates="nodes")
+    devices: Mapped[list[Device]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="Device.index"
+    )
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    uuid: Mapped[str] = mapped_column(String(128), unique=True)
+    index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(128))
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    kind: Mapped[str] = mapped_column(String(_ENUM_LEN), default="gpu")  # gpu | mig
+    parent_uuid: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+    node: Mapped[Node] = relationship(back_populates="devices")
+
+
+class ComputeSession(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_status_group", "status", "resource_group_id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # a UUID
+    name: Mapped[str] = mapped_column(String(255), default="")  # the Hub server name
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    keypair_id: Mapped[int] = mapped_column(ForeignKey("keypairs.id", ondelete="CASCADE"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"), index=True)
+    resource_group_id: Mapped[int] = mapped_column(ForeignKey("resource_groups.id", ondelete="RESTRICT"))
+    type: Mapped[str] = mapped_column(String(_ENUM_LEN), default="interactive")
+    image: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    requested_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    gpu_models: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="PENDING")
+    status_reason: Mapped[str] = mapped_column(Text, default="")
+    status_history: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"), nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    status_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    user: Mapped[User] = relationship()
+    keypair: Mapped[Keypair] = relationship()
+    project: Mapped[Project] = relationship()
+    domain: Mapped[Domain] = relationship()
+    resource_group: Mapped[ResourceGroup] = relationship()
+    node: Mapped[Node | None] = relationship()
+    allocations: Mapped[list[Allocation]] = relationship(
+        back_populates="session", cascade="all, delete-orphan"
+    )
+    mounts: Mapped[list[VFolderMount]] = relationship(cascade="all, delete-orphan")
+
+    @property
+    def slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.requested_slots)
+
+
+class Allocation(Base):
+    """What a session holds on a node: CPU and memory, and a share of each device it uses.
+
+    Amounts are integers in the slots' quanta (milli-cores, bytes, hundredths of a device),
+    so sums in SQL are exact on every backend.
+    """
+
+    __tablename__ = "allocations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    device_id: Mapped[int | None] = mapped_column(
+        ForeignKey("devices.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    mem: Mapped[int] = mapped_column(BigInteger, default=0)
+    shares_centi: Mapped[int] = mapped_column(Integer, default=0)
+
+    session: Mapped[ComputeSession] = relationship(back_populates="allocations")
+    node: Mapped[Node] = relationship()
+    device: Mapped[Device | None] = relationship()
+
+
+class Image(Base):
+    """An environment admins registered: only these can be started.
+
+    ``min_slots`` is what a session of this image must ask at least; ``accelerators`` the
+    device kinds it can use (e.g. ``cuda``; empty: CPU only); ``service_ports`` the apps it
+    serves, as ``{"name", "protocol", "port"}``.  ``projects`` and ``domains`` restrict who may
+    use it (both empty: everyone).  ``labels`` keeps what the image itself declared.
+    """
+
+    __tablename__ = "images"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)  # the reference, e.g. repo/name:tag
+    display_name: Mapped[str] = mapped_column(String(255), default="")
+    min_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    accelerators: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    service_ports: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    projects: Mapped[list[Any]] = mapped_column(JSON, default=list)  # DOMAIN/PROJECT names
+    domains: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    @property
+    def min_slots(self) -> ResourceSlots:
+        return ResourceSlots.parse(self.min_resource_slots)
+
+
+# ---------------------------------------------------------------- virtual folders
+
+
+class StorageHost(Base):
+    """A named root where folders live: a local directory, or a file system mounted at the same
+    path on every node (NFS, CephFS, ...).  ``default_permissions`` are the rights everyone has on
+    it; domains, projects and keypair policies add theirs (hub_ext.storage.hosts)."""
+
+    __tablename__ = "storage_hosts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    capacity: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes; 0 = as much as the disk has
+    description: Mapped[str] = mapped_column(Text, default="")
+    default_permissions: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Who owns what the API writes, so a session running as another uid can change it.
+    owner_uid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    owner_gid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+VFOLDER_STATUSES = ("READY", "DELETE_PENDING")
+
+
+class VFolder(Base):
+    """A virtual folder, owned by a user or by a project; its data is ``<host path>/<id>/data``."""
+
+    __tablename__ = "vfolders"
+    __table_args__ = (
+        UniqueConstraint("user_id", "name", name="uq_vfolders_user_name"),
+        UniqueConstraint("project_id", "name", name="uq_vfolders_project_name"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # a UUID
+    name: Mapped[str] = mapped_column(String(64))
+    host_id: Mapped[int] = mapped_column(ForeignKey("storage_hosts.id", ondelete="RESTRICT"), index=True)
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"), index=True)
+    owner_kind: Mapped[str] = mapped_column(String(_ENUM_LEN))  # user | project
+    # Exactly one of these is set, by owner_kind.
+    user_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    project_id: Mapped[int | None] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    creator: Mapped[str] = mapped_column(String(255), default="")
+    usage_mode: Mapped[str] = mapped_column(String(_ENUM_LEN), default="general")  # general | model | data
+    # What project members get (ro | rw | wd); a user folder's owner always has wd.
+    permission: Mapped[str] = mapped_column(String(_ENUM_LEN), default="rw")
+    max_size: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes; 0 = only the scope's limit
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="READY")
+    usage_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # data and trash, as last scanned
+    usage_files: Mapped[int] = mapped_column(Integer, default=0)
+    trash_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    usage_scanned_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    host: Mapped[StorageHost] = relationship()
+    domain: Mapped[Domain] = relationship()
+    user: Mapped[User | None] = relationship()
+    project: Mapped[Project | None] = relationship()
+    grants: Mapped[list[VFolderPermission]] = relationship(cascade="all, delete-orphan")
+
+
+class VFolderPermission(Base):
+    """A user's permission on a folder: an accepted invitation (user folders) or an admin's
+    override of the project's permission (project folders)."""
+
+    __tablename__ = "vfolder_permissions"
+
+    vfolder_id: Mapped[str] = mapped_column(ForeignKey("vfolders.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    permission: Mapped[str] = mapped_column(String(_ENUM_LEN))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    user: Mapped[User] = relationship()
+
+
+class VFolderInvitation(Base):
+    __tablename__ = "vfolder_invitations"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    vfolder_id: Mapped[str] = mapped_column(ForeignKey("vfolders.id", ondelete="CASCADE"), index=True)
+    inviter_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    invitee_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    permission: Mapped[str] = mapped_column(String(_ENUM_LEN))
+    state: Mapped[str] = mapped_column(
+        String(_ENUM_LEN), default="pending"
+    )  # pending|accepted|declined|cancelled
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    vfolder: Mapped[VFolder] = relationship()
+    inviter: Mapped[User] = relationship(foreign_keys=[inviter_id])
+    invitee: Mapped[User] = relationship(foreign_keys=[invitee_id])
+
+
+class VFolderUpload(Base):
+    """An upload in progress.  Its whole size is reserved against the folder's and the scope's
+    limits from the start, so concurrent uploads can never pass a limit together."""
+
+    __tablename__ = "vfolder_uploads"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # hex; the temp file's name
+    vfolder_id: Mapped[str] = mapped_column(ForeignKey("vfolders.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), nullable=True)
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class VFolderMount(Base):
+    """A folder mounted in a session, with the permission it was mounted with."""
+
+    __tablename__ = "vfolder_mounts"
+
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
+    vfolder_id: Mapped[str] = mapped_column(
+        ForeignKey("vfolders.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    permission: Mapped[str] = mapped_column(String(_ENUM_LEN))
+
+    vfolder: Mapped[VFolder] = relationship()

@@ -1,0 +1,188 @@
+"""Wiring labfleet into a JupyterHub config: the service, its role, the authenticator.
+
+``jupyterhub_config.py`` calls :func:`configure`; deployments can call it from their
+own config and then override what they need (authenticator, spawner, DB URL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from hub_ext.core.db import default_db_url
+from hub_ext.core.hubmap import SERVICE_NAME
+from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file, key_file_path
+from hub_ext.storage.hosts import RIGHTS
+
+SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
+# Passed to the service, which describes this node with them (see hub_ext.service.app).
+NODE_ENV = (
+    "LABFLEET_NODE_NAME",
+    "LABFLEET_DEVICE_PLUGINS",
+    "LABFLEET_MOCK_DEVICES",
+    "LABFLEET_VFOLDER_SCAN_INTERVAL",
+    "LABFLEET_LIFETIME_CHECK_INTERVAL",
+)
+SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
+BACKEND_ENV = "LABFLEET_BACKEND"
+SESSION_LOG_DIR_ENV = "LABFLEET_SESSION_LOG_DIR"
+STORAGE_HOSTS_ENV = "LABFLEET_STORAGE_HOSTS"
+# The local backend runs the Hub host's own Python environment: one image stands for it.
+LOCAL_IMAGE = {"name": "local/host", "display_name": "JupyterLab on the Hub host (local sessions)"}
+DOCKER_IMAGE_ENV = "LABFLEET_DOCKER_IMAGE"
+DEFAULT_DOCKER_IMAGE = "labfleet/singleuser:test"
+DEFAULT_SERVICE_PORT = 10101
+
+# What the labfleet service may do on the Hub: keep users and groups in step, read servers.
+SERVICE_SCOPES = [
+    "admin:users",
+    "admin:groups",
+    "list:users",
+    "read:users",
+    "read:servers",
+    "admin:servers",
+    "access:servers",
+]
+
+# The server role's scopes, plus calling the labfleet service and managing the owner's own servers.
+SESSION_TOKEN_SCOPES = [
+    "users:activity!user",
+    "access:servers!server",
+    f"access:services!service={SERVICE_NAME}",
+    "servers!user",
+    "read:servers!user",
+]
+
+
+def service_token(state_dir: Path) -> str:
+    """$LABFLEET_SERVICE_TOKEN, else a token kept in ``labfleet_service_token`` (0600)."""
+    token = os.environ.get(SERVICE_TOKEN_ENV)
+    if token:
+        return token
+    path = state_dir / "labfleet_service_token"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path.read_text().strip()
+
+
+def configure(c, state_dir: str | Path | None = None) -> None:
+    """Add the labfleet service, its role and the labfleet authenticator to config ``c``."""
+    state = Path(state_dir or os.getcwd()).absolute()
+    port = int(os.environ.get(SERVICE_PORT_ENV, DEFAULT_SERVICE_PORT))
+    token = service_token(state)
+    db_url = default_db_url()
+    os.environ.setdefault(KEY_FILE_ENV, str(state / "labfleet_secret.key"))
+    key_file = key_file_path()
+    ensure_key_file(key_file)
+    repo_root = str(Path(__file__).parents[2])
+    log_dir = os.environ.setdefault(SESSION_LOG_DIR_ENV, str(state / "session-logs"))
+    backend = os.environ.get(BACKEND_ENV, "local")
+    default_images = configure_spawner(c, backend, state)
+    storage_hosts = os.environ.get(STORAGE_HOSTS_ENV) or json.dumps(
+        [
+            {
+                "name": "local",
+                "path": str(state / "vfolders"),
+                "default_permissions": list(RIGHTS),
+                # Docker sessions run as uid 1000: what the API writes must be theirs to change.
+                **({"owner_uid": 1000, "owner_gid": 1000} if backend == "docker" else {}),
+            }
+        ]
+    )
+
+    c.JupyterHub.services = [
+        s
+        for s in (c.JupyterHub.services if "services" in c.JupyterHub else [])
+        if s.get("name") != SERVICE_NAME
+    ] + [
+        {
+            "name": SERVICE_NAME,
+            "display": True,
+            "url": f"http://127.0.0.1:{port}",
+            "command": [sys.executable, "-m", "hub_ext.service"],
+            "api_token": token,
+            "oauth_no_confirm": True,
+            "environment": {
+                "LABFLEET_DB_URL": db_url,
+                KEY_FILE_ENV: str(key_file),
+                SESSION_LOG_DIR_ENV: log_dir,
+                "LABFLEET_DEFAULT_IMAGES": json.dumps(default_images),
+                STORAGE_HOSTS_ENV: storage_hosts,
+                **{k: v for k, v in os.environ.items() if k in NODE_ENV},
+                # So the service imports this checkout even when labfleet is not installed.
+                "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
+            },
+        }
+    ]
+    roles = [
+        r
+        for r in (c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else [])
+        if r.get("name") not in ("labfleet-service", "user")
+    ]
+    c.JupyterHub.load_roles = roles + [
+        {
+            # Every Hub user may call the labfleet service (it decides what they see),
+            # including users an admin created who have not logged in yet.
+            "name": "user",
+            "scopes": ["self", f"access:services!service={SERVICE_NAME}"],
+        },
+        {
+            "name": "labfleet-service",
+            "description": "the labfleet service keeps Hub users and groups in step with tenancy",
+            "scopes": SERVICE_SCOPES,
+            "services": [SERVICE_NAME],
+        },
+    ]
+    c.JupyterHub.authenticator_class = "labfleet"
+    # The authenticator and the spawners alike.
+    c.LabfleetServiceClient.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
+    c.LabfleetServiceClient.service_token = token
+    c.LabfleetSpawnerMixin.session_log_dir = log_dir
+    # A session's own token ($JUPYTERHUB_API_TOKEN) acts for its owner in the labfleet service and may
+    # start and stop the owner's other servers: the server extension, the sidebar and the widgets use it.
+    c.Spawner.server_token_scopes = SESSION_TOKEN_SCOPES
+
+
+def configure_spawner(c, backend: str, state: Path) -> list[dict]:
+    """The labfleet spawner for ``backend`` (local | docker); returns the images to register."""
+    c.Spawner.default_url = "/lab"
+    # A user runs several sessions at once (named servers); labfleet's policies limit how many.
+    c.JupyterHub.allow_named_servers = True
+    if backend == "local":
+        c.JupyterHub.spawner_class = "labfleet-local"
+        c.LabfleetLocalSpawner.home_dir_template = str(state / "homes" / "{username}")
+        c.LabfleetSpawnerMixin.default_image = LOCAL_IMAGE["name"]
+        if os.geteuid() == 0:
+            c.LabfleetLocalSpawner.args = ["--allow-root"]
+        # The sandbox shows the host read-only: not other users' homes and folders, nor the
+        # Hub's secrets and DBs (their names are those jupyterhub_config.py and configure() use).
+        c.LabfleetLocalSpawner.sandbox_hidden = [
+            str(state / name)
+            for name in (
+                "homes",
+                "vfolders",
+                "session-logs",
+                "labfleet_secret.key",
+                "labfleet_service_token",
+                "jupyterhub_cookie_secret",
+                "labfleet.sqlite",
+                "labfleet.sqlite-wal",
+                "labfleet.sqlite-shm",
+                "jupyterhub.sqlite",
+            )
+        ]
+        return [LOCAL_IMAGE]
+    if backend == "docker":
+        image = os.environ.get(DOCKER_IMAGE_ENV, DEFAULT_DOCKER_IMAGE)
+        c.JupyterHub.spawner_class = "labfleet-docker"
+        c.LabfleetSpawnerMixin.default_image = image
+        # Host networking: the Hub reaches each server on 127.0.0.1 (see the README).
+        c.DockerSpawner.network_name = "host"
+        c.JupyterHub.hub_connect_ip = "127.0.0.1"
+        return [{"name": image, "inspect": True}]
+    raise ValueError(f"{BACKEND_ENV} must be local or docker, not {backend!r}")

@@ -1,0 +1,467 @@
+"""Virtual folders: create, find, list, change, trash, restore and purge; who reaches what.
+
+Permissions rank ``ro`` < ``rw`` < ``wd`` (write and delete).  A user folder's owner has ``wd``
+and shares it by invitation (hub_ext.storage.sharing); a project folder gives its members the project's
+permission, which a project's domain admin may override per user.  Admins (superadmin, the
+folder's domain admin) manage every folder in their reach but read a user's files only when the
+owner shared them.  A folder nobody may see is *not found*, whatever the route.
+
+The folder's data lives at ``<host path>/<id>/data`` (hub_ext.storage.store); sizes are kept by
+hub_ext.vfquota.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from hub_ext.core import audit
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from hub_ext.core.models import (
+    HOLDING_STATUSES,
+    ComputeSession,
+    Domain,
+    Project,
+    ProjectMember,
+    User,
+    VFolder,
+    VFolderMount,
+    VFolderPermission,
+)
+from hub_ext.core.validate import check_choice, check_fields, check_int, check_username, parse_project_ref
+from hub_ext.storage import hosts
+from hub_ext.storage import quota as vfquota
+from hub_ext.storage.store import FolderStore
+from hub_ext.tenancy.directory import actor_for
+
+PERMISSIONS = ("ro", "rw", "wd")
+RANK = {p: i for i, p in enumerate(PERMISSIONS, 1)}
+USAGE_MODES = ("general", "model", "data")
+STATUSES = ("READY", "DELETE_PENDING")
+FOLDER_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def check_folder_name(value: Any, field: str = "name") -> str:
+    if not isinstance(value, str) or not FOLDER_NAME_RE.match(value) or value in (".", ".."):
+        raise InvalidInput(
+            f"{field} must be 1-64 letters, digits, '.', '-' or '_' (not '.' or '..'); got {value!r:.80}"
+        )
+    return value
+
+
+def check_permission(value: Any, field: str = "permission") -> str:
+    return check_choice(value, field, PERMISSIONS)
+
+
+# ---------------------------------------------------------------- access (pure)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What access depends on, read from the DB once."""
+
+    owner_kind: str  # user | project
+    owner: str  # the owner's user name, or DOMAIN/PROJECT
+    domain: str
+    members: frozenset[str]  # the project's members (project folders)
+    project_permission: str
+    grant: str | None  # the actor's own row: an accepted share, or an admin's override
+
+
+@dataclass(frozen=True)
+class Access:
+    permission: str | None  # what the actor may do with the files: None, ro, rw, wd
+    owner: bool
+    manage: bool  # rename, trash, restore, purge, change permissions
+    admin: bool
+    sees: bool  # may see that the folder exists
+
+    def at_least(self, level: str) -> bool:
+        return self.permission is not None and RANK[self.permission] >= RANK[level]
+
+
+def access_of(actor: Actor, f: Facts) -> Access:
+    admin = actor.is_superadmin or actor.is_domain_admin_of(f.domain)
+    owner = False
+    perm: str | None = None
+    if f.owner_kind == "user":
+        owner = actor.kind == "user" and actor.name == f.owner
+        perm = "wd" if owner else f.grant
+    elif admin:
+        perm = "wd"
+    elif actor.kind == "user" and actor.name in f.members:
+        perm = f.grant or f.project_permission
+    manage = owner or admin
+    sees = perm is not None or manage or actor.reads_everything
+    return Access(permission=perm, owner=owner, manage=manage, admin=admin, sees=sees)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def owner_label(v: VFolder) -> str:
+    if v.owner_kind == "user":
+        return f"user:{v.user.username}"  # type: ignore[union-attr]
+    return f"project:{v.project.full_name}"  # type: ignore[union-attr]
+
+
+def facts_of(db: Session, actor: Actor, v: VFolder) -> Facts:
+    grant = None
+    if actor.user_id is not None:
+        grant = db.scalar(
+            select(VFolderPermission.permission).where(
+                VFolderPermission.vfolder_id == v.id, VFolderPermission.user_id == actor.user_id
+            )
+        )
+    if v.owner_kind == "user":
+        return Facts("user", v.user.username, v.domain.name, frozenset(), v.permission, grant)  # type: ignore[union-attr]
+    members = frozenset(u.username for u in v.project.members)  # type: ignore[union-attr]
+    return Facts("project", v.project.full_name, v.domain.name, members, v.permission, grant)  # type: ignore[union-attr]
+
+
+def readable(db: Session, actor: Actor, folder_id: str, *, lock: bool = False) -> tuple[VFolder, Access]:
+    """The folder and the actor's access; *not found* when the actor may not see it."""
+    if not isinstance(folder_id, str) or not UUID_RE.match(folder_id):
+        raise NotFound(f"no vfolder {folder_id!r:.60}")
+    q = select(VFolder).where(VFolder.id == folder_id)
+    if lock and db.get_bind().dialect.name == "postgresql":
+        q = q.with_for_update()
+    v = db.scalar(q)
+    if v is None:
+        raise NotFound(f"no vfolder {folder_id!r}")
+    acc = access_of(actor, facts_of(db, actor, v))
+    if not acc.sees:
+        raise NotFound(f"no vfolder {folder_id!r}")
+    return v, acc
+
+
+def actor_user(db: Session, actor: Actor) -> User | None:
+    return db.get(User, actor.user_id) if actor.user_id is not None else None
+
+
+def host_rights(db: Session, actor: Actor, v: VFolder) -> frozenset[str]:
+    return hosts.rights_for(actor, actor_user(db, actor), v.host, v.project)
+
+
+def store_of(v: VFolder) -> FolderStore:
+    h = v.host
+    owner = (
+        (h.owner_uid, h.owner_gid if h.owner_gid is not None else h.owner_uid)
+        if h.owner_uid is not None
+        else None
+    )
+    return FolderStore(f"{h.path.rstrip('/')}/{v.id}", owner=owner)  # type: ignore[arg-type]
+
+
+def need_ready(v: VFolder) -> None:
+    if v.status != "READY":
+        raise Conflict(f"vfolder {v.name} is in the trash: restore it first")
+
+
+def list_folders(db: Session, actor: Actor, filters: dict[str, str | None]) -> list[tuple[VFolder, Access]]:
+    """The caller's folders, those shared with them and their projects' folders.
+
+    ``scope=domain`` (domain admins, monitors, superadmins) or ``scope=all`` (monitors and
+    superadmins) widen the list to every folder in reach.
+    """
+    scope = filters.get("scope") or "mine"
+    check_choice(scope, "scope", ("mine", "domain", "all"))
+    q = select(VFolder)
+    if scope == "mine":
+        if actor.user_id is None:
+            return []
+        shared = select(VFolderPermission.vfolder_id).where(VFolderPermission.user_id == actor.user_id)
+        projects = select(ProjectMember.project_id).where(ProjectMember.user_id == actor.user_id)
+        q = q.where(
+            or_(VFolder.user_id == actor.user_id, VFolder.id.in_(shared), VFolder.project_id.in_(projects))
+        )
+    elif scope == "domain":
+        if not (actor.reads_everything or actor.role == "admin"):
+            raise Forbidden("scope=domain is for domain admins, monitors and superadmins")
+        dname = filters.get("domain") or actor.domain
+        if not actor.reads_everything and dname != actor.domain:
+            raise Forbidden("you can list only your own domain's folders")
+        q = q.join(Domain, VFolder.domain_id == Domain.id).where(Domain.name == dname)
+    elif not actor.reads_everything:
+        raise Forbidden("scope=all is for monitors and superadmins")
+    status = filters.get("status")
+    if status:
+        q = q.where(VFolder.status == check_choice(status, "status", STATUSES))
+    out = []
+    for v in db.scalars(q.order_by(VFolder.name, VFolder.id)):
+        acc = access_of(actor, facts_of(db, actor, v))
+        if acc.sees:
+            out.append((v, acc))
+    return out
+
+
+# ---------------------------------------------------------------- changing
+
+CREATE_FIELDS = ("host", "usage_mode", "project", "permission", "max_size")
+
+
+def create(db: Session, actor: Actor, body: Any, *, default_host: str | None) -> VFolder:
+    body = check_fields(body, required=["name"], optional=CREATE_FIELDS)
+    name = check_folder_name(body["name"])
+    usage_mode = check_choice(body.get("usage_mode", "general"), "usage_mode", USAGE_MODES)
+    max_size = check_int(body.get("max_size", 0), "max_size", maximum=hosts.MAX_BYTES)
+    user = actor_user(db, actor)
+    if user is None and not ("project" in body and actor.is_superadmin):
+        raise Forbidden("user folders are created by their users (the CLI may create project folders)")
+    if actor.role == "monitor":
+        raise Forbidden("monitors read; they create nothing")
+    host_name = body.get("host", default_host)
+    if host_name is None:
+        raise InvalidInput("no storage host given and the service has no default one")
+    host = hosts.get_host(db, host_name)
+    if not host.is_active:
+        raise Conflict(f"storage host {host.name} is not active")
+
+    project = None
+    if "project" in body and body["project"] is not None:
+        dname, pname = parse_project_ref(body["project"], actor.domain)
+        project = db.scalar(select(Project).join(Domain).where(Domain.name == dname, Project.name == pname))
+        if project is None or not (actor.is_superadmin or actor.is_domain_admin_of(dname)):
+            if project is not None and user is not None and user in project.members:
+                raise Forbidden(
+                    f"only an admin of domain {dname} can create project {dname}/{pname}'s folders"
+                )
+            raise NotFound(f"no project {dname}/{pname}")
+        permission = check_permission(body.get("permission", "rw"))
+    elif "permission" in body:
+        raise InvalidInput("permission is for project folders: a user folder is shared by invitation")
+    else:
+        permission = "wd"
+    hosts.need_right(hosts.rights_for(actor, user, host, project), "create-vfolder", host)
+
+    if _name_taken(db, name, project_id=project.id if project else None, user_id=user.id if user else None):
+        raise Conflict(
+            f"{'project ' + project.full_name if project else 'you'} already "
+            f"{'has' if project else 'have'} a folder named {name} (perhaps in the trash)"
+        )
+    vfquota.check_count(db, user, project)
+    v = VFolder(
+        id=str(uuid.uuid4()),
+        name=name,
+        host=host,
+        domain=project.domain if project else user.domain,  # type: ignore[union-attr]
+        owner_kind="project" if project else "user",
+        user=None if project else user,
+        project=project,
+        creator=user.username if user is not None else actor.name,
+        usage_mode=usage_mode,
+        permission=permission,
+        max_size=max_size,
+        status="READY",
+        usage_bytes=0,
+        usage_files=0,
+        trash_bytes=0,
+    )
+    db.add(v)
+    db.flush()
+    store_of(v).create()
+    audit.record(
+        db,
+        actor,
+        "vfolder.create",
+        f"{owner_label(v)}/{name}",
+        target_domain=v.domain.name,
+        details={"id": v.id, "host": host.name},
+    )
+    return v
+
+
+def _name_taken(db: Session, name: str, *, project_id: int | None, user_id: int | None) -> bool:
+    """Names are unique per owner: the project when there is one, else the user."""
+    owner = VFolder.project_id == project_id if project_id is not None else VFolder.user_id == user_id
+    return db.scalar(select(VFolder.id).where(owner, VFolder.name == name)) is not None
+
+
+UPDATE_FIELDS = ("name", "usage_mode", "permission", "max_size")
+
+
+def update(db: Session, actor: Actor, folder_id: str, body: Any) -> tuple[VFolder, Access]:
+    body = check_fields(body, optional=UPDATE_FIELDS)
+    v, acc = readable(db, actor, folder_id)
+    if not acc.manage:
+        raise Forbidden(f"only the owner or an admin can change vfolder {v.name}")
+    if "name" in body:
+        name = check_folder_name(body["name"])
+        if name != v.name:
+            if _name_taken(db, name, project_id=v.project_id, user_id=v.user_id):
+                raise Conflict(f"a folder named {name} already exists for {owner_label(v)}")
+            v.name = name
+    if "usage_mode" in body:
+        v.usage_mode = check_choice(body["usage_mode"], "usage_mode", USAGE_MODES)
+    if "permission" in body:
+        if v.owner_kind != "project":
+            raise InvalidInput("permission is for project folders: a user folder is shared by invitation")
+        if not acc.admin:
+            raise Forbidden("only an admin can change a project folder's permission")
+        v.permission = check_permission(body["permission"])
+    if "max_size" in body:
+        v.max_size = check_int(body["max_size"], "max_size", maximum=hosts.MAX_BYTES)
+    audit.record(db, actor, "vfolder.update", v.id, target_domain=v.domain.name, details=dict(body))
+    return v, acc
+
+
+def trash(db: Session, actor: Actor, folder_id: str) -> VFolder:
+    v, acc = readable(db, actor, folder_id)
+    if not acc.manage:
+        raise Forbidden(f"only the owner or an admin can delete vfolder {v.name}")
+    if not acc.admin:
+        hosts.need_right(host_rights(db, actor, v), "delete-vfolder", v.host)
+    need_ready(v)
+    v.status = "DELETE_PENDING"
+    v.deleted_at = datetime.now(timezone.utc)
+    audit.record(db, actor, "vfolder.delete", v.id, target_domain=v.domain.name, details={"name": v.name})
+    return v
+
+
+def restore(db: Session, actor: Actor, folder_id: str) -> VFolder:
+    v, acc = readable(db, actor, folder_id)
+    if not acc.manage:
+        raise Forbidden(f"only the owner or an admin can restore vfolder {v.name}")
+    if v.status != "DELETE_PENDING":
+        raise Conflict(f"vfolder {v.name} is not in the trash")
+    v.status = "READY"
+    v.deleted_at = None
+    audit.record(db, actor, "vfolder.restore", v.id, target_domain=v.domain.name, details={"name": v.name})
+    return v
+
+
+def mounted_in(db: Session, v: VFolder) -> list[str]:
+    """Sessions holding (or waiting to hold) a mount of the folder."""
+    return list(
+        db.scalars(
+            select(ComputeSession.id)
+            .join(VFolderMount, VFolderMount.session_id == ComputeSession.id)
+            .where(
+                VFolderMount.vfolder_id == v.id,
+                ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")),
+            )
+        )
+    )
+
+
+def purge(db: Session, actor: Actor, folder_id: str) -> str:
+    """Remove a trashed folder and its data for good."""
+    v, acc = readable(db, actor, folder_id, lock=True)
+    if not acc.manage:
+        raise Forbidden(f"only the owner or an admin can purge vfolder {v.name}")
+    if v.status != "DELETE_PENDING":
+        raise Conflict(f"vfolder {v.name} is not in the trash: delete it first")
+    busy = mounted_in(db, v)
+    if busy:
+        raise Conflict(f"vfolder {v.name} is mounted in {len(busy)} running session(s): stop them first")
+    name, domain = v.name, v.domain.name
+    db.delete(v)
+    db.flush()
+    # Data last: if the row cannot go, the data stays too.
+    store_of(v).destroy()
+    audit.record(db, actor, "vfolder.purge", folder_id, target_domain=domain, details={"name": name})
+    return folder_id
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def mountable_for(db: Session, user: User) -> list[tuple[VFolder, Access, bool]]:
+    """Every READY folder the user reaches, with whether the host lets them mount it."""
+    actor = _user_actor(user)
+    out = []
+    for v, acc in list_folders(db, actor, {"status": "READY"}):
+        if acc.permission is None:
+            continue
+        rights = hosts.rights_for(actor, user, v.host, v.project)
+        out.append((v, acc, "mount-in-session" in rights))
+    return out
+
+
+def _user_actor(user: User) -> Actor:
+    return actor_for(user, "")
+
+
+def resolve_mounts(db: Session, user: User, wanted: list[str]) -> list[tuple[VFolder, str]]:
+    """The folders a session of ``user`` mounts: those asked for by name or id, and the
+    user's own folders whose name starts with '.'.  Refuses what the user may not mount."""
+    if not isinstance(wanted, list) or len(wanted) > 64:
+        raise InvalidInput("vfolders must be a list of at most 64 folder names or ids")
+    reachable = mountable_for(db, user)
+    chosen: dict[str, tuple[VFolder, str]] = {}
+    for ref in wanted:
+        if not isinstance(ref, str):
+            raise InvalidInput("vfolders must be folder names or ids")
+        if UUID_RE.match(ref):
+            hits = [r for r in reachable if r[0].id == ref]
+        else:
+            check_folder_name(ref, "vfolder")
+            hits = [r for r in reachable if r[0].name == ref]
+            own = [r for r in hits if r[0].user_id == user.id]
+            hits = own or hits
+        if not hits:
+            raise NotFound(f"no vfolder {ref!r} that you can mount")
+        if len(hits) > 1:
+            raise InvalidInput(f"several folders are named {ref}: give the id of the one to mount")
+        v, acc, can_mount = hits[0]
+        if not can_mount:
+            raise Forbidden(f"you lack the mount-in-session right on storage host {v.host.name} ({v.name})")
+        chosen[v.id] = (v, acc.permission)  # type: ignore[assignment]
+    for v, acc, can_mount in reachable:
+        if v.user_id == user.id and v.name.startswith(".") and can_mount:
+            chosen.setdefault(v.id, (v, acc.permission))  # type: ignore[arg-type]
+    names = [v.name for v, _ in chosen.values()]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InvalidInput(f"two folders would mount at ~/vfolders/{dup[0]}: mount only one of them")
+    return list(chosen.values())
+
+
+def mount_view(v: VFolder, permission: str) -> dict[str, Any]:
+    """What a spawner needs to mount a folder: the host directory and the permission."""
+    return {"vfolder": v.id, "name": v.name, "source": str(store_of(v).data_dir), "permission": permission}
+
+
+# ---------------------------------------------------------------- views
+
+
+def folder_view(db: Session, v: VFolder, acc: Access, *, user: User | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": v.id,
+        "name": v.name,
+        "host": v.host.name,
+        "owner": owner_label(v),
+        "owner_kind": v.owner_kind,
+        "domain": v.domain.name,
+        "usage_mode": v.usage_mode,
+        "permission": acc.permission,
+        "is_owner": acc.owner,
+        "can_manage": acc.manage,
+        "status": v.status,
+        "auto_mount": v.owner_kind == "user" and v.name.startswith("."),
+        "creator": v.creator,
+        "created_at": v.created_at.isoformat() if v.created_at else None,
+        "deleted_at": v.deleted_at.isoformat() if v.deleted_at else None,
+    }
+    if v.owner_kind == "project":
+        out["project_permission"] = v.permission
+    out.update(vfquota.usage_view(db, v))
+    if user is not None:
+        rights = hosts.rights_for(_user_actor(user), user, v.host, v.project)
+        out["rights"] = sorted(rights, key=hosts.RIGHTS.index)
+    return out
+
+
+def find_user(db: Session, username: Any) -> User:
+    u = db.scalar(select(User).where(User.username == check_username(username)))
+    if u is None:
+        raise NotFound(f"no user {username!r}")
+    return u

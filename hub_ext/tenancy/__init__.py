@@ -1,0 +1,3 @@
+"""Tenancy: domains, projects, users and their memberships (``directory``), resource policies
+(``policies``) and keypairs (``keypairs``). Imports from ``core`` only.
+"""
