@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from hub_ext.compute import clustercache
 from hub_ext.core import audit
 from hub_ext.core.authz import Actor
+from hub_ext.core.bootstrap import DEFAULT_GROUP, SESSION_TYPES, ensure_default_group, new_group
 from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from hub_ext.core.models import Allocation, Device, Node, ResourceGroup, ResourceGroupGrant, User, utcnow
 from hub_ext.core.validate import (
@@ -24,11 +25,9 @@ from hub_ext.core.validate import (
     check_text,
 )
 
-SESSION_TYPES = ("interactive", "batch", "inference")
 SCHEDULERS = ("fifo", "lifo", "drf")
 PLACEMENTS = ("whole-gpu", "spread", "pack", "fgd")
 GRANT_KINDS = ("domain", "project", "user")
-DEFAULT_GROUP = "default"
 
 GROUP_FIELDS = (
     "description",
@@ -113,19 +112,6 @@ def _apply_group_fields(group: ResourceGroup, body: dict[str, Any]) -> None:
         ]
 
 
-def _new_group(name: str, description: str = "", *, is_public: bool = False) -> ResourceGroup:
-    """A group with the defaults: fifo queue, fgd placement, every session type, no timeout."""
-    return ResourceGroup(
-        name=name,
-        description=description,
-        is_public=is_public,
-        scheduler="fifo",
-        placement="fgd",
-        allowed_session_types=list(SESSION_TYPES),
-        pending_timeout=0,
-    )
-
-
 def create_group(db: Session, actor: Actor, body: Any) -> ResourceGroup:
     body = check_fields(body, required=["name"], optional=GROUP_FIELDS)
     name = check_name(body["name"], "resource group name")
@@ -133,7 +119,7 @@ def create_group(db: Session, actor: Actor, body: Any) -> ResourceGroup:
         raise Forbidden("only a superadmin can create resource groups")
     if db.scalar(select(ResourceGroup).where(ResourceGroup.name == name)):
         raise Conflict(f"resource group {name!r} already exists")
-    group = _new_group(name)
+    group = new_group(name)
     _apply_group_fields(group, body)
     db.add(group)
     db.flush()
@@ -161,17 +147,6 @@ def update_group(db: Session, actor: Actor, name: str, body: Any) -> ResourceGro
 def list_groups(db: Session, actor: Actor) -> list[ResourceGroup]:
     rows = db.scalars(select(ResourceGroup).order_by(ResourceGroup.name))
     return [g for g in rows if can_read_group(db, actor, g)]
-
-
-def ensure_default_group(db: Session) -> ResourceGroup:
-    group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == DEFAULT_GROUP))
-    if group is None:
-        group = _new_group(
-            DEFAULT_GROUP, "The Hub host and the nodes nobody assigned elsewhere", is_public=True
-        )
-        db.add(group)
-        db.flush()
-    return group
 
 
 # ---------------------------------------------------------------- nodes

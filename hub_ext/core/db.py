@@ -6,7 +6,6 @@ brings any database (empty or older) to the current revision.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,21 +13,9 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
-DB_URL_ENV = "LABFLEET_DB_URL"
-DEFAULT_DB_FILE = "labfleet.sqlite"
+from hub_ext.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE, default_db_url, normalize_url  # noqa: F401
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-
-
-def default_db_url() -> str:
-    """``$LABFLEET_DB_URL``, else a SQLite file in the working directory."""
-    return os.environ.get(DB_URL_ENV) or f"sqlite:///{Path.cwd() / DEFAULT_DB_FILE}"
-
-
-def normalize_url(url: str) -> str:
-    # "postgresql://" alone would pick psycopg2, which we do not depend on.
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -12,10 +12,10 @@ import secrets
 import sys
 from pathlib import Path
 
-from hub_ext.core.db import default_db_url
+from hub_ext.core.dburl import default_db_url
 from hub_ext.core.hubmap import SERVICE_NAME
+from hub_ext.core.rights import RIGHTS
 from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file, key_file_path
-from hub_ext.storage.hosts import RIGHTS
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
 # Passed to the service, which describes this node with them (see hub_ext.service.app).

@@ -28,21 +28,19 @@ from traitlets.config import Application
 
 from hub_ext.compute import images, nodes, sessions
 from hub_ext.compute.devices import describe_node, get_plugin
-from hub_ext.core import audit
+from hub_ext.core import audit, bootstrap
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import FINAL_STATUSES, ComputeSession, User, VFolder
+from hub_ext.core.models import User
 from hub_ext.core.secretbox import SecretBox
 from hub_ext.core.signing import RateLimiter
 from hub_ext.service.base import NotFoundHandler
 from hub_ext.service.handlers import routes
 from hub_ext.service.hubsync import HubSync
-from hub_ext.storage import folders as vfolders
 from hub_ext.storage import hosts
-from hub_ext.storage import quota as vfquota
 from hub_ext.storage.hosts import RIGHTS
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from hub_ext.storage.usage import FolderUsage
 
 
 class LabfleetService(Application):
@@ -201,13 +199,9 @@ class LabfleetService(Application):
 
     def initialize(self, argv=None) -> None:
         super().initialize(argv)
-        self.engine = lfdb.make_engine(self.db_url)
-        if self.upgrade_db:
-            lfdb.upgrade(self.engine)
-        self.session_factory = lfdb.make_session_factory(self.engine)
-        with lfdb.session_scope(self.session_factory) as db:
-            ensure_default_keypair_policy(db)
-            nodes.ensure_default_group(db)
+        database = bootstrap.open_database(self.db_url, upgrade=self.upgrade_db)
+        self.engine, self.session_factory = database.engine, database.session_factory
+        self.log.info("Database %s", database.state)
         if self.register_local_node:
             self.register_node()
         self.ensure_images()
@@ -218,7 +212,12 @@ class LabfleetService(Application):
         self.limiter = RateLimiter()
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
         self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
-        self._vfolder_locks: dict[str, asyncio.Lock] = {}
+        self.folder_usage = FolderUsage(
+            self.session_factory,
+            self.log,
+            trash_retention=self.vfolder_trash_retention,
+            upload_expiry=self.vfolder_upload_expiry,
+        )
 
     def register_node(self) -> None:
         plugins = [
@@ -266,61 +265,6 @@ class LabfleetService(Application):
             self.log.info(
                 "Reconciled with the Hub: released %d session(s) with no running server", len(released)
             )
-
-    def vfolder_lock(self, folder_id: str) -> asyncio.Lock:
-        """One lock per folder, held by a rescan from measuring to recording, and by an upload
-        while it turns its reservation into usage: a measurement taken before an upload landed
-        can then never overwrite the usage that upload added.  (One service process.)"""
-        lock = self._vfolder_locks.get(folder_id)
-        if lock is None:
-            lock = self._vfolder_locks[folder_id] = asyncio.Lock()
-        return lock
-
-    async def rescan_vfolder(self, folder_id: str) -> None:
-        """Measure one folder on disk (in a thread) and record its usage."""
-        async with self.vfolder_lock(folder_id):
-            with lfdb.session_scope(self.session_factory) as db:
-                v = db.get(VFolder, folder_id)
-                if v is None:
-                    self._vfolder_locks.pop(folder_id, None)
-                    return
-                store = vfolders.store_of(v)
-            try:
-                usage = await asyncio.get_running_loop().run_in_executor(None, store.usage)
-            except LabfleetError as e:  # e.g. the tree changed under the walk: the next scan counts it
-                self.log.warning("Could not measure vfolder %s: %s", folder_id, e.message)
-                return
-            except OSError as e:
-                self.log.warning("Could not measure vfolder %s: %s", folder_id, e)
-                return
-            with lfdb.session_scope(self.session_factory) as db:
-                vfquota.set_usage(db, folder_id, usage)
-
-    async def rescan_session_mounts(self, session_id: str) -> None:
-        """Measure the folders an ended session could write."""
-        with lfdb.session_scope(self.session_factory) as db:
-            s = db.get(ComputeSession, session_id)
-            if s is None or s.status not in FINAL_STATUSES:
-                return
-            ids = [m.vfolder_id for m in s.mounts if m.permission != "ro"]
-        for folder_id in ids:
-            await self.rescan_vfolder(folder_id)
-
-    async def vfolder_housekeeping(self) -> None:
-        """Expire idle uploads, purge old trash, rescan every folder."""
-        with lfdb.session_scope(self.session_factory) as db:
-            for up in vfquota.expired_uploads(db, self.vfolder_upload_expiry):
-                vfolders.store_of(db.get(VFolder, up.vfolder_id)).upload_abort(up.id)
-                db.delete(up)
-                self.log.info("Cancelled idle upload %s", up.id)
-            ids = [(v.id, vfolders.store_of(v)) for v in db.scalars(select(VFolder))]
-        for folder_id, store in ids:
-            if self.vfolder_trash_retention:
-                try:
-                    store.purge_trash_older_than(self.vfolder_trash_retention)
-                except OSError as e:
-                    self.log.warning("Could not purge the trash of vfolder %s: %s", folder_id, e)
-            await self.rescan_vfolder(folder_id)
 
     async def _every(self, interval: int, job: Callable[[], Awaitable[Any]], what: str) -> None:
         """Run ``job`` every ``interval`` seconds for as long as the service runs."""
@@ -388,7 +332,9 @@ class LabfleetService(Application):
             asyncio.ensure_future(self.reconcile_with_hub())
         if self.vfolder_scan_interval > 0:
             asyncio.ensure_future(
-                self._every(self.vfolder_scan_interval, self.vfolder_housekeeping, "vfolder housekeeping")
+                self._every(
+                    self.vfolder_scan_interval, self.folder_usage.housekeeping, "vfolder housekeeping"
+                )
             )
         if self.lifetime_check_interval > 0 and self.hub_sync.enabled:
             asyncio.ensure_future(

@@ -26,6 +26,7 @@ from hub_ext.core.models import (
     UserResourcePolicy,
 )
 from hub_ext.core.passwords import check_password_strength, hash_password
+from hub_ext.core.rights import check_host_grants
 from hub_ext.core.validate import (
     check_bool,
     check_choice,
@@ -37,7 +38,6 @@ from hub_ext.core.validate import (
     check_username,
     parse_project_ref,
 )
-from hub_ext.storage.hosts import check_host_grants
 from hub_ext.tenancy.keypairs import new_keypair
 
 DEFAULT_KEYPAIR_POLICY = "default"

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from hub_ext.core import audit, authz
 from hub_ext.core.authz import Actor
+from hub_ext.core.bootstrap import ensure_default_keypair_policy  # noqa: F401 (re-exported)
 from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from hub_ext.core.models import (
     Keypair,
@@ -18,8 +19,8 @@ from hub_ext.core.models import (
     User,
     UserResourcePolicy,
 )
+from hub_ext.core.rights import check_host_grants
 from hub_ext.core.validate import check_choice, check_fields, check_int, check_name, check_slots
-from hub_ext.storage.hosts import check_host_grants
 
 MAX_SECONDS = 10 * 365 * 24 * 3600
 MAX_BYTES = 2**62
@@ -140,26 +141,6 @@ def policy_view(kind: str, obj) -> dict[str, Any]:
         "max_quota_scope_size": obj.max_quota_scope_size,
         "max_vfolder_size": obj.max_vfolder_size,
     }
-
-
-def ensure_default_keypair_policy(db: Session) -> KeypairResourcePolicy:
-    """The policy every new user's main keypair gets: UNLIMITED for slots it does not name,
-    so a new user is bounded by their project's and domain's caps until an admin says otherwise."""
-    obj = db.scalar(select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == "default"))
-    if obj is None:
-        obj = KeypairResourcePolicy(
-            name="default",
-            total_resource_slots={},
-            default_for_unspecified="UNLIMITED",
-            max_concurrent_sessions=0,
-            max_pending_sessions=0,
-            max_session_lifetime=0,
-            idle_timeout=-1,
-            allowed_storage_hosts=[],
-        )
-        db.add(obj)
-        db.flush()
-    return obj
 
 
 def parse_kind(kind: str) -> str:

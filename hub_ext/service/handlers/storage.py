@@ -1,4 +1,4 @@
-"""REST handlers for storage hosts, virtual folders, sharing and files.
+"""REST handlers for storage: storage hosts, virtual folders, sharing and files.
 
 File bodies are streamed both ways: uploads are written to a temp file as they arrive (the
 folder's and the scope's room is reserved first, from Content-Length), downloads are sent in
@@ -64,7 +64,7 @@ class VFolderAPIHandler(APIHandler):
             lambda db, actor, *a: (fn(db, actor, *a), None),
             *args,
             status=status,
-            after_commit=(lambda: self.lf.rescan_vfolder(rescan)) if rescan else None,
+            after_commit=(lambda: self.lf.folder_usage.rescan(rescan)) if rescan else None,
         )
 
 
@@ -416,7 +416,7 @@ class FilesHandler(_StreamingHandler):
                 raise InvalidInput(f"received {up.received} of {up.expected} bytes")
             # Under the folder's lock: a rescan measured before this file was in place must not
             # overwrite the usage it adds (its reservation is gone from here on).
-            async with self.lf.vfolder_lock(folder_id):
+            async with self.lf.folder_usage.lock(folder_id):
                 with self.db() as db:
                     v = db.get(VFolder, folder_id)
                     row = db.get(VFolderUpload, up.id)
@@ -429,7 +429,7 @@ class FilesHandler(_StreamingHandler):
             self.abandon()
             self.send_error_json(e.status, e.message)
             return
-        await self.lf.rescan_vfolder(folder_id)
+        await self.lf.folder_usage.rescan(folder_id)
         self.write_json(_entry(entry), 201)
 
     async def get(self, folder_id, raw):
@@ -634,7 +634,7 @@ class UploadHandler(_StreamingHandler):
         up.done = True
         try:
             offset = up.store.upload_offset(upload_id)
-            async with self.lf.vfolder_lock(folder_id):  # see FilesHandler.put
+            async with self.lf.folder_usage.lock(folder_id):  # see FilesHandler.put
                 with self.db() as db:
                     v = db.get(VFolder, folder_id)
                     row = db.get(VFolderUpload, upload_id)
@@ -649,7 +649,7 @@ class UploadHandler(_StreamingHandler):
             return
         self.set_header("Upload-Offset", str(offset))
         if view["complete"]:
-            await self.lf.rescan_vfolder(folder_id)
+            await self.lf.folder_usage.rescan(folder_id)
         self.write_json(view)
 
     async def delete(self, folder_id, upload_id):
@@ -663,7 +663,8 @@ class UploadHandler(_StreamingHandler):
         await self.do(op)
 
 
-def vfolder_routes(api: str) -> list[tuple]:
+def routes(api: str) -> list[tuple]:
+    """Storage hosts, folders, invitations, permissions, files, trash and uploads under ``api``."""
     fid = r"([^/]+)"
     return [
         (api + r"/storage-hosts", StorageHostListHandler),

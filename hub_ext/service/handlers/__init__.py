@@ -1,0 +1,86 @@
+"""REST API handlers, one module per context: parse, call the logic modules, render.
+
+Routes are listed in ``routes()`` and described in ``openapi.yaml`` (a test checks both agree)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tornado import web
+
+from hub_ext.compute.quota import me_view
+from hub_ext.core import audit
+from hub_ext.core.errors import InvalidInput, NotFound
+from hub_ext.core.validate import check_int
+from hub_ext.service.base import APIHandler, BaseHandler
+from hub_ext.service.handlers import auth, compute, storage, tenancy
+from hub_ext.tenancy import directory
+
+SPEC_FILE = Path(__file__).parent.parent / "openapi.yaml"
+
+
+# ---------------------------------------------------------------- me, audit, spec
+
+
+class MeHandler(APIHandler):
+    async def get(self):
+        def op(db, actor):
+            if actor.kind != "user":
+                raise NotFound("/api/me answers for users; the Hub has no labfleet account")
+            return me_view(db, directory.get_user(db, actor.name)), None
+
+        await self.run(op)
+
+
+class AuditHandler(APIHandler):
+    async def get(self):
+        limit_arg = self.get_query_argument("limit", "100")
+        action = self.query_arg("action")
+
+        def op(db, actor):
+            if not limit_arg.isdigit():
+                raise InvalidInput("limit must be a whole number")
+            limit = check_int(int(limit_arg), "limit", minimum=1, maximum=1000)
+            return [
+                audit.entry_view(e) for e in audit.list_entries(db, actor, limit=limit, action=action)
+            ], None
+
+        await self.run(op)
+
+
+class SpecHandler(web.RequestHandler):
+    """The OpenAPI description of this API; public, like the docs it is."""
+
+    def get(self):
+        self.set_header("Content-Type", "application/yaml; charset=utf-8")
+        self.finish(SPEC_FILE.read_text())
+
+
+# ---------------------------------------------------------------- pages
+
+
+class HomeHandler(BaseHandler):
+    """``/services/labfleet/``: a small page that logs the browser in (OAuth) and links the API."""
+
+    @web.authenticated
+    def get(self):
+        user = self.get_current_user()
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(
+            self.render_string("home.html", user=user, prefix=self.lf.prefix, xsrf=self.xsrf_token.decode())
+        )
+
+
+def routes(prefix: str) -> list[tuple]:
+    """URL patterns under the service prefix (``/services/labfleet/``)."""
+    api = prefix + "api"
+    return [
+        (prefix + r"?", HomeHandler),
+        (api + r"/openapi\.yaml", SpecHandler),
+        (api + r"/me", MeHandler),
+        (api + r"/audit", AuditHandler),
+        *tenancy.routes(api),
+        *compute.routes(api),
+        *storage.routes(api),
+        *auth.routes(api),
+    ]

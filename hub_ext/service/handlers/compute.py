@@ -1,0 +1,200 @@
+"""REST handlers for compute: resource groups, nodes, sessions and their logs, the queue, images,
+launch options."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from hub_ext.compute import images, nodes, sessions
+from hub_ext.compute.launchoptions import launch_options
+from hub_ext.core import authz
+from hub_ext.core.errors import Forbidden, LabfleetError, NotFound
+from hub_ext.core.validate import check_int
+from hub_ext.service.base import APIHandler
+from hub_ext.tenancy import directory
+
+# ---------------------------------------------------------------- resource groups, nodes, sessions
+
+
+class ResourceGroupListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([nodes.group_view(g) for g in nodes.list_groups(db, a)], None))
+
+    async def post(self):
+        body = self.body
+        await self.run(lambda db, a: (nodes.group_view(nodes.create_group(db, a, body)), None), status=201)
+
+
+class ResourceGroupHandler(APIHandler):
+    async def get(self, name):
+        await self.run(lambda db, a: (nodes.group_view(nodes.get_group(db, a, name)), None))
+
+    async def patch(self, name):
+        body = self.body
+        await self.run(lambda db, a: (nodes.group_view(nodes.update_group(db, a, name, body)), None))
+
+
+class NodeListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([nodes.node_view(db, n) for n in nodes.list_nodes(db, a)], None))
+
+
+class SessionListHandler(APIHandler):
+    async def get(self):
+        filters = {k: self.query_arg(k) for k in ("user", "project", "domain", "status")}
+        await self.run(
+            lambda db, a: ([sessions.session_view(s) for s in sessions.list_sessions(db, a, filters)], None)
+        )
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            if actor.role == "monitor":
+                raise Forbidden("a monitor changes nothing")
+            return sessions.session_detail(db, sessions.admit(db, actor, body)), None
+
+        await self.run(op, status=201)
+
+
+class SessionHandler(APIHandler):
+    async def get(self, session_id):
+        await self.run(
+            lambda db, a: (sessions.session_detail(db, sessions.readable(db, a, session_id)), None)
+        )
+
+    async def patch(self, session_id):
+        body = self.body
+        await self.run(
+            lambda db, a: (sessions.session_detail(db, sessions.update_status(db, a, session_id, body)), None)
+        )
+
+    async def delete(self, session_id):
+        await self.run(lambda db, a: (sessions.session_view(sessions.terminate(db, a, session_id)), None))
+
+    def on_finish(self) -> None:
+        # A session that ended may have written into its folders: count that now, not at the next scan.
+        if self.request.method in ("PATCH", "DELETE") and self.get_status() == 200:
+            asyncio.ensure_future(self.lf.folder_usage.rescan_session_mounts(self.path_args[0]))
+
+
+MAX_LOG_TAIL = 8 << 20
+
+
+class SessionLogsHandler(APIHandler):
+    """The session's backend output (process output, container logs), for its owner and admins."""
+
+    async def get(self, session_id):
+        tail = self.query_arg("tail")
+        try:
+            limit = check_int(int(tail), "tail", minimum=1, maximum=MAX_LOG_TAIL) if tail else MAX_LOG_TAIL
+        except (ValueError, LabfleetError):
+            self.send_error_json(400, f"tail must be a number of bytes from 1 to {MAX_LOG_TAIL}")
+            return
+
+        def op(db, actor):
+            s = sessions.readable(db, actor, session_id)
+            if actor.role == "monitor" and actor.name != s.user.username:
+                raise NotFound(f"no logs for session {session_id}")
+            return s.id, None
+
+        try:
+            with self.db() as db:
+                sid, _ = op(db, self.actor)
+        except LabfleetError as e:
+            self.send_error_json(e.status, e.message)
+            return
+        path = Path(self.lf.session_log_dir) / f"{sid}.log"
+        data = b""
+        if path.is_file():
+            with path.open("rb") as f:
+                size = f.seek(0, 2)
+                f.seek(max(0, size - limit))
+                data = f.read(limit)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(data)
+
+
+class QueueHandler(APIHandler):
+    async def get(self):
+        group_name = self.query_arg("resource_group") or nodes.DEFAULT_GROUP
+
+        def op(db, actor):
+            group = nodes.get_group(db, actor, group_name)
+            readable = {s.id for s in sessions.list_sessions(db, actor, {"status": "PENDING"})}
+            # Positions count everyone's sessions; only the caller's own (or their domain's) are shown.
+            return [row for row in sessions.queue_view(db, group) if row["id"] in readable], None
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- images, launch options
+
+
+class ImageListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([images.image_view(i) for i in images.list_images(db, a)], None))
+
+    async def post(self):
+        body = self.body
+        labels = None
+        if isinstance(body, dict) and body.get("inspect"):
+            # Read the image's own labels from the Docker engine (off the event loop).
+            try:
+                name = images.check_image_name(body.get("name"))
+                labels = await asyncio.to_thread(images.docker_labels, name)
+            except LabfleetError as e:
+                self.send_error_json(e.status, e.message)
+                return
+        await self.run(
+            lambda db, a: (images.image_view(images.register(db, a, body, labels)), None), status=201
+        )
+
+
+class ImageHandler(APIHandler):
+    async def get(self, name):
+        await self.run(lambda db, a: (images.image_view(images.get_image(db, a, name)), None))
+
+    async def patch(self, name):
+        body = self.body
+        await self.run(lambda db, a: (images.image_view(images.update(db, a, name, body)), None))
+
+    async def delete(self, name):
+        def op(db, actor):
+            images.remove(db, actor, name)
+            return {"removed": name}, None
+
+        await self.run(op)
+
+
+class LaunchOptionsHandler(APIHandler):
+    """What a user may launch (spawn form, sidebar, launcher widget)."""
+
+    async def get(self, username):
+        def op(db, actor):
+            user = directory.get_user(db, username)
+            if user is None or not (
+                actor.kind in ("hub", "cli") or authz.can_read_user(actor, user.username, user.domain.name)
+            ):
+                raise NotFound(f"no user {username!r}")
+            return launch_options(db, user), None
+
+        await self.run(op)
+
+
+def routes(api: str) -> list[tuple]:
+    """Resource groups, nodes, sessions, the queue, images, launch options under ``api``."""
+    name = r"([^/]+)"
+    return [
+        (api + r"/resource-groups", ResourceGroupListHandler),
+        (api + rf"/resource-groups/{name}", ResourceGroupHandler),
+        (api + r"/nodes", NodeListHandler),
+        (api + r"/sessions", SessionListHandler),
+        (api + rf"/sessions/{name}", SessionHandler),
+        (api + rf"/sessions/{name}/logs", SessionLogsHandler),
+        (api + r"/scheduler/queue", QueueHandler),
+        (api + r"/images", ImageListHandler),
+        (api + r"/images/(.+)", ImageHandler),
+        (api + rf"/users/{name}/launch-options", LaunchOptionsHandler),
+    ]

@@ -1,0 +1,250 @@
+"""REST handlers for tenancy: domains, projects and their members, users, policies, keypairs."""
+
+from __future__ import annotations
+
+from hub_ext.core import hubmap
+from hub_ext.service.base import APIHandler
+from hub_ext.service.hubsync import SyncPlan
+from hub_ext.tenancy import directory, keypairs, policies
+
+# ---------------------------------------------------------------- domains
+
+
+class DomainListHandler(APIHandler):
+    async def get(self):
+        await self.run(
+            lambda db, a: ([directory.domain_view(d) for d in directory.list_domains(db, a)], None)
+        )
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            d = directory.create_domain(db, actor, body)
+            return directory.domain_view(d, detail=True), None
+
+        await self.run(op, status=201)
+
+
+class DomainHandler(APIHandler):
+    async def get(self, name):
+        await self.run(
+            lambda db, a: (directory.domain_view(directory.readable_domain(db, a, name), detail=True), None)
+        )
+
+    async def patch(self, name):
+        body = self.body
+        await self.run(
+            lambda db, a: (
+                directory.domain_view(directory.update_domain(db, a, name, body), detail=True),
+                None,
+            )
+        )
+
+    async def delete(self, name):
+        def op(db, actor):
+            projects = [p.name for p in directory.readable_domain(db, actor, name).projects]
+            directory.delete_domain(db, actor, name)
+            groups = [hubmap.domain_group(name)] + [hubmap.project_group(name, p) for p in projects]
+            return {"deleted": name}, SyncPlan(deleted_groups=set(groups))
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- projects
+
+
+class ProjectListHandler(APIHandler):
+    async def get(self):
+        domain = self.query_arg("domain")
+        await self.run(
+            lambda db, a: ([directory.project_view(p) for p in directory.list_projects(db, a, domain)], None)
+        )
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            p = directory.create_project(db, actor, body)
+            return directory.project_view(p), None
+
+        await self.run(op, status=201)
+
+
+class ProjectHandler(APIHandler):
+    async def get(self, domain, name):
+        await self.run(
+            lambda db, a: (directory.project_view(directory.readable_project(db, a, domain, name)), None)
+        )
+
+    async def patch(self, domain, name):
+        body = self.body
+        await self.run(
+            lambda db, a: (directory.project_view(directory.update_project(db, a, domain, name, body)), None)
+        )
+
+    async def delete(self, domain, name):
+        def op(db, actor):
+            members = directory.delete_project(db, actor, domain, name)
+            plan = SyncPlan(users=set(members), deleted_groups={hubmap.project_group(domain, name)})
+            return {"deleted": f"{domain}/{name}"}, plan
+
+        await self.run(op)
+
+
+class MemberListHandler(APIHandler):
+    async def get(self, domain, name):
+        def op(db, actor):
+            p = directory.readable_project(db, actor, domain, name)
+            return [
+                directory.user_view(u) for u in p.members if u in directory.list_users(db, actor, domain)
+            ], None
+
+        await self.run(op)
+
+    async def post(self, domain, name):
+        body = self.body
+
+        def op(db, actor):
+            u = directory.add_member(db, actor, domain, name, body)
+            return directory.user_view(u), SyncPlan(users={u.username})
+
+        await self.run(op, status=201)
+
+
+class MemberHandler(APIHandler):
+    async def delete(self, domain, name, username):
+        def op(db, actor):
+            u = directory.remove_member(db, actor, domain, name, username)
+            return {"removed": username}, SyncPlan(users={u.username})
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- users
+
+
+class UserListHandler(APIHandler):
+    async def get(self):
+        domain = self.query_arg("domain")
+        await self.run(
+            lambda db, a: ([directory.user_view(u) for u in directory.list_users(db, a, domain)], None)
+        )
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            u = directory.create_user(db, actor, body)
+            return directory.user_view(u), SyncPlan(users={u.username})
+
+        await self.run(op, status=201)
+
+
+class UserHandler(APIHandler):
+    async def get(self, username):
+        await self.run(lambda db, a: (directory.user_view(directory.readable_user(db, a, username)), None))
+
+    async def patch(self, username):
+        body = self.body
+
+        def op(db, actor):
+            u = directory.update_user(db, actor, username, body)
+            return directory.user_view(u), SyncPlan(users={u.username})
+
+        await self.run(op)
+
+    async def delete(self, username):
+        def op(db, actor):
+            directory.delete_user(db, actor, username)
+            return {"deleted": username}, SyncPlan(deleted_users={username})
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- policies
+
+
+class PolicyListHandler(APIHandler):
+    async def get(self, kind):
+        await self.run(
+            lambda db, a: ([policies.policy_view(kind, p) for p in policies.list_policies(db, a, kind)], None)
+        )
+
+    async def post(self, kind):
+        body = self.body
+        await self.run(
+            lambda db, a: (policies.policy_view(kind, policies.create_policy(db, a, kind, body)), None),
+            status=201,
+        )
+
+
+class PolicyHandler(APIHandler):
+    async def get(self, kind, name):
+        await self.run(
+            lambda db, a: (policies.policy_view(kind, policies.get_policy(db, a, kind, name)), None)
+        )
+
+    async def patch(self, kind, name):
+        body = self.body
+        await self.run(
+            lambda db, a: (policies.policy_view(kind, policies.update_policy(db, a, kind, name, body)), None)
+        )
+
+    async def delete(self, kind, name):
+        def op(db, actor):
+            policies.delete_policy(db, actor, kind, name)
+            return {"deleted": name}, None
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- keypairs
+
+
+class KeypairListHandler(APIHandler):
+    async def get(self):
+        username = self.query_arg("username")
+        await self.run(
+            lambda db, a: ([keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, username)], None)
+        )
+
+    async def post(self):
+        body = self.body
+
+        def op(db, actor):
+            kp, secret = keypairs.issue(db, actor, body)
+            return keypairs.keypair_view(kp, secret), None
+
+        await self.run(op, status=201)
+
+
+class KeypairHandler(APIHandler):
+    async def get(self, access_key):
+        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.get(db, a, access_key)), None))
+
+    async def patch(self, access_key):
+        body = self.body
+        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.update(db, a, access_key, body)), None))
+
+    async def delete(self, access_key):
+        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.revoke(db, a, access_key)), None))
+
+
+def routes(api: str) -> list[tuple]:
+    """Domains, projects, members, users, policies, keypairs under ``api``."""
+    name = r"([^/]+)"
+    return [
+        (api + r"/domains", DomainListHandler),
+        (api + rf"/domains/{name}", DomainHandler),
+        (api + r"/projects", ProjectListHandler),
+        (api + rf"/projects/{name}/{name}", ProjectHandler),
+        (api + rf"/projects/{name}/{name}/members", MemberListHandler),
+        (api + rf"/projects/{name}/{name}/members/{name}", MemberHandler),
+        (api + r"/users", UserListHandler),
+        (api + rf"/users/{name}", UserHandler),
+        (api + r"/policies/(keypair|user|project)", PolicyListHandler),
+        (api + rf"/policies/(keypair|user|project)/{name}", PolicyHandler),
+        (api + r"/keypairs", KeypairListHandler),
+        (api + rf"/keypairs/{name}", KeypairHandler),
+    ]

@@ -1,0 +1,91 @@
+"""How much each folder holds on disk: rescans, and the per-folder locks that keep them right.
+
+A rescan measures a folder (in a thread) and records its usage; an upload turns its reservation
+into usage. One lock per folder, held by a rescan from measuring to recording and by an upload
+while it finishes: a measurement taken before an upload landed can then never overwrite the
+usage that upload added. (One service process holds the locks.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hub_ext.core import db as lfdb
+from hub_ext.core.errors import LabfleetError
+from hub_ext.core.models import FINAL_STATUSES, ComputeSession, VFolder
+from hub_ext.storage import folders
+from hub_ext.storage import quota as vfquota
+
+
+class FolderUsage:
+    """Owns the per-folder locks and the rescans of one service."""
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        log: logging.Logger,
+        *,
+        trash_retention: int = 0,
+        upload_expiry: int = 24 * 3600,
+    ) -> None:
+        self.session_factory = session_factory
+        self.log = log
+        self.trash_retention = trash_retention
+        self.upload_expiry = upload_expiry
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def lock(self, folder_id: str) -> asyncio.Lock:
+        lock = self._locks.get(folder_id)
+        if lock is None:
+            lock = self._locks[folder_id] = asyncio.Lock()
+        return lock
+
+    async def rescan(self, folder_id: str) -> None:
+        """Measure one folder on disk (in a thread) and record its usage."""
+        async with self.lock(folder_id):
+            with lfdb.session_scope(self.session_factory) as db:
+                v = db.get(VFolder, folder_id)
+                if v is None:
+                    self._locks.pop(folder_id, None)
+                    return
+                store = folders.store_of(v)
+            try:
+                usage = await asyncio.get_running_loop().run_in_executor(None, store.usage)
+            except LabfleetError as e:  # e.g. the tree changed under the walk: the next scan counts it
+                self.log.warning("Could not measure vfolder %s: %s", folder_id, e.message)
+                return
+            except OSError as e:
+                self.log.warning("Could not measure vfolder %s: %s", folder_id, e)
+                return
+            with lfdb.session_scope(self.session_factory) as db:
+                vfquota.set_usage(db, folder_id, usage)
+
+    async def rescan_session_mounts(self, session_id: str) -> None:
+        """Measure the folders an ended session could write."""
+        with lfdb.session_scope(self.session_factory) as db:
+            s = db.get(ComputeSession, session_id)
+            if s is None or s.status not in FINAL_STATUSES:
+                return
+            ids = [m.vfolder_id for m in s.mounts if m.permission != "ro"]
+        for folder_id in ids:
+            await self.rescan(folder_id)
+
+    async def housekeeping(self) -> None:
+        """Expire idle uploads, purge old trash, rescan every folder."""
+        with lfdb.session_scope(self.session_factory) as db:
+            for up in vfquota.expired_uploads(db, self.upload_expiry):
+                folders.store_of(db.get(VFolder, up.vfolder_id)).upload_abort(up.id)
+                db.delete(up)
+                self.log.info("Cancelled idle upload %s", up.id)
+            ids = [(v.id, folders.store_of(v)) for v in db.scalars(select(VFolder))]
+        for folder_id, store in ids:
+            if self.trash_retention:
+                try:
+                    store.purge_trash_older_than(self.trash_retention)
+                except OSError as e:
+                    self.log.warning("Could not purge the trash of vfolder %s: %s", folder_id, e)
+            await self.rescan(folder_id)
