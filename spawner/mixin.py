@@ -373,6 +373,13 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             if not getattr(self, "_spawn_pending", True):
                 return
         session = self.lf_session
+        if session.get("status") in ENDED:  # cancelled while queued (pending timeout, stopped)
+            yield {
+                "progress": 100,
+                "failed": True,
+                "message": f"labfleet did not start the session: {session.get('status_reason') or session['status']}",
+            }
+            return
         where = ", ".join(
             f"{d['shares']} of {d['model']} #{d['index']}" for d in (session.get("devices") or [])
         )

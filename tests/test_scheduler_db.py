@@ -1,7 +1,9 @@
 """The DB-backed scheduler on SQLite and on a real PostgreSQL server: admit, queue,
 release, quotas, and 200 concurrent admissions racing for one device."""
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
@@ -13,9 +15,10 @@ from hub_ext.compute.devices.mock import MockPlugin
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import Allocation, ComputeSession
+from hub_ext.core.models import Allocation, AuditEntry, ComputeSession
 from hub_ext.core.secretbox import ensure_key_file
-from hub_ext.tenancy import directory
+from hub_ext.service import jobs
+from hub_ext.tenancy import directory, policies
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
 
@@ -158,3 +161,75 @@ def test_200_concurrent_admissions_for_10_shares(world):
             == 10
         )
     assert Decimal(_held_centi(world)) / 100 == 1
+
+
+# ---------------------------------------------------------------- the service's clock (service/jobs.py)
+
+
+def test_serve_queues_fires_a_pending_timeout_with_no_other_event(tmp_path, monkeypatch):
+    engine, factory = _world(f"sqlite:///{tmp_path / 'j.sqlite'}", tmp_path, monkeypatch)
+    with lfdb.session_scope(factory) as db:
+        nodes.update_group(db, CLI, "default", {"pending_timeout": 1})
+    _admit(factory, gpu=1)
+    waiting, status = _admit(factory, gpu=1)
+    assert status == "PENDING"
+    assert jobs.serve_queues(factory, logging.getLogger("test")) == []  # not timed out yet
+    with lfdb.session_scope(factory) as db:
+        assert db.get(ComputeSession, waiting).status == "PENDING"
+        s = db.get(ComputeSession, waiting)
+        s.created_at = s.created_at.replace(year=s.created_at.year - 1)
+    jobs.serve_queues(factory, logging.getLogger("test"))
+    with lfdb.session_scope(factory) as db:
+        s = db.get(ComputeSession, waiting)
+        assert s.status == "CANCELLED" and "pending timeout of 1s" in s.status_reason
+        assert sessions.groups_with_queue(db) == []
+    engine.dispose()
+
+
+def test_serve_queues_starts_a_queued_session_when_a_node_joins(tmp_path, monkeypatch):
+    engine, factory = _world(f"sqlite:///{tmp_path / 'n.sqlite'}", tmp_path, monkeypatch)
+    _admit(factory, gpu=1)
+    waiting, status = _admit(factory, "bob", gpu=1)
+    assert status == "PENDING"
+    # A second node registers outside any request (as `labfleet agent` or the CLI would).
+    with lfdb.session_scope(factory) as db:
+        devs = MockPlugin(devices=[{"model": "A100-80GB", "memory": "80g", "count": 1}], node="n2").discover()
+        nodes.register_node(
+            db, NodeInfo(name="n2", cpu=64, mem=512 * 2**30, devices=devs, plugin="mock", reason=None)
+        )
+        assert db.get(ComputeSession, waiting).status == "PENDING"  # nothing served it yet
+    assert jobs.serve_queues(factory, logging.getLogger("test")) == [waiting]
+    with lfdb.session_scope(factory) as db:
+        assert sessions.session_view(db.get(ComputeSession, waiting))["node"] == "n2"
+    engine.dispose()
+
+
+async def test_the_lifetime_job_audits_before_it_asks_the_hub(tmp_path, monkeypatch):
+    engine, factory = _world(f"sqlite:///{tmp_path / 'l.sqlite'}", tmp_path, monkeypatch)
+    with lfdb.session_scope(factory) as db:
+        policies.update_policy(db, CLI, "keypair", "default", {"max_session_lifetime": 10})
+    sid, _ = _admit(factory, **{"gpu.shares": 0.5})
+    for status in ("PREPARING", "RUNNING"):
+        with lfdb.session_scope(factory) as db:
+            sessions.update_status(db, Actor.hub(), sid, {"status": status})
+    seen = []
+
+    async def stop_server(user, server):
+        # The Hub stops the server and the spawner releases it before this call returns: the audit
+        # entry must already be there.
+        with lfdb.session_scope(factory) as db:
+            seen.append(
+                [
+                    e.target
+                    for e in db.scalars(select(AuditEntry).where(AuditEntry.action == "session.lifetime"))
+                ]
+            )
+            sessions.update_status(db, Actor.hub(), sid, {"status": "TERMINATED", "reason": "stopped"})
+        return True
+
+    log = logging.getLogger("test")
+    assert await jobs.stop_expired_sessions(factory, stop_server, log) == []  # not expired yet
+    later = datetime.now(timezone.utc) + timedelta(seconds=11)
+    assert await jobs.stop_expired_sessions(factory, stop_server, log, now=later) == [sid]
+    assert seen == [[sid]]
+    engine.dispose()

@@ -425,11 +425,22 @@ def _try_place(db: Session, s: ComputeSession) -> bool:
 # ---------------------------------------------------------------- queue
 
 
-def schedule_group(db: Session, group: ResourceGroup) -> list[str]:
-    """Give free capacity to the group's queue in scheduler order; cancel timed-out waits.
+class Served(NamedTuple):
+    scheduled: list[str]  # ids placed
+    cancelled: list[str]  # ids whose wait passed the group's pending timeout
 
-    Returns the ids of sessions that were scheduled.
-    """
+
+def groups_with_queue(db: Session) -> list[int]:
+    """Ids of the groups where a session waits."""
+    return list(
+        db.scalars(
+            select(ComputeSession.resource_group_id).where(ComputeSession.status == "PENDING").distinct()
+        )
+    )
+
+
+def schedule_group(db: Session, group: ResourceGroup) -> Served:
+    """Give free capacity to the group's queue in scheduler order; cancel timed-out waits."""
     if db.get_bind().dialect.name == "postgresql":
         db.execute(select(ResourceGroup.id).where(ResourceGroup.id == group.id).with_for_update())
     pending = list(
@@ -440,14 +451,15 @@ def schedule_group(db: Session, group: ResourceGroup) -> list[str]:
         )
     )
     now = _now()
-    live = []
+    live, cancelled = [], []
     for s in pending:
         if group.pending_timeout and (now - s.created_at).total_seconds() > group.pending_timeout:
             set_status(s, "CANCELLED", f"waited longer than the pending timeout of {group.pending_timeout}s")
+            cancelled.append(s.id)
         else:
             live.append(s)
     if not live:
-        return []  # nothing waits: no need to order the queue (DRF reads every node for it)
+        return Served([], cancelled)  # nothing waits: no need to order the queue (DRF reads every node)
     by_id = {s.id: s for s in live}
     ordered = _ordered_queue(db, group, live)
     scheduled = []
@@ -457,7 +469,7 @@ def schedule_group(db: Session, group: ResourceGroup) -> list[str]:
             continue  # still over a quota: it waits, and its reason says so at the next look
         if _try_place(db, s):
             scheduled.append(s.id)
-    return scheduled
+    return Served(scheduled, cancelled)
 
 
 def _ordered_queue(

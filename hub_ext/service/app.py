@@ -14,27 +14,25 @@ import os
 import secrets
 import signal
 import socket
-from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from sqlalchemy import select
 from tornado import web
-from traitlets import Bool, Dict, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application
 
 from hub_ext.compute import images, nodes, sessions
 from hub_ext.compute.devices import describe_node, get_plugin
-from hub_ext.core import audit, bootstrap
+from hub_ext.core import bootstrap
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import LabfleetError
 from hub_ext.core.models import User
 from hub_ext.core.secretbox import SecretBox
 from hub_ext.core.signing import RateLimiter
+from hub_ext.service import jobs
 from hub_ext.service.base import NotFoundHandler
 from hub_ext.service.handlers import routes
 from hub_ext.service.hubsync import HubSync
@@ -163,6 +161,17 @@ class LabfleetService(Application):
     def _vfolder_scan_interval(self):
         return int(os.environ.get("LABFLEET_VFOLDER_SCAN_INTERVAL") or 300)
 
+    schedule_interval = Float(
+        help="""Seconds between two services of every resource group's queue: a pending timeout fires within
+        this, and a session queued for capacity that came from outside a request (a node registered, a
+        limit raised with the CLI) starts within this. Every committed write of the API serves the queues
+        at once too. Default: $LABFLEET_SCHEDULE_INTERVAL, else 5.""",
+    ).tag(config=True)
+
+    @default("schedule_interval")
+    def _schedule_interval(self):
+        return float(os.environ.get("LABFLEET_SCHEDULE_INTERVAL") or 5)
+
     lifetime_check_interval = Integer(
         help="""Seconds between checks for sessions past their keypair policy's max_session_lifetime (the
         Hub is asked to stop them). 0 turns the check off. Default: $LABFLEET_LIFETIME_CHECK_INTERVAL,
@@ -212,6 +221,7 @@ class LabfleetService(Application):
         self.limiter = RateLimiter()
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
         self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
+        self.jobs = jobs.JobLoop(self.log)
         self.folder_usage = FolderUsage(
             self.session_factory,
             self.log,
@@ -266,32 +276,11 @@ class LabfleetService(Application):
                 "Reconciled with the Hub: released %d session(s) with no running server", len(released)
             )
 
-    async def _every(self, interval: int, job: Callable[[], Awaitable[Any]], what: str) -> None:
-        """Run ``job`` every ``interval`` seconds for as long as the service runs."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await job()
-            except Exception:  # keep the loop alive; the next round tries again
-                self.log.exception("%s failed", what)
+    async def serve_queues(self) -> list[str]:
+        return jobs.serve_queues(self.session_factory, self.log)
 
     async def stop_expired_sessions(self) -> list[str]:
-        """Ask the Hub to stop every running session past its max lifetime; the ids asked for."""
-        now = datetime.now(timezone.utc)
-        with lfdb.session_scope(self.session_factory) as db:
-            expired = [(s.id, s.user.username, s.name) for s in sessions.past_lifetime(db, now)]
-        stopped = []
-        for sid, user, server in expired:
-            if await self.hub_sync.stop_server(user, server):
-                self.log.info("Session %s (%s/%s) reached its max lifetime: stopping it", sid, user, server)
-                with lfdb.session_scope(self.session_factory) as db:
-                    audit.record(
-                        db, Actor.cli(), "session.lifetime", sid, details={"user": user, "server": server}
-                    )
-                stopped.append(sid)
-            else:
-                self.log.warning("Session %s reached its max lifetime, but the Hub did not stop it", sid)
-        return stopped
+        return await jobs.stop_expired_sessions(self.session_factory, self.hub_sync.stop_server, self.log)
 
     def make_app(self) -> web.Application:
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
@@ -330,16 +319,12 @@ class LabfleetService(Application):
                 names = list(db.scalars(select(User.username)))
             asyncio.ensure_future(self.hub_sync.sync_all(names))
             asyncio.ensure_future(self.reconcile_with_hub())
-        if self.vfolder_scan_interval > 0:
-            asyncio.ensure_future(
-                self._every(
-                    self.vfolder_scan_interval, self.folder_usage.housekeeping, "vfolder housekeeping"
-                )
-            )
+        self.jobs.add("schedule", self.schedule_interval, self.serve_queues)
         if self.lifetime_check_interval > 0 and self.hub_sync.enabled:
-            asyncio.ensure_future(
-                self._every(self.lifetime_check_interval, self.stop_expired_sessions, "lifetime check")
-            )
+            self.jobs.add("lifetime", self.lifetime_check_interval, self.stop_expired_sessions)
+        if self.vfolder_scan_interval > 0:
+            self.jobs.add("housekeeping", self.vfolder_scan_interval, self.folder_usage.housekeeping)
+        loop_task = asyncio.ensure_future(self.jobs.run_forever())
         # The Hub stops its managed services with SIGTERM: finish cleanly, no traceback.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -347,6 +332,8 @@ class LabfleetService(Application):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         self.log.info("labfleet service stopping")
+        loop_task.cancel()
+        await self.jobs.stop()
         server.stop()
         self.engine.dispose()
 

@@ -191,6 +191,9 @@ class APIHandler(BaseHandler):
         except LabfleetError as e:
             self.send_error_json(e.status, e.message)
             return
+        if self.request.method != "GET":
+            # Any committed write may have made room (a limit raised, a node, a release): serve the queues.
+            self.lf.jobs.poke("schedule")
         if after is not None:
             # After commit: tell the Hub (groups follow tenancy); never fails the request.
             await self.lf.hub_sync.apply(after)

@@ -1,0 +1,172 @@
+"""The service's clock: plain job functions, driven by one periodic loop.
+
+Jobs (see ``LabfleetService.start_async``):
+
+- ``schedule``: serve every resource group's queue, so a pending timeout fires on time and a
+  session waits no longer than it must when capacity comes from outside a request (a node
+  registered, a limit raised with the CLI). Poked at once after every committed write of the API.
+- ``lifetime``: ask the Hub to stop sessions past their max lifetime; the audit entry first.
+- ``housekeeping``: expire idle uploads, purge old trash, rescan the folders.
+
+A job that raises is logged and runs again at its next tick; a job never runs twice at once
+(a poke while it runs makes it run once more right after).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from hub_ext.compute import sessions
+from hub_ext.core import audit
+from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
+from hub_ext.core.models import ResourceGroup
+
+# ---------------------------------------------------------------- the jobs
+
+
+def serve_queues(session_factory: sessionmaker[Session], log: logging.Logger) -> list[str]:
+    """Serve the queue of every group where a session waits, one transaction per group.
+
+    Returns the ids of the sessions scheduled; cancellations (pending timeouts) are logged."""
+    with lfdb.session_scope(session_factory) as db:
+        group_ids = sessions.groups_with_queue(db)
+    scheduled: list[str] = []
+    for group_id in group_ids:
+        with lfdb.session_scope(session_factory) as db:
+            group = db.get(ResourceGroup, group_id)
+            if group is None:
+                continue
+            served = sessions.schedule_group(db, group)
+            name = group.name
+        scheduled += served.scheduled
+        if served.scheduled:
+            log.info("Queue of %s: scheduled %s", name, ", ".join(served.scheduled))
+        if served.cancelled:
+            log.info("Queue of %s: cancelled %s (pending timeout)", name, ", ".join(served.cancelled))
+    return scheduled
+
+
+async def stop_expired_sessions(
+    session_factory: sessionmaker[Session],
+    stop_server: Callable[[str, str], Awaitable[bool]],
+    log: logging.Logger,
+    now: datetime | None = None,
+) -> list[str]:
+    """Ask the Hub to stop every running session past its max lifetime; the ids asked for.
+
+    The audit entry is written before the Hub is asked: stopping ends the session (and may release
+    it) before the call returns."""
+    now = now or datetime.now(timezone.utc)
+    with lfdb.session_scope(session_factory) as db:
+        expired = [(s.id, s.user.username, s.name) for s in sessions.past_lifetime(db, now)]
+    stopped = []
+    for sid, user, server in expired:
+        with lfdb.session_scope(session_factory) as db:
+            audit.record(db, Actor.cli(), "session.lifetime", sid, details={"user": user, "server": server})
+        log.info("Session %s (%s/%s) reached its max lifetime: stopping it", sid, user, server)
+        if await stop_server(user, server):
+            stopped.append(sid)
+        else:
+            log.warning("Session %s reached its max lifetime, but the Hub did not stop it", sid)
+    return stopped
+
+
+# ---------------------------------------------------------------- the loop
+
+NEVER = float("inf")  # the due time of a job that runs only when poked
+
+
+@dataclass
+class Job:
+    name: str
+    interval: float  # seconds between two runs; 0: only when poked
+    run: Callable[[], Awaitable[Any]]
+    due: float = 0.0  # monotonic time of the next run
+    running: bool = False
+    again: bool = False  # poked while running: run once more right after
+    runs: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+@dataclass
+class JobLoop:
+    """Runs each job every ``interval`` seconds, and at once when poked; one loop for all of them."""
+
+    log: logging.Logger
+    jobs: dict[str, Job] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+
+    def add(
+        self, name: str, interval: float, run: Callable[[], Awaitable[Any]], *, first_in: float | None = None
+    ):
+        """Add a job; its first run is ``first_in`` seconds from now (default: one interval)."""
+        if first_in is None and not interval:
+            due = NEVER
+        else:
+            due = time.monotonic() + (interval if first_in is None else first_in)
+        self.jobs[name] = Job(name, interval, run, due=due)
+        self._wake.set()
+
+    def poke(self, name: str) -> None:
+        """Run ``name`` as soon as possible (after its current run, if it is running)."""
+        job = self.jobs.get(name)
+        if job is None:
+            return
+        if job.running:
+            job.again = True
+        else:
+            job.due = time.monotonic()
+            self._wake.set()
+
+    async def run_job(self, job: Job) -> None:
+        job.running = True
+        try:
+            while True:
+                job.again = False
+                try:
+                    await job.run()
+                except Exception as e:  # keep the loop alive; the next tick tries again
+                    job.failures += 1
+                    job.last_error = f"{type(e).__name__}: {e}"
+                    self.log.exception("Job %s failed (it runs again in %ss)", job.name, job.interval)
+                job.runs += 1
+                if not job.again:
+                    break
+        finally:
+            job.running = False
+            job.due = time.monotonic() + job.interval if job.interval else NEVER
+            self._wake.set()
+
+    async def run_forever(self) -> None:
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            for job in self.jobs.values():
+                if not job.running and job.due <= now:
+                    task = asyncio.ensure_future(self.run_job(job))
+                    self._tasks.add(task)  # a reference, so the task is not collected mid-run
+                    task.add_done_callback(self._tasks.discard)
+            idle = [j.due for j in self.jobs.values() if not j.running]
+            wait = max(0.0, min(idle, default=60.0) - time.monotonic())
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=min(wait, 60.0))
+            except asyncio.TimeoutError:
+                pass
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
