@@ -6,6 +6,7 @@ State (DBs, secrets, users' homes) lives in the working directory, or $LABFLEET_
 labfleet's DB: $LABFLEET_DB_URL (default: labfleet.sqlite in the state directory).
 """
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,12 +19,17 @@ from hub_ext.hub.configure import configure  # noqa: E402
 c = get_config()  # noqa: F821
 state_dir = Path(os.environ.get("LABFLEET_STATE_DIR", os.getcwd())).absolute()
 state_dir.mkdir(parents=True, exist_ok=True)
-os.environ.setdefault("LABFLEET_DB_URL", f"sqlite:///{state_dir / 'labfleet.sqlite'}")
-# No GPU needed: the Hub host is a node with two mock 80 GB GPUs unless told otherwise.
-os.environ.setdefault("LABFLEET_DEVICE_PLUGINS", "mock")
-os.environ.setdefault("LABFLEET_MOCK_DEVICES", '[{"model": "A100-80GB", "memory": "80g", "count": 2}]')
-
-configure(c, state_dir)  # the service, the authenticator and the spawner
+# The service, the authenticator and the spawner. No GPU needed: the Hub host is a node with two mock
+# 80 GB GPUs unless $LABFLEET_DEVICE_PLUGINS / $LABFLEET_MOCK_DEVICES say otherwise. Any other option of
+# the labfleet service goes in service_config={...} or in labfleet_service_config.py in the state dir.
+configure(
+    c,
+    state_dir,
+    device_plugins=os.environ.get("LABFLEET_DEVICE_PLUGINS", "mock").split(","),
+    mock_devices=json.loads(
+        os.environ.get("LABFLEET_MOCK_DEVICES") or '[{"model": "A100-80GB", "memory": "80g", "count": 2}]'
+    ),
+)
 
 c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")

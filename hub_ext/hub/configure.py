@@ -11,11 +11,12 @@ import os
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
-from hub_ext.core.dburl import default_db_url
+from hub_ext.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE
 from hub_ext.core.hubmap import SERVICE_NAME
 from hub_ext.core.rights import RIGHTS
-from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file, key_file_path
+from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
 # Passed to the service, which describes this node with them (see hub_ext.service.app).
@@ -71,21 +72,52 @@ def service_token(state_dir: Path) -> str:
     return path.read_text().strip()
 
 
-def configure(c, state_dir: str | Path | None = None) -> None:
-    """Add the labfleet service, its role and the labfleet authenticator to config ``c``."""
+def service_args(settings: dict[str, Any]) -> list[str]:
+    """``--LabfleetService.name=value`` arguments for the service's command line (pure).
+
+    A list gives one argument per item (traitlets appends them); dicts and lists of dicts are JSON."""
+    args = []
+    for name, value in settings.items():
+        for item in value if isinstance(value, list | tuple) else [value]:
+            text = json.dumps(item) if isinstance(item, dict | list) else str(item)
+            args.append(f"--LabfleetService.{name}={text}")
+    return args
+
+
+def configure(
+    c,
+    state_dir: str | Path | None = None,
+    *,
+    service_port: int | None = None,
+    db_url: str | None = None,
+    backend: str | None = None,
+    storage_hosts: list[dict] | None = None,
+    device_plugins: list[str] | None = None,
+    mock_devices: list[dict] | None = None,
+    service_config: dict[str, Any] | None = None,
+) -> None:
+    """Add the labfleet service, its role and the labfleet authenticator to config ``c``.
+
+    Every setting is an argument; an argument left out falls back to its environment variable
+    ($LABFLEET_SERVICE_PORT, $LABFLEET_DB_URL, $LABFLEET_BACKEND, $LABFLEET_STORAGE_HOSTS), then to
+    the default. ``service_config`` sets any other ``LabfleetService`` option (see
+    ``labfleet-service --help-all``), e.g. ``{"schedule_interval": 2}``. The service also reads
+    ``labfleet_service_config.py`` in the state directory, where it runs.
+    """
     state = Path(state_dir or os.getcwd()).absolute()
-    port = int(os.environ.get(SERVICE_PORT_ENV, DEFAULT_SERVICE_PORT))
+    port = service_port or int(os.environ.get(SERVICE_PORT_ENV, DEFAULT_SERVICE_PORT))
     token = service_token(state)
-    db_url = default_db_url()
-    os.environ.setdefault(KEY_FILE_ENV, str(state / "labfleet_secret.key"))
-    key_file = key_file_path()
+    db_url = db_url or os.environ.get(DB_URL_ENV) or f"sqlite:///{state / DEFAULT_DB_FILE}"
+    key_file = Path(os.environ.get(KEY_FILE_ENV) or state / "labfleet_secret.key")
     ensure_key_file(key_file)
     repo_root = str(Path(__file__).parents[2])
-    log_dir = os.environ.setdefault(SESSION_LOG_DIR_ENV, str(state / "session-logs"))
-    backend = os.environ.get(BACKEND_ENV, "local")
+    log_dir = os.environ.get(SESSION_LOG_DIR_ENV) or str(state / "session-logs")
+    backend = backend or os.environ.get(BACKEND_ENV, "local")
     default_images = configure_spawner(c, backend, state)
-    storage_hosts = os.environ.get(STORAGE_HOSTS_ENV) or json.dumps(
-        [
+    if storage_hosts is None and os.environ.get(STORAGE_HOSTS_ENV):
+        storage_hosts = json.loads(os.environ[STORAGE_HOSTS_ENV])
+    if storage_hosts is None:
+        storage_hosts = [
             {
                 "name": "local",
                 "path": str(state / "vfolders"),
@@ -94,7 +126,16 @@ def configure(c, state_dir: str | Path | None = None) -> None:
                 **({"owner_uid": 1000, "owner_gid": 1000} if backend == "docker" else {}),
             }
         ]
-    )
+    settings: dict[str, Any] = {
+        "session_log_dir": log_dir,
+        "storage_hosts": storage_hosts,
+        "default_images": default_images,
+    }
+    if device_plugins is not None:
+        settings["device_plugins"] = device_plugins
+    if mock_devices is not None:
+        settings["mock_devices"] = mock_devices
+    settings.update(service_config or {})
 
     c.JupyterHub.services = [
         s
@@ -105,15 +146,13 @@ def configure(c, state_dir: str | Path | None = None) -> None:
             "name": SERVICE_NAME,
             "display": True,
             "url": f"http://127.0.0.1:{port}",
-            "command": [sys.executable, "-m", "hub_ext.service"],
+            "command": [sys.executable, "-m", "hub_ext.service", *service_args(settings)],
             "api_token": token,
             "oauth_no_confirm": True,
             "environment": {
-                "LABFLEET_DB_URL": db_url,
+                # In the environment, not on the command line: a PostgreSQL URL may carry a password.
+                DB_URL_ENV: db_url,
                 KEY_FILE_ENV: str(key_file),
-                SESSION_LOG_DIR_ENV: log_dir,
-                "LABFLEET_DEFAULT_IMAGES": json.dumps(default_images),
-                STORAGE_HOSTS_ENV: storage_hosts,
                 **{k: v for k, v in os.environ.items() if k in NODE_ENV},
                 # So the service imports this checkout even when labfleet is not installed.
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),

@@ -14,14 +14,15 @@ import os
 import secrets
 import signal
 import socket
+from copy import deepcopy
 from pathlib import Path
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from sqlalchemy import select
 from tornado import web
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
-from traitlets.config import Application
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default
+from traitlets.config import Application, catch_config_error
 
 from hub_ext.compute import images, nodes, sessions
 from hub_ext.compute.devices import describe_node, get_plugin
@@ -39,6 +40,20 @@ from hub_ext.service.hubsync import HubSync
 from hub_ext.storage import hosts
 from hub_ext.storage.hosts import RIGHTS
 from hub_ext.storage.usage import FolderUsage
+
+
+class JSONDict(Dict):
+    """A dict option that takes JSON on the command line (``--LabfleetService.storage_hosts={...}``,
+    once per item of a list)."""
+
+    def from_string(self, s: str):
+        try:
+            value = json.loads(s)
+        except ValueError as e:
+            raise TraitError(f"{self.name}: not JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise TraitError(f"{self.name}: expected a JSON object, not {s[:40]!r}")
+        return value
 
 
 class LabfleetService(Application):
@@ -100,7 +115,7 @@ class LabfleetService(Application):
         ]
 
     mock_devices = List(
-        Dict(),
+        JSONDict(),
         help='Devices of the mock plugin, e.g. [{"model": "A100-80GB", "memory": "80g", "count": 2}] '
         "(default: $LABFLEET_MOCK_DEVICES as JSON).",
     ).tag(config=True)
@@ -119,7 +134,7 @@ class LabfleetService(Application):
         return os.environ.get("LABFLEET_SESSION_LOG_DIR") or str(Path.cwd() / "session-logs")
 
     default_images = List(
-        Dict(),
+        JSONDict(),
         help="""Images registered at start when missing, as POST /api/images bodies (with "inspect": true
         their labels are read from Docker). Default: $LABFLEET_DEFAULT_IMAGES as JSON.""",
     ).tag(config=True)
@@ -129,7 +144,7 @@ class LabfleetService(Application):
         return json.loads(os.environ.get("LABFLEET_DEFAULT_IMAGES") or "[]")
 
     storage_hosts = List(
-        Dict(),
+        JSONDict(),
         help="""Storage hosts added at start when missing, as POST /api/storage-hosts bodies ({"name",
         "path", "default_permissions", "owner_uid", ...})
         (default: $LABFLEET_STORAGE_HOSTS as JSON, else one host "local" at ./vfolders whose rights
@@ -204,10 +219,26 @@ class LabfleetService(Application):
     def _log_level(self):
         return logging.INFO
 
-    aliases = {"db-url": "LabfleetService.db_url", "log-level": "Application.log_level"}
+    config_file = Unicode(
+        "labfleet_service_config.py",
+        help="""The config file to load: Python, with ``c.LabfleetService.<option> = value`` lines, like
+        jupyterhub_config.py. A relative path is looked up in the working directory (the Hub starts
+        the service in its own). A missing file is fine; options on the command line win over it.""",
+    ).tag(config=True)
 
+    aliases = {
+        "db-url": "LabfleetService.db_url",
+        "log-level": "Application.log_level",
+        "config": "LabfleetService.config_file",
+    }
+
+    @catch_config_error
     def initialize(self, argv=None) -> None:
-        super().initialize(argv)
+        self.parse_command_line(argv)  # --help-all and the like print and exit here
+        cli_config = deepcopy(self.config)
+        path = Path(self.config_file)
+        self.load_config_file(path.name, path=str(path.parent.absolute()))
+        self.update_config(cli_config)  # the command line wins over the file
         database = bootstrap.open_database(self.db_url, upgrade=self.upgrade_db)
         self.engine, self.session_factory = database.engine, database.session_factory
         self.log.info("Database %s", database.state)

@@ -1,0 +1,103 @@
+"""Configuration like every Jupyter app: configure(c, ...) takes settings as arguments and hands them
+to the service's command line without touching os.environ; the service reads
+labfleet_service_config.py, and its command line wins; --help-all lists every option."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from traitlets.config import Config
+
+from hub_ext.core.secretbox import ensure_key_file
+from hub_ext.hub.configure import configure, service_args
+from hub_ext.service.app import LabfleetService
+
+MOCK = [{"model": "A100-80GB", "memory": "80g", "count": 2}]
+
+
+def test_service_args_give_one_argument_per_item():
+    args = service_args(
+        {"schedule_interval": 2.5, "device_plugins": ["mock", "nvidia"], "mock_devices": MOCK}
+    )
+    assert args == [
+        "--LabfleetService.schedule_interval=2.5",
+        "--LabfleetService.device_plugins=mock",
+        "--LabfleetService.device_plugins=nvidia",
+        f"--LabfleetService.mock_devices={json.dumps(MOCK[0])}",
+    ]
+
+
+def test_configure_passes_settings_to_the_service_and_leaves_the_environment_alone(tmp_path, monkeypatch):
+    for name in (
+        "LABFLEET_DB_URL",
+        "LABFLEET_SECRET_KEY_FILE",
+        "LABFLEET_SESSION_LOG_DIR",
+        "LABFLEET_STORAGE_HOSTS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    c = Config()
+    configure(
+        c,
+        tmp_path,
+        service_port=12345,
+        db_url="postgresql://lf:secret@db/lf",
+        device_plugins=["mock"],
+        mock_devices=MOCK,
+        service_config={"schedule_interval": 2, "lifetime_check_interval": 7},
+    )
+    assert dict(os.environ) == before
+    (service,) = c.JupyterHub.services
+    assert service["url"] == "http://127.0.0.1:12345"
+    command = service["command"]
+    # The DB URL may carry a password: in the service's environment, never on its command line.
+    assert not any("secret" in a for a in command)
+    assert service["environment"]["LABFLEET_DB_URL"] == "postgresql://lf:secret@db/lf"
+    # The command line the Hub runs is one the service understands: parse it back.
+    app = LabfleetService()
+    app.parse_command_line(command[3:])
+    assert app.schedule_interval == 2 and app.lifetime_check_interval == 7
+    assert app.device_plugins == ["mock"] and app.mock_devices == MOCK
+    assert app.session_log_dir == str(tmp_path / "session-logs")
+    assert [h["name"] for h in app.storage_hosts] == ["local"]
+    assert app.storage_hosts[0]["path"] == str(tmp_path / "vfolders")
+    assert [i["name"] for i in app.default_images] == [c.LabfleetSpawnerMixin.default_image] == ["local/host"]
+
+
+def test_the_service_reads_its_config_file_and_the_command_line_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
+    ensure_key_file(tmp_path / "key")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "token-of-the-service")
+    monkeypatch.delenv("JUPYTERHUB_API_URL", raising=False)
+    (tmp_path / "labfleet_service_config.py").write_text(
+        "c.LabfleetService.schedule_interval = 3\n"
+        "c.LabfleetService.lifetime_check_interval = 11\n"
+        "c.LabfleetService.register_local_node = False\n"
+        f"c.LabfleetService.storage_hosts = [{{'name': 'here', 'path': {str(tmp_path / 'vf')!r}}}]\n"
+    )
+    app = LabfleetService()
+    app.initialize(
+        [f"--db-url=sqlite:///{tmp_path / 'lf.sqlite'}", "--LabfleetService.lifetime_check_interval=5"]
+    )
+    try:
+        assert app.schedule_interval == 3  # from the file
+        assert app.lifetime_check_interval == 5  # the command line wins
+        assert app.vfolder_default_host == "here"
+    finally:
+        app.engine.dispose()
+
+
+def test_help_all_lists_every_option_with_its_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "hub_ext.service", "--help-all"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    for trait in LabfleetService.class_own_traits(config=True):
+        assert f"--LabfleetService.{trait}" in out.stdout, trait
+    text = " ".join(out.stdout.split())
+    assert "a pending timeout fires within this" in text
+    assert "labfleet_service_config.py" in text
