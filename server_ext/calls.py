@@ -8,41 +8,26 @@ server's owner: what the service answers is what that user may see, and nothing 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from hub_ext.core import http
 
 # The methods the extension passes on to the service; anything else is refused before any call.
 METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE")
 
+# An upstream answer (hub_ext.core.http's reply): ``status``, ``ok``, ``message`` (what went wrong, in
+# the upstream's words where it gave some), ``content_type``, and ``data``: the JSON body decoded, or
+# else the body's bytes as they came (the service proxy passes them on). No answer is a 502 (504: timed
+# out) with ``{"message": ...}``.
+Answer = http.HTTPReply
 
-@dataclass(frozen=True)
-class Answer:
-    """An upstream answer: its HTTP status and its body (JSON decoded; bytes otherwise)."""
 
-    status: int
-    data: Any
-    content_type: str = "application/json"
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-    @property
-    def message(self) -> str:
-        """What went wrong, in the upstream's words where it gave some."""
-        if isinstance(self.data, Mapping) and self.data.get("message"):
-            return str(self.data["message"])
-        if isinstance(self.data, bytes):
-            text = self.data.decode("utf-8", "replace").strip()
-            if text and "html" not in self.content_type:
-                return text[:500]
-        return f"HTTP {self.status}"
+def _refused(status: int, message: str) -> Answer:
+    return Answer(status, {"message": message}, content_type=http.JSON, is_json=True)
 
 
 @dataclass(frozen=True)
@@ -77,14 +62,14 @@ class SessionCalls:
     ) -> Answer:
         """``method`` on ``<service api>/<path>``; ``raw`` sends bytes as they are (file uploads)."""
         if not self.service_url:
-            return Answer(503, {"message": "this session has no labfleet service (LABFLEET_SERVICE_URL)"})
+            return _refused(503, "this session has no labfleet service (LABFLEET_SERVICE_URL)")
         return await self._call(
             "the labfleet service", self.service_url, method, path, body, query, raw, content_type
         )
 
     async def hub(self, method: str, path: str, body: Any = None) -> Answer:
         if not self.hub_api_url:
-            return Answer(503, {"message": "this session runs outside a Hub (no JUPYTERHUB_API_URL)"})
+            return _refused(503, "this session runs outside a Hub (no JUPYTERHUB_API_URL)")
         return await self._call("the Hub", self.hub_api_url, method, path, body, None, None, None)
 
     async def _call(
@@ -99,45 +84,24 @@ class SessionCalls:
         content_type: str | None,
     ) -> Answer:
         if method not in METHODS:
-            return Answer(405, {"message": f"method {method} is not passed on"})
-        url = base + "/" + path.lstrip("/")
-        if query:
-            url += "?" + urlencode(query)
-        headers = {"Authorization": f"token {self.token}", "Accept": "application/json"}
-        payload: bytes | None = None
-        if raw is not None:
-            payload = raw
-            headers["Content-Type"] = content_type or "application/octet-stream"
-        elif body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        elif method in ("POST", "PUT", "PATCH"):
-            payload = b""
-        request = HTTPRequest(
-            url,
-            method=method,
-            headers=headers,
-            body=payload,
-            request_timeout=self.timeout,
+            return _refused(405, f"method {method} is not passed on")
+        reply = await http.request(
+            method,
+            base + "/" + path.lstrip("/"),
+            token=self.token,
+            json_body=body,
+            data=raw,
+            content_type=content_type,
+            query=query,
+            timeout=self.timeout,
             connect_timeout=min(self.timeout, 10.0),
-            follow_redirects=False,
+            upstream=what,
         )
-        try:
-            response = await AsyncHTTPClient().fetch(request, raise_error=False)
-        except HTTPClientError as e:  # raised for timeouts even with raise_error=False
-            return Answer(504, {"message": f"{what} did not answer: {e}"})
-        except OSError as e:
-            return Answer(502, {"message": f"{what} cannot be reached: {e}"})
-        if response.code == 599:
-            return Answer(504, {"message": f"{what} did not answer: {response.error}"})
-        ctype = response.headers.get("Content-Type", "")
-        text = response.body or b""
-        if "json" in ctype:
-            try:
-                return Answer(response.code, json.loads(text or b"null"), "application/json")
-            except ValueError:
-                pass
-        return Answer(response.code, text, ctype or "application/octet-stream")
+        if reply.status == 0:
+            return _refused(504 if reply.timed_out else 502, reply.message)
+        if reply.is_json:
+            return replace(reply, content_type=http.JSON)
+        return replace(reply, data=reply.body, content_type=reply.content_type or "application/octet-stream")
 
 
 def quoted(name: str) -> str:

@@ -10,12 +10,11 @@ running loop, so a refresh never holds up the kernel.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from hub_ext.core import http
 
 DEFAULT_TIMEOUT = 30.0
 # Hosts a server binds to that nobody connects to: the kernel reaches its server on the loopback.
@@ -48,16 +47,6 @@ def connectable(url: str) -> str:
 def server_path(name: str) -> str:
     """A server name in ``labfleet/sessions/<name>``: the default server ``""`` is ``~``."""
     return quote(name, safe="") if name else "~"
-
-
-def _message(body: bytes, fallback: str) -> str:
-    try:
-        data = json.loads(body or b"")
-    except (ValueError, UnicodeDecodeError):
-        return fallback
-    if isinstance(data, dict) and data.get("message"):
-        return str(data["message"])
-    return fallback
 
 
 class FleetClient:
@@ -107,46 +96,23 @@ class FleetClient:
         Raises :class:`FleetError` with the service's own message on a 4xx/5xx, and with the cause when
         the server cannot be reached.
         """
-        url = self.base_url + path.lstrip("/")
-        if query:
-            url += "?" + urlencode(query)
-        headers = {"Accept": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"token {self.token}"
-        payload: bytes | None = None
-        if data is not None:
-            payload = data
-            headers["Content-Type"] = "application/octet-stream"
-        elif body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        elif method in ("POST", "PUT", "PATCH"):
-            payload = b""
-        req = HTTPRequest(
-            url,
-            method=method,
-            headers=headers,
-            body=payload,
-            connect_timeout=self.timeout,
-            request_timeout=self.timeout,
-            follow_redirects=False,
+        reply = await http.request(
+            method,
+            self.base_url + path.lstrip("/"),
+            token=self.token,
+            json_body=body,
+            data=data,
+            query=query,
+            timeout=self.timeout,
+            upstream=f"the session server at {self.base_url}",
         )
+        if reply.status == 0:
+            raise FleetError(reply.message, 504 if reply.timed_out else 502)
+        if reply.status >= 300:
+            raise FleetError(reply.message, reply.status)
         try:
-            resp = await AsyncHTTPClient().fetch(req, raise_error=False)
-        except HTTPClientError as e:  # pragma: no cover - raise_error=False leaves only 599s
-            raise FleetError(f"{method} {path}: {e}", 502) from None
-        except OSError as e:
-            raise FleetError(f"cannot reach the session server at {self.base_url}: {e}", 502) from None
-        if resp.code == 599:
-            raise FleetError(f"cannot reach the session server at {self.base_url}: {resp.error}", 504)
-        if resp.code >= 300:
-            fallback = f"{method} {path} answered {resp.code} {resp.reason}"
-            raise FleetError(_message(resp.body, fallback), resp.code)
-        if not resp.body:
-            return None
-        try:
-            return json.loads(resp.body)
-        except ValueError:
+            return reply.json()
+        except ValueError:  # UnicodeDecodeError too
             raise FleetError(f"{method} {path} did not answer JSON", 502) from None
 
     # -- the endpoints the widgets use -------------------------------------------------------------------

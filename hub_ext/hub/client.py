@@ -3,38 +3,28 @@
 The authenticator and the spawners share it.  They call the service with the service's own API
 token, which the service treats as the Hub (``Actor.hub``).  A call never raises for an HTTP
 answer or an unreachable service; it returns a :class:`Reply` (``code`` 0 when unreachable),
-and never logs the token or a body.
+and never logs the token or a body.  The request itself is :func:`hub_ext.core.http.request`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Unicode, default
 from traitlets.config import LoggingConfigurable
+
+from hub_ext.core import http
 
 DEFAULT_SERVICE_URL = "http://127.0.0.1:10101/services/labfleet/api"
 SERVICE_URL_ENV = "LABFLEET_SERVICE_API_URL"
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
+SERVICE = "the labfleet service"
 
-
-@dataclass
-class Reply:
-    """What the labfleet service answered: ``code`` 0 when it could not be reached."""
-
-    code: int
-    data: Any = None
-    message: str = ""
-    body: bytes = b""
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.code < 300
+# What the labfleet service answered: ``code`` (its ``status``) 0 when it could not be reached;
+# ``data`` its JSON, ``message`` its words (or why there was no answer).
+Reply = http.HTTPReply
 
 
 def default_service_url() -> str:
@@ -58,50 +48,28 @@ async def service_call(
     """One request to the labfleet service at ``url`` (its API base) + ``path``."""
     log = log or logging.getLogger("labfleet")
     full = url.rstrip("/") + path
+    where = http.loggable(full)
     if not token:
         log.error(
             "labfleet: no service token configured (set $%s or the service_token option); refusing %s %s",
             SERVICE_TOKEN_ENV,
             method,
-            full,
+            where,
         )
-        return Reply(0, message="no service token")
-    request = HTTPRequest(
-        full,
-        method=method,
-        headers={
-            "Authorization": f"token {token}",
-            "Accept": "application/json",
-            "Content-Type": "application/json",
-        },
-        body=None if body is None else json.dumps(body),
-        allow_nonstandard_methods=True,
-        connect_timeout=timeout,
-        request_timeout=timeout,
-        follow_redirects=False,
-    )
-    try:
-        response = await AsyncHTTPClient().fetch(request, raise_error=False)
-    except (HTTPClientError, OSError, ValueError) as e:
-        log.error("labfleet service unreachable: %s %s failed: %s", method, full, e)
-        return Reply(0, message=f"the labfleet service is unreachable ({e})")
-    data = None
-    if response.body and (response.headers.get("Content-Type") or "").startswith("application/json"):
-        try:
-            data = json.loads(response.body)
-        except ValueError:
-            data = None
-    message = str(data.get("message") or "") if isinstance(data, dict) else ""
-    if response.code == 401:
+        return Reply(0, error="no service token", upstream=SERVICE)
+    reply = await http.request(method, full, token=token, json_body=body, timeout=timeout, upstream=SERVICE)
+    if reply.code == 0:
+        log.error("labfleet service unreachable: %s %s failed: %s", method, where, reply.error)
+    elif reply.code == 401:
         log.error(
             "labfleet service rejected the Hub's token on %s %s (401): the service token the Hub"
             " uses is not the service's own API token",
             method,
-            full,
+            where,
         )
-    elif response.code >= 500 or response.code == 599:
-        log.error("labfleet service answered %s to %s %s: %s", response.code, method, full, message or "-")
-    return Reply(response.code, data, message, response.body or b"")
+    elif reply.code >= 500:
+        log.error("labfleet service answered %s to %s %s: %s", reply.code, method, where, reply.words or "-")
+    return reply
 
 
 class LabfleetServiceClient(LoggingConfigurable):

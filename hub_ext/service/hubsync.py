@@ -8,14 +8,12 @@ never raised: the next login or refresh corrects the Hub anyway.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
-from hub_ext.core import hubmap
+from hub_ext.core import http, hubmap
 from hub_ext.core.db import session_scope
 from hub_ext.tenancy.directory import get_user
 
@@ -33,30 +31,22 @@ class HubSync:
         self.token = token
         self.session_factory = session_factory
         self.log = log
-        self.client = AsyncHTTPClient()
 
     @property
     def enabled(self) -> bool:
         return bool(self.api_url and self.token)
 
-    async def _call(self, method: str, path: str, body=None, ok=(200, 201, 204)) -> tuple[int, object]:
-        req = HTTPRequest(
-            self.api_url + path,
-            method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-            body=json.dumps(body) if body is not None else (None if method in ("GET", "DELETE") else "{}"),
-            allow_nonstandard_methods=True,
-            request_timeout=20,
+    async def _call(self, method: str, path: str, body: Any = None, ok=(200, 201, 204)) -> http.HTTPReply:
+        if body is None and method not in ("GET", "DELETE"):
+            body = {}
+        reply = await http.request(
+            method, self.api_url + path, token=self.token, json_body=body, timeout=20, upstream="the Hub"
         )
-        try:
-            resp = await self.client.fetch(req, raise_error=False)
-        except (OSError, HTTPClientError) as e:
-            self.log.warning("Hub API %s %s failed: %s", method, path, e)
-            return 0, None
-        data = json.loads(resp.body) if resp.body else None
-        if resp.code not in ok:
-            self.log.debug("Hub API %s %s: %s", method, path, resp.code)
-        return resp.code, data
+        if reply.status == 0:
+            self.log.warning("Hub API %s %s failed: %s", method, http.loggable(path), reply.error)
+        elif reply.status not in ok:
+            self.log.debug("Hub API %s %s: %s", method, http.loggable(path), reply.message)
+        return reply
 
     async def apply(self, plan: SyncPlan) -> None:
         if not self.enabled:
@@ -80,16 +70,17 @@ class HubSync:
         if desired is None:
             return
         qname = quote(name, safe="")
-        code, model = await self._call("GET", f"/users/{qname}", ok=(200, 404))
-        if code == 404:
-            code, model = await self._call("POST", f"/users/{qname}")
-        if code not in (200, 201) or not isinstance(model, dict):
+        got = await self._call("GET", f"/users/{qname}", ok=(200, 404))
+        if got.status == 404:
+            got = await self._call("POST", f"/users/{qname}")
+        model = got.data
+        if got.status not in (200, 201) or not isinstance(model, dict):
             return
         current = {g for g in model.get("groups", []) if hubmap.is_labfleet_group(g)}
         for group in sorted(desired - current):
             g = quote(group, safe="")
-            code, _ = await self._call("POST", f"/groups/{g}/users", {"users": [name]}, ok=(200, 404))
-            if code == 404:
+            added = await self._call("POST", f"/groups/{g}/users", {"users": [name]}, ok=(200, 404))
+            if added.status == 404:
                 await self._call("POST", f"/groups/{g}", {"users": [name]})
         for group in sorted(current - desired):
             await self._call("DELETE", f"/groups/{quote(group, safe='')}/users", {"users": [name]})
@@ -97,8 +88,9 @@ class HubSync:
 
     async def running_servers(self) -> set[tuple[str, str]] | None:
         """(user, server name) of every server the Hub runs or is starting; None if unreadable."""
-        code, users = await self._call("GET", "/users?state=active&limit=10000")
-        if code != 200 or not isinstance(users, list):
+        got = await self._call("GET", "/users?state=active&limit=10000")
+        users = got.data
+        if got.status != 200 or not isinstance(users, list):
             return None
         return {(u["name"], name) for u in users for name in (u.get("servers") or {})}
 
@@ -107,8 +99,8 @@ class HubSync:
         path = f"/users/{quote(user, safe='')}/" + (
             f"servers/{quote(server, safe='')}" if server else "server"
         )
-        code, _ = await self._call("DELETE", path, ok=(202, 204))
-        return code in (202, 204)
+        got = await self._call("DELETE", path, ok=(202, 204))
+        return got.status in (202, 204)
 
     async def sync_all(self, names: list[str]) -> None:
         for name in names:

@@ -24,6 +24,7 @@ HUB_MAY_IMPORT = {
     "hub_ext.core.dburl",
     "hub_ext.core.errors",
     "hub_ext.core.hubmap",
+    "hub_ext.core.http",
     "hub_ext.core.rights",
     "hub_ext.core.secretbox",
     "hub_ext.core.signing",
