@@ -1,7 +1,11 @@
 """Virtual folders on SQLite and on a real PostgreSQL server: uploads racing at a quota's
-edge never pass it together, the folder count limit, and mounts resolved for a session."""
+edge never pass it together, the folder count limit, mounts resolved for a session, and the
+upload lifecycle (begin, append, finish, abort, expire)."""
 
+import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from threading import Barrier
 
 import pytest
@@ -9,12 +13,14 @@ from sqlalchemy import func, select
 
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
-from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import VFolderUpload
+from hub_ext.core.errors import Conflict, LabfleetError
+from hub_ext.core.models import VFolder, VFolderUpload
 from hub_ext.core.secretbox import ensure_key_file
 from hub_ext.storage import folders as vfolders
-from hub_ext.storage import hosts
+from hub_ext.storage import hosts, uploads
 from hub_ext.storage import quota as vfquota
+from hub_ext.storage.store import FolderStore
+from hub_ext.storage.usage import FolderUsage
 from hub_ext.tenancy import directory, policies
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
@@ -171,3 +177,260 @@ def test_host_rights_come_from_the_host_domain_project_and_keypair_policy(world,
             with pytest.raises(LabfleetError) as e:
                 directory.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": bad})
             assert e.value.status == 400
+
+
+# ---------------------------------------------------------------- uploads (hub_ext.storage.uploads)
+
+
+def _usage(factory):
+    return FolderUsage(factory, logging.getLogger("test.uploads"))
+
+
+def _folder(factory, actor, name="up"):
+    with lfdb.session_scope(factory) as db:
+        v = vfolders.create(db, actor, {"name": name}, default_host="local")
+        return v.id, vfolders.store_of(v)
+
+
+def _reserved(factory, name="alice"):
+    with lfdb.session_scope(factory) as db:
+        return vfquota.scope_views(db, directory.get_user(db, name))[0]["reserved"]
+
+
+def _rows(factory):
+    with lfdb.session_scope(factory) as db:
+        return sorted(db.scalars(select(VFolderUpload.id)))
+
+
+def _temp_files(store):
+    return sorted(p.name for p in store.uploads_dir.iterdir())
+
+
+def test_upload_begin_checks_rights_room_and_target(world):
+    factory = world
+    alice = _actor(factory)
+    fid, store = _folder(factory, alice)
+    (store.data_dir / "adir").mkdir()
+    with lfdb.session_scope(factory) as db:
+        team = vfolders.create(
+            db, CLI, {"name": "team", "project": "acme/ml", "permission": "ro"}, default_host="local"
+        ).id
+        directory.create_user(db, CLI, {"username": "bob", "domain": "acme"})
+    bob = _actor(factory, "bob")
+    refused = [
+        (alice, team, "f", 1, 403, "shared with you ro; this needs rw"),
+        (bob, fid, "f", 1, 404, "no vfolder"),
+        (alice, fid, "", 1, 400, "not the folder itself"),
+        (alice, fid, "f", None, 411, "Content-Length"),
+        (alice, fid, "adir", 1, 409, "adir is a directory"),
+        (alice, fid, "f", LIMIT + 1, 413, "quota of user alice"),
+    ]
+    for actor, folder, path, size, status, words in refused:
+        with pytest.raises(LabfleetError) as e, lfdb.session_scope(factory) as db:
+            uploads.begin(db, actor, folder, path, size)
+        assert (e.value.status, words in e.value.message) == (status, True), e.value.message
+    assert _rows(factory) == [] and _temp_files(store) == []
+
+    with lfdb.session_scope(factory) as db:
+        up, got = uploads.begin(db, alice, fid, "a//b.bin", 600)
+        upload_id = up.id
+        assert (up.path, up.size, got.root) == ("a/b.bin", 600, store.root)
+        assert uploads.upload_view(up, 0) == {
+            "id": upload_id,
+            "path": "a/b.bin",
+            "size": 600,
+            "offset": 0,
+            "complete": False,
+        }
+    assert _rows(factory) == [upload_id] and _temp_files(store) == [upload_id]
+    assert (store.uploads_dir / upload_id).stat().st_size == 0
+    assert _reserved(factory) == 600
+
+
+async def test_upload_append_and_finish_a_resumable_upload(world):
+    factory = world
+    alice = _actor(factory)
+    usage = _usage(factory)
+    fid, store = _folder(factory, alice)
+    with lfdb.session_scope(factory) as db:
+        upload_id = uploads.begin(db, alice, fid, "d/r.bin", 10)[0].id
+        # Touched by every chunk, so an upload in use never expires.
+        db.get(VFolderUpload, upload_id).updated_at = datetime.now(timezone.utc) - timedelta(hours=1)
+
+    body = uploads.append(usage, alice, fid, upload_id, 0, 4)
+    with lfdb.session_scope(factory) as db:
+        assert uploads.expire(db, 60) == []
+    body.write(b"abc")
+    body.write(b"d")
+    with pytest.raises(LabfleetError) as e:
+        body.write(b"e")
+    assert e.value.status == 400 and "longer than its Content-Length" in e.value.message
+    done = await uploads.finish(usage, body)
+    assert (done.offset, done.entry, done.view["complete"], body.done) == (4, None, False, True)
+    with lfdb.session_scope(factory) as db:
+        assert uploads.status(db, alice, fid, upload_id)["offset"] == 4
+
+    # A wrong offset is refused with the right one; a chunk past the size, or without its
+    # position or length, is refused before anything is written.
+    for offset, length, status in ((0, 1, 409), (5, 1, 409)):
+        with pytest.raises(uploads.ChunkRefused) as e:
+            uploads.append(usage, alice, fid, upload_id, offset, length)
+        assert (e.value.status, e.value.offset) == (status, 4)
+    for offset, length, status in ((4, 7, 400), (None, 1, 400), (4, None, 411)):
+        with pytest.raises(LabfleetError) as e:
+            uploads.append(usage, alice, fid, upload_id, offset, length)
+        assert e.value.status == status and not isinstance(e.value, uploads.ChunkRefused)
+    assert (store.uploads_dir / upload_id).read_bytes() == b"abcd"
+
+    # A dropped chunk keeps what arrived.
+    body = uploads.append(usage, alice, fid, upload_id, 4, 6)
+    body.write(b"ef")
+    uploads.abandon(usage, body)
+    assert (store.uploads_dir / upload_id).read_bytes() == b"abcdef"
+    assert _rows(factory) == [upload_id] and _reserved(factory) == 10
+
+    body = uploads.append(usage, alice, fid, upload_id, 6, 4)
+    body.write(b"ghij")
+    done = await uploads.finish(usage, body)
+    assert done.offset == 10 and done.entry is not None
+    assert done.view["complete"] is True and done.view["entry"]["path"] == "d/r.bin"
+    assert done.view["entry"]["size"] == 10
+    assert (store.data_dir / "d" / "r.bin").read_bytes() == b"abcdefghij"
+    assert _rows(factory) == [] and _temp_files(store) == [] and _reserved(factory) == 0
+    with lfdb.session_scope(factory) as db:
+        v = db.get(VFolder, fid)
+        assert (v.usage_bytes, v.usage_files) == (10, 1)  # counted, then measured
+        with pytest.raises(LabfleetError) as e:
+            uploads.status(db, alice, fid, upload_id)
+        assert e.value.status == 404
+
+
+async def test_whole_file_upload_finishes_under_the_folder_lock(world):
+    factory = world
+    alice = _actor(factory)
+    usage = _usage(factory)
+    fid, store = _folder(factory, alice)
+    (store.data_dir / "old.bin").write_bytes(b"x" * 100)
+    await usage.rescan(fid)
+
+    body = uploads.start(usage, alice, fid, "old.bin", 30)
+    assert body.whole and _reserved(factory) == 30
+    body.write(b"y" * 30)
+    # While a rescan holds the folder's lock, the upload waits: the rescan's measurement,
+    # taken before the file landed, can never overwrite what the upload adds.
+    async with usage.lock(fid):
+        task = asyncio.ensure_future(uploads.finish(usage, body))
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        assert (store.data_dir / "old.bin").read_bytes() == b"x" * 100
+        assert _rows(factory) == [body.id]
+    done = await task
+    assert done.entry is not None and done.entry.size == 30 and body.done
+    assert (store.data_dir / "old.bin").read_bytes() == b"y" * 30
+    with lfdb.session_scope(factory) as db:
+        assert db.get(VFolder, fid).usage_bytes == 30  # the new size replaces the old one
+    assert _rows(factory) == [] and _temp_files(store) == [] and _reserved(factory) == 0
+
+
+async def test_abort_frees_the_reserved_room(world):
+    factory = world
+    alice = _actor(factory)
+    usage = _usage(factory)
+    fid, store = _folder(factory, alice)
+
+    def room_for(size):
+        try:
+            with lfdb.session_scope(factory) as db:
+                return uploads.begin(db, alice, fid, f"f{size}", size)[0].id
+        except LabfleetError as e:
+            assert e.status == 413, e.message
+            return None
+
+    first = room_for(LIMIT)
+    assert first is not None and room_for(1) is None
+    with lfdb.session_scope(factory) as db:
+        uploads.abort(db, store, first)
+    assert _reserved(factory) == 0 and _rows(factory) == [] and _temp_files(store) == []
+    second = room_for(LIMIT)
+    assert second is not None
+    with lfdb.session_scope(factory) as db:
+        uploads.abort(db, store, second)
+        uploads.abort(db, store, second)  # twice: nothing left to remove, no error
+
+    # A whole file that falls short frees its room too, and leaves nothing.
+    body = uploads.start(usage, alice, fid, "short.bin", LIMIT)
+    body.write(b"z" * 10)
+    with pytest.raises(LabfleetError) as e:
+        await uploads.finish(usage, body)
+    assert e.value.status == 400 and e.value.message == f"received 10 of {LIMIT} bytes"
+    assert _reserved(factory) == 0 and _rows(factory) == [] and _temp_files(store) == []
+    assert list(store.data_dir.iterdir()) == []
+    assert room_for(LIMIT) is not None
+
+
+def test_expire_aborts_idle_uploads_only(world):
+    factory = world
+    alice = _actor(factory)
+    fid, store = _folder(factory, alice)
+    with lfdb.session_scope(factory) as db:
+        old = uploads.begin(db, alice, fid, "old.bin", 100)[0]
+        old.updated_at = datetime.now(timezone.utc) - timedelta(hours=2)
+        fresh = uploads.begin(db, alice, fid, "fresh.bin", 100)[0].id
+        old_id = old.id
+    with lfdb.session_scope(factory) as db:
+        assert uploads.expire(db, 3600) == [old_id]
+    assert _rows(factory) == [fresh] and _temp_files(store) == [fresh] and _reserved(factory) == 100
+
+
+async def test_every_way_out_of_an_upload_is_the_one_abort(world, monkeypatch):
+    """An error, a client gone, a cancel and an expiry all end in uploads.abort, which frees
+    the room and removes the temp file."""
+    factory = world
+    alice = _actor(factory)
+    usage = _usage(factory)
+    fid, store = _folder(factory, alice)
+    aborted: list[str] = []
+    real_abort = uploads.abort
+
+    def spy(db, store, upload_id):
+        aborted.append(upload_id)
+        real_abort(db, store, upload_id)
+
+    monkeypatch.setattr(uploads, "abort", spy)
+
+    # An error: the temp file cannot be opened once reserved.
+    def refuse(self, upload_id, offset):
+        raise Conflict(f"upload {upload_id} is being written by another request")
+
+    with monkeypatch.context() as m:
+        m.setattr(FolderStore, "upload_open", refuse)
+        with pytest.raises(LabfleetError) as e:
+            uploads.start(usage, alice, fid, "err.bin", 10)
+        assert e.value.status == 409
+    assert len(aborted) == 1
+    # An error: a whole file whose body is short.
+    short = uploads.start(usage, alice, fid, "short.bin", 10)
+    short.write(b"1")
+    with pytest.raises(LabfleetError):
+        await uploads.finish(usage, short)
+    # The client gone mid-body (once only, however often the handler is told).
+    gone = uploads.start(usage, alice, fid, "gone.bin", 10)
+    gone.write(b"12345")
+    uploads.abandon(usage, gone)
+    uploads.abandon(usage, gone)
+    assert gone.done and gone.fh.closed
+    # A cancel (DELETE), by someone who may write the folder.
+    with lfdb.session_scope(factory) as db:
+        cancelled = uploads.begin(db, alice, fid, "cancel.bin", 10)[0].id
+    with lfdb.session_scope(factory) as db:
+        uploads.cancel(db, alice, fid, cancelled)
+    # An expiry, from the service's housekeeping.
+    with lfdb.session_scope(factory) as db:
+        idle = uploads.begin(db, alice, fid, "idle.bin", 10)[0]
+        idle.updated_at = datetime.now(timezone.utc) - timedelta(days=2)
+        idle_id = idle.id
+    await usage.housekeeping()
+
+    assert aborted[1:] == [short.id, gone.id, cancelled, idle_id]
+    assert _rows(factory) == [] and _temp_files(store) == [] and _reserved(factory) == 0
+    assert list(store.data_dir.iterdir()) == []

@@ -6,8 +6,8 @@ permission, which a project's domain admin may override per user.  Admins (super
 folder's domain admin) manage every folder in their reach but read a user's files only when the
 owner shared them.  A folder nobody may see is *not found*, whatever the route.
 
-The folder's data lives at ``<host path>/<id>/data`` (hub_ext.storage.store); sizes are kept by
-hub_ext.vfquota.
+The folder's data lives at ``<host path>/<id>/data`` (hub_ext.storage.store); ``open_files`` decides
+who reaches it and how far.  Sizes are kept by hub_ext.storage.quota.
 """
 
 from __future__ import annotations
@@ -164,6 +164,25 @@ def store_of(v: VFolder) -> FolderStore:
 def need_ready(v: VFolder) -> None:
     if v.status != "READY":
         raise Conflict(f"vfolder {v.name} is in the trash: restore it first")
+
+
+def open_files(
+    db: Session, actor: Actor, folder_id: str, level: str, right: str | None = None
+) -> tuple[VFolder, FolderStore]:
+    """The folder and its store, when the actor has ``level`` on its files (and ``right`` on its
+    storage host); the folder must be READY.  Admins who may manage a user's folder still reach
+    its files only when the owner shared them."""
+    v, acc = readable(db, actor, folder_id)
+    if acc.permission is None:
+        raise Forbidden(
+            f"you cannot reach the files of vfolder {v.name}: its owner has not shared it with you"
+        )
+    if not acc.at_least(level):
+        raise Forbidden(f"vfolder {v.name} is shared with you {acc.permission}; this needs {level}")
+    need_ready(v)
+    if right is not None:
+        hosts.need_right(host_rights(db, actor, v), right, v.host)
+    return v, store_of(v)
 
 
 def list_folders(db: Session, actor: Actor, filters: dict[str, str | None]) -> list[tuple[VFolder, Access]]:
@@ -458,6 +477,30 @@ def folder_view(db: Session, v: VFolder, acc: Access, *, user: User | None = Non
         rights = hosts.rights_for(_user_actor(user), user, v.host, v.project)
         out["rights"] = sorted(rights, key=hosts.RIGHTS.index)
     return out
+
+
+def scope_usage(db: Session, actor: Actor, username: str | None) -> dict[str, Any]:
+    """Usage against limits per quota scope: the actor's own, or (``username``) a user's for
+    themselves, their domain's admins, monitors and superadmins; *not found* for anyone else."""
+    user = actor_user(db, actor) if username is None else find_user(db, username)
+    if user is None:
+        raise NotFound("give ?user=NAME: the Hub and the CLI have no folders of their own")
+    if user.id != actor.user_id and not (
+        actor.reads_everything or actor.is_domain_admin_of(user.domain.name)
+    ):
+        raise NotFound(f"no user {username!r}")
+    return {"user": user.username, "scopes": vfquota.scope_views(db, user)}
+
+
+def view_for(db: Session, actor: Actor, v: VFolder, acc: Access | None = None) -> dict[str, Any]:
+    """A folder as ``actor`` sees it (``acc``: their access, worked out when not given)."""
+    if acc is None:
+        acc = access_of(actor, facts_of(db, actor, v))
+    return folder_view(db, v, acc, user=actor_user(db, actor))
+
+
+def status_view(v: VFolder) -> dict[str, Any]:
+    return {"id": v.id, "name": v.name, "status": v.status}
 
 
 def find_user(db: Session, username: Any) -> User:

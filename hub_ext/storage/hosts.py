@@ -168,6 +168,19 @@ def disk_usage(path: str):
         return None
 
 
+def free_disk(path: str) -> int | None:
+    """Free bytes on the file system at ``path``; None when it cannot be read."""
+    disk = disk_usage(path)
+    return disk.free if disk else None
+
+
+def view_for(db: Session, actor: Actor, h: StorageHost) -> dict:
+    """A host as ``actor`` sees it: their rights there (for folders of their own), and the
+    operator's details for those who read everything."""
+    user = db.get(User, actor.user_id) if actor.user_id is not None else None
+    return host_view(db, h, rights=rights_for(actor, user, h, None), admin=actor.reads_everything)
+
+
 def host_view(
     db: Session, h: StorageHost, *, rights: frozenset[str] | None = None, admin: bool = False
 ) -> dict:

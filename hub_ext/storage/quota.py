@@ -112,7 +112,7 @@ def _lock_scope(db: Session, v: VFolder) -> None:
 
 
 def reserve(
-    db: Session, v: VFolder, user_id: int, path: str, size: int, free_disk: int | None
+    db: Session, v: VFolder, user_id: int | None, path: str, size: int, free_disk: int | None
 ) -> VFolderUpload:
     """Check the room left and reserve ``size`` bytes for an upload to ``path``."""
     _lock_scope(db, v)

@@ -19,7 +19,6 @@ Plain synchronous functions, no database: the service runs the heavy ones in a t
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import json
@@ -35,6 +34,15 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
+from hub_ext.storage.fdops import (
+    DIR_FLAGS,
+    NotRegular,
+    iter_tree,
+    open_regular,
+    rename_noreplace,
+    rmtree_at,
+    tree_size,
+)
 
 MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096
@@ -46,11 +54,6 @@ FILE_MODE = 0o664
 
 _UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
 _TRASH_ID_RE = re.compile(r"[0-9a-f]{32}")
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_O_PATH: int = getattr(os, "O_PATH", 0)
-# Re-opening an O_PATH fd through /proc opens exactly the inode that was checked.
-_PROC_FD = "/proc/self/fd"
 
 
 def _now_iso() -> str:
@@ -200,217 +203,6 @@ def _translate(what: str) -> Iterator[None]:
         raise
 
 
-# ---------------------------------------------------------------------------- fd helpers
-
-
-def _load_renameat2() -> Any:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_renameat2 = _load_renameat2()
-_RENAME_NOREPLACE = 1
-
-
-def _rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
-    """rename() that raises FileExistsError instead of replacing (atomically where the fs can)."""
-    if _renameat2 is not None:
-        if _renameat2(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
-            return
-        err = ctypes.get_errno()
-        # ENOSYS/EINVAL: no renameat2 or no flag support on this fs -> check, then rename
-        if err not in (errno.ENOSYS, errno.EINVAL):
-            raise OSError(err, os.strerror(err), dst)
-    try:
-        os.stat(dst, dir_fd=dst_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
-    else:
-        raise FileExistsError(errno.EEXIST, "File exists", dst)
-
-
-def _ident(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
-class _NotRegular(Exception):
-    def __init__(self, st: os.stat_result) -> None:
-        super().__init__()
-        self.st = st
-
-
-def _open_regular(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
-    """Open dir_fd/name for reading if (and only if) it is a regular file.
-
-    Raises _NotRegular (with its lstat) for anything else, symlinks included, without
-    ever opening a device or FIFO for I/O (that can block or have side effects).
-    """
-    if _O_PATH and os.path.isdir(_PROC_FD):
-        pfd = os.open(name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        try:
-            st = os.fstat(pfd)
-            if not stat.S_ISREG(st.st_mode):
-                raise _NotRegular(st)
-            fd = os.open(f"{_PROC_FD}/{pfd}", os.O_RDONLY | os.O_CLOEXEC)
-        finally:
-            os.close(pfd)
-    else:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode):
-            raise _NotRegular(st)
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    fst = os.fstat(fd)
-    if not stat.S_ISREG(fst.st_mode) or _ident(fst) != _ident(st):
-        os.close(fd)
-        raise _NotRegular(fst)  # swapped between the check and the open
-    return fd, fst
-
-
-def _iter_tree(top_fd: int, top: str = "") -> Iterator[tuple[int, str, str, os.stat_result]]:
-    """Pre-order walk below directory top_fd (which stays open): (dir_fd, path, name, lstat).
-
-    Symlinks are reported, never followed; other file systems are not entered.  Only
-    one directory fd is held however deep the tree (a session can make it very deep):
-    going back up opens ".." and checks it is the directory we came from.  dir_fd is
-    valid until the generator is resumed.
-    """
-    top_st = os.fstat(top_fd)
-    fd = os.dup(top_fd)
-    frames: list[tuple[tuple[int, int], list[str], str]] = []
-    try:
-        frames.append((_ident(top_st), sorted(os.listdir(fd), reverse=True), top))
-        while frames:
-            _, names, here = frames[-1]
-            if not names:
-                frames.pop()
-                if frames:
-                    try:
-                        up = os.open("..", _DIR_FLAGS, dir_fd=fd)
-                    except OSError:
-                        up = -1  # the directory was removed under us
-                    if up < 0 or _ident(os.fstat(up)) != frames[-1][0]:
-                        if up >= 0:
-                            os.close(up)
-                        raise Conflict(
-                            "the folder changed during the scan (a directory was moved); try again"
-                        )
-                    os.close(fd)
-                    fd = up
-                continue
-            name = names.pop()
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            path = _join(here, name)
-            yield fd, path, name, st
-            if not stat.S_ISDIR(st.st_mode) or st.st_dev != top_st.st_dev:
-                continue
-            try:
-                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except OSError:
-                continue  # gone, or swapped for a symlink/file since the lstat
-            try:
-                if _ident(os.fstat(sub)) != _ident(st):
-                    raise FileNotFoundError
-                subnames = sorted(os.listdir(sub), reverse=True)
-            except OSError:
-                os.close(sub)
-                continue
-            os.close(fd)
-            fd = sub
-            frames.append((_ident(st), subnames, path))
-    finally:
-        os.close(fd)
-
-
-def _tree_size(dir_fd: int, name: str) -> tuple[int, int]:
-    """(bytes, regular files) of dir_fd/name, not following symlinks."""
-    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if stat.S_ISREG(st.st_mode):
-        return st.st_size, 1
-    if not stat.S_ISDIR(st.st_mode):
-        return 0, 0
-    size = files = 0
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        for _, _, _, est in _iter_tree(fd):
-            if stat.S_ISREG(est.st_mode):
-                size += est.st_size
-                files += 1
-    finally:
-        os.close(fd)
-    return size, files
-
-
-def _clear_files(fd: int) -> list[str]:
-    """Unlink every non-directory in fd; return the names of its subdirectories."""
-    subdirs: list[str] = []
-    with os.scandir(fd) as it:
-        for de in it:
-            if de.is_dir(follow_symlinks=False):
-                subdirs.append(de.name)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(de.name, dir_fd=fd)
-    return subdirs
-
-
-def _rmtree_at(dir_fd: int, name: str) -> None:
-    """rm -rf dir_fd/name: never follows symlinks, no recursion, one dir fd at a time.
-
-    shutil.rmtree recurses (Python 3.11) and fails on a tree a session made deep enough,
-    which would leave the folder impossible to purge.
-    """
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    try:
-        frames = [(_ident(os.fstat(fd)), name, _clear_files(fd))]
-        while frames:
-            subdirs = frames[-1][2]
-            if subdirs:
-                sub = subdirs.pop()
-                try:
-                    cfd = os.open(sub, _DIR_FLAGS, dir_fd=fd)
-                except FileNotFoundError:
-                    continue
-                except OSError as e:
-                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
-                        raise
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(sub, dir_fd=fd)  # swapped for a link/file since the scan
-                    continue
-                os.close(fd)
-                fd = cfd
-                frames.append((_ident(os.fstat(fd)), sub, _clear_files(fd)))
-                continue
-            _, here, _ = frames.pop()
-            if not frames:
-                os.rmdir(here, dir_fd=dir_fd)
-                break
-            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
-            if _ident(os.fstat(up)) != frames[-1][0]:
-                os.close(up)
-                raise Conflict("the folder changed while it was being removed; try again")
-            os.close(fd)
-            fd = up
-            os.rmdir(here, dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------------- the store
 
 
@@ -446,7 +238,7 @@ class FolderStore:
                 if not d.is_dir() or d.is_symlink():
                     raise Conflict(f"folder storage is broken: {d.name} is not a directory") from None
                 continue
-            fd = os.open(d, _DIR_FLAGS)
+            fd = os.open(d, DIR_FLAGS)
             try:
                 self._own(fd, DIR_MODE)
             finally:
@@ -462,7 +254,7 @@ class FolderStore:
         except FileNotFoundError:
             return
         try:
-            _rmtree_at(pfd, self.root.name)
+            rmtree_at(pfd, self.root.name)
         finally:
             os.close(pfd)
 
@@ -476,7 +268,7 @@ class FolderStore:
 
     def _open_top(self, d: Path) -> int:
         try:
-            return os.open(d, _DIR_FLAGS)
+            return os.open(d, DIR_FLAGS)
         except FileNotFoundError:
             raise NotFound("the folder's storage does not exist") from None
 
@@ -513,13 +305,13 @@ class FolderStore:
                     real.pop()
                     continue
                 try:
-                    fd = os.open(name, _DIR_FLAGS, dir_fd=fds[-1])
+                    fd = os.open(name, DIR_FLAGS, dir_fd=fds[-1])
                 except FileNotFoundError:
                     if not create:
                         raise NotFound(f"{_where(rel, real, name)}does not exist") from None
                     with contextlib.suppress(FileExistsError):
                         self._mkdir_at(fds[-1], name)
-                    fd = os.open(name, _DIR_FLAGS, dir_fd=fds[-1])
+                    fd = os.open(name, DIR_FLAGS, dir_fd=fds[-1])
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
@@ -563,7 +355,7 @@ class FolderStore:
 
     def _mkdir_at(self, dir_fd: int, name: str) -> None:
         os.mkdir(name, DIR_MODE, dir_fd=dir_fd)
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)  # O_NOFOLLOW: a swapped-in link fails here
+        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)  # O_NOFOLLOW: a swapped-in link fails here
         try:
             self._own(fd, DIR_MODE)
         finally:
@@ -579,8 +371,8 @@ class FolderStore:
                 raise InvalidInput(f"{rel}: is a directory")
             fd, real = self._walk(rel, comps[:-1])
             try:
-                return _open_regular(fd, comps[-1])
-            except _NotRegular as e:
+                return open_regular(fd, comps[-1])
+            except NotRegular as e:
                 if stat.S_ISDIR(e.st.st_mode):
                     raise InvalidInput(f"{rel}: is a directory") from None
                 if not stat.S_ISLNK(e.st.st_mode):
@@ -602,7 +394,7 @@ class FolderStore:
     def _open_trash_item(self, trash_id: str) -> int:
         tfd = self._open_top(self.trash_dir)
         try:
-            return os.open(trash_id, _DIR_FLAGS, dir_fd=tfd)
+            return os.open(trash_id, DIR_FLAGS, dir_fd=tfd)
         except FileNotFoundError:
             raise NotFound(f"no trash entry {trash_id}") from None
         finally:
@@ -698,7 +490,7 @@ class FolderStore:
                 with _translate(dst):
                     if not overwrite:
                         try:
-                            _rename_noreplace(sfd, sname, dfd, dname)
+                            rename_noreplace(sfd, sname, dfd, dname)
                         except FileExistsError:
                             raise Conflict(f"{dst}: already exists") from None
                     else:
@@ -729,7 +521,7 @@ class FolderStore:
                 os.stat(name, dir_fd=pfd, follow_symlinks=False)  # NotFound before making trash/<id>
                 trash_id = uuid.uuid4().hex
                 self._mkdir_at(tfd, trash_id)
-                ifd = os.open(trash_id, _DIR_FLAGS, dir_fd=tfd)
+                ifd = os.open(trash_id, DIR_FLAGS, dir_fd=tfd)
                 try:
                     try:
                         os.rename(name, "payload", src_dir_fd=pfd, dst_dir_fd=ifd)
@@ -738,7 +530,7 @@ class FolderStore:
                         raise
                     # measured after the move: out of the session's reach, so it holds still
                     st = os.stat("payload", dir_fd=ifd, follow_symlinks=False)
-                    size, files = _tree_size(ifd, "payload")
+                    size, files = tree_size(ifd, "payload")
                     item = TrashEntry(trash_id, rel, _kind(st.st_mode), size, files, _now_iso(), by)
                     self._write_meta(ifd, item)
                 finally:
@@ -770,7 +562,7 @@ class FolderStore:
 
     def _trash_item(self, tfd: int, trash_id: str) -> TrashEntry | None:
         try:
-            ifd = os.open(trash_id, _DIR_FLAGS, dir_fd=tfd)
+            ifd = os.open(trash_id, DIR_FLAGS, dir_fd=tfd)
         except OSError:
             return None
         try:
@@ -816,7 +608,7 @@ class FolderStore:
                 pfd, _, name = self._parent(target, create=True)
                 try:
                     try:
-                        _rename_noreplace(ifd, "payload", pfd, name)
+                        rename_noreplace(ifd, "payload", pfd, name)
                     except FileExistsError:
                         raise Conflict(f"{target}: already exists; restore it elsewhere") from None
                 finally:
@@ -829,7 +621,7 @@ class FolderStore:
     def _remove_trash_item(self, trash_id: str) -> None:
         tfd = self._open_top(self.trash_dir)
         try:
-            _rmtree_at(tfd, trash_id)
+            rmtree_at(tfd, trash_id)
         finally:
             os.close(tfd)
 
@@ -869,7 +661,7 @@ class FolderStore:
         dfd = self._open_top(self.data_dir)
         size = files = 0
         try:
-            for _, _, _, st in _iter_tree(dfd):
+            for _, _, _, st in iter_tree(dfd):
                 if stat.S_ISREG(st.st_mode):
                     size += st.st_size
                     files += 1
@@ -880,11 +672,11 @@ class FolderStore:
         try:
             for n in self._trash_ids(tfd):
                 try:
-                    ifd = os.open(n, _DIR_FLAGS, dir_fd=tfd)
+                    ifd = os.open(n, DIR_FLAGS, dir_fd=tfd)
                 except OSError:
                     continue
                 try:
-                    s, f = _tree_size(ifd, "payload")
+                    s, f = tree_size(ifd, "payload")
                 except FileNotFoundError:
                     continue
                 finally:
@@ -981,7 +773,7 @@ class FolderStore:
                             os.rename(upload_id, name, src_dir_fd=ufd, dst_dir_fd=pfd)
                         else:
                             try:
-                                _rename_noreplace(ufd, upload_id, pfd, name)
+                                rename_noreplace(ufd, upload_id, pfd, name)
                             except FileExistsError:
                                 raise Conflict(f"{rel}: already exists") from None
                         return _entry(name, rel, os.stat(name, dir_fd=pfd, follow_symlinks=False))
@@ -1068,7 +860,7 @@ def iter_tar(
     try:
         if base:
             yield from put(header(base, os.fstat(top_fd), tarfile.DIRTYPE, 0))
-        for dir_fd, path, name, st in _iter_tree(top_fd):
+        for dir_fd, path, name, st in iter_tree(top_fd):
             member = _join(base, path)
             if stat.S_ISDIR(st.st_mode):
                 yield from put(header(member, st, tarfile.DIRTYPE, 0))
@@ -1076,8 +868,8 @@ def iter_tar(
             if not stat.S_ISREG(st.st_mode):
                 continue
             try:
-                fd, fst = _open_regular(dir_fd, name)
-            except (_NotRegular, FileNotFoundError, PermissionError):
+                fd, fst = open_regular(dir_fd, name)
+            except (NotRegular, FileNotFoundError, PermissionError):
                 continue
             try:
                 size = fst.st_size

@@ -1,9 +1,9 @@
 """How much each folder holds on disk: rescans, and the per-folder locks that keep them right.
 
 A rescan measures a folder (in a thread) and records its usage; an upload turns its reservation
-into usage. One lock per folder, held by a rescan from measuring to recording and by an upload
-while it finishes: a measurement taken before an upload landed can then never overwrite the
-usage that upload added. (One service process holds the locks.)
+into usage (hub_ext.storage.uploads.finish). One lock per folder, held by a rescan from measuring
+to recording and by an upload while it finishes: a measurement taken before an upload landed can
+then never overwrite the usage that upload added. (One service process holds the locks.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hub_ext.core import db as lfdb
 from hub_ext.core.errors import LabfleetError
 from hub_ext.core.models import FINAL_STATUSES, ComputeSession, VFolder
-from hub_ext.storage import folders
+from hub_ext.storage import folders, uploads
 from hub_ext.storage import quota as vfquota
 
 
@@ -77,10 +77,8 @@ class FolderUsage:
     async def housekeeping(self) -> None:
         """Expire idle uploads, purge old trash, rescan every folder."""
         with lfdb.session_scope(self.session_factory) as db:
-            for up in vfquota.expired_uploads(db, self.upload_expiry):
-                folders.store_of(db.get(VFolder, up.vfolder_id)).upload_abort(up.id)
-                db.delete(up)
-                self.log.info("Cancelled idle upload %s", up.id)
+            for upload_id in uploads.expire(db, self.upload_expiry):
+                self.log.info("Cancelled idle upload %s", upload_id)
             ids = [(v.id, folders.store_of(v)) for v in db.scalars(select(VFolder))]
         for folder_id, store in ids:
             if self.trash_retention:

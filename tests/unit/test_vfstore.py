@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hub_ext.core.errors import Conflict, InvalidInput, NotFound
+from hub_ext.storage import fdops
 from hub_ext.storage import store as vfstore
 from hub_ext.storage.store import FolderStore, check_relpath, iter_tar
 
@@ -828,7 +829,7 @@ def test_restore_through_outside_link_is_refused(store: FolderStore, outside: Pa
 def test_open_read_without_proc_fallback(
     store: FolderStore, outside: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vfstore, "_PROC_FD", "/nonexistent-proc")
+    monkeypatch.setattr(fdops, "PROC_FD", "/nonexistent-proc")
     write(store, "a.txt", "A")
     os.symlink("a.txt", store.data_dir / "in")
     os.symlink(outside / "secret.txt", store.data_dir / "out")

@@ -1,0 +1,89 @@
+"""A folder's files through the API: who may do what to them (hub_ext.storage.folders.open_files
+decides), the store call that does it, and the views of entries.
+
+Reading needs ``ro`` on the folder's files, creating and moving ``rw``, whatever removes or
+replaces ``wd``; a download (a file, or a directory as tar) needs the ``download-file`` right
+on the storage host too.  Purging the trash is for those who manage the folder.  Uploads are
+hub_ext.storage.uploads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from sqlalchemy.orm import Session
+
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import Forbidden
+from hub_ext.storage import folders, hosts
+from hub_ext.storage.store import Entry, FolderStore, TrashEntry, check_relpath
+
+
+def entry_view(e: Entry) -> dict[str, Any]:
+    return {"name": e.name, "path": e.path, "type": e.type, "size": e.size, "mtime": e.mtime}
+
+
+def trash_view(t: TrashEntry) -> dict[str, Any]:
+    return t._asdict()
+
+
+class Download(NamedTuple):
+    """What a GET of a path sends: a directory's ``listing``, a ``file`` or a ``tar`` of a directory."""
+
+    store: FolderStore
+    rel: str
+    kind: str
+    name: str  # a tar's top member (the directory's name, the folder's for its root)
+
+
+def download(db: Session, actor: Actor, folder_id: str, rel: str, *, archive: bool) -> Download:
+    """What reading ``rel`` (normalised) gives the actor; a file or a tar needs ``download-file``."""
+    v, store = folders.open_files(db, actor, folder_id, "ro")
+    entry = store.stat(rel) if rel else None
+    is_dir = entry is None or entry.type == "dir"
+    if archive or not is_dir:
+        hosts.need_right(folders.host_rights(db, actor, v), "download-file", v.host)
+    if not is_dir:
+        return Download(store, rel, "file", v.name)
+    name = (entry.name if entry else v.name) or v.name
+    return Download(store, rel, "tar" if archive else "listing", name)
+
+
+def listing(d: Download) -> dict[str, Any]:
+    return {"path": d.rel, "entries": [entry_view(e) for e in d.store.list_dir(d.rel)]}
+
+
+def mkdir(db: Session, actor: Actor, folder_id: str, path: str, *, parents: bool) -> Entry:
+    _, store = folders.open_files(db, actor, folder_id, "rw")
+    return store.mkdir(check_relpath(path, allow_root=False), parents=parents)
+
+
+def move(db: Session, actor: Actor, folder_id: str, src: str, dst: str, *, overwrite: bool) -> Entry:
+    """Rename inside the folder; replacing what is at ``dst`` needs ``wd``."""
+    _, store = folders.open_files(db, actor, folder_id, "wd" if overwrite else "rw")
+    return store.move(src, dst, overwrite=overwrite)
+
+
+def trash(db: Session, actor: Actor, folder_id: str, path: str) -> TrashEntry:
+    """Move an entry to the folder's trash (it still counts against the limits until purged)."""
+    _, store = folders.open_files(db, actor, folder_id, "wd")
+    return store.trash(check_relpath(path, allow_root=False), by=actor.name)
+
+
+def list_trash(db: Session, actor: Actor, folder_id: str) -> list[TrashEntry]:
+    _, store = folders.open_files(db, actor, folder_id, "ro")
+    return store.list_trash()
+
+
+def restore(db: Session, actor: Actor, folder_id: str, trash_id: str, *, to: str | None) -> str:
+    """Put a trashed entry back (at its old path, or ``to``); returns where."""
+    _, store = folders.open_files(db, actor, folder_id, "wd")
+    return store.restore(trash_id, to=to)
+
+
+def purge(db: Session, actor: Actor, folder_id: str, trash_id: str) -> None:
+    """Delete a trash entry for good: the owner's or an admin's call, shared or not."""
+    v, acc = folders.readable(db, actor, folder_id)
+    if not acc.manage:
+        raise Forbidden(f"only the owner or an admin can purge vfolder {v.name}'s trash")
+    folders.store_of(v).purge(trash_id)
