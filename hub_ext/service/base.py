@@ -1,5 +1,10 @@
 """The service's base handler: who is asking (Hub token, Hub OAuth cookie, keypair
-signature, or the Hub itself), rate limits, JSON in and out, errors as JSON."""
+signature, or the Hub itself), rate limits, replayed signatures, JSON in and out, errors as JSON.
+
+Any LabfleetError raised in an APIHandler (prepare, a handler method, query parsing) answers
+as JSON with its status and message, and is not logged as an exception.  Nothing here logs a
+query string: it may carry a token (``?token=...``).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,12 @@ import hmac
 import json
 from dataclasses import replace
 from datetime import datetime, timezone
+from types import TracebackType
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
+from tornado.httputil import HTTPServerRequest
 
 from hub_ext.core import signing
 from hub_ext.core.authz import Actor
@@ -21,9 +28,60 @@ from hub_ext.tenancy import keypairs
 from hub_ext.tenancy.directory import actor_for, get_user
 
 MAX_BODY = 1 << 20  # JSON bodies; file uploads (vfolders) have their own streaming handlers
+MAX_JSON_DEPTH = 64  # nesting levels of a JSON body; no API body needs more than a few
 
 
-class BaseHandler(HubOAuthenticated, web.RequestHandler):
+def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when ``value`` nests lists and objects more than ``limit`` levels deep
+    (the value itself is level 1). Iterative, so any depth is safe to measure."""
+    if not isinstance(value, (dict, list)):
+        return False
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+class PathOnlyLogs:
+    """tornado's exception logs with the request's path only: its own ones show the URI and
+    ``%r`` of the request, query string included, and a query string may carry a token.
+    Mix it in before the tornado handler class (any handler of this app may use it)."""
+
+    request: HTTPServerRequest
+
+    @property
+    def log(self):
+        return self.settings["labfleet"].log  # type: ignore[attr-defined]
+
+    def _request_summary(self) -> str:
+        # tornado's says request.uri: the query string may carry a token.
+        return f"{self.request.method} {self.request.path} ({self.request.remote_ip})"
+
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """tornado's, with the path only; a LabfleetError is an answer, not something to log."""
+        if isinstance(value, LabfleetError):
+            return  # answered as JSON with its status; the request log has its line
+        if isinstance(value, web.HTTPError):
+            if value.log_message:
+                self.log.warning(
+                    "%d %s: " + value.log_message, value.status_code, self._request_summary(), *value.args
+                )
+            return
+        self.log.error("Uncaught exception %s", self._request_summary(), exc_info=(typ, value, tb))
+
+
+class BaseHandler(PathOnlyLogs, HubOAuthenticated, web.RequestHandler):
+    _hub_auth_user_cache: dict | None  # set once resolved (absent before)
+
     async def prepare(self) -> None:
         await self.resolve_hub_user()
 
@@ -50,13 +108,25 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         """The LabfleetService application object (settings, session factory, limiter, hub sync)."""
         return self.settings["labfleet"]
 
-    @property
-    def log(self):
-        return self.lf.log
+    # ------------------------------------------------------------ methods
+
+    def allowed_methods(self) -> list[str]:
+        """The HTTP methods this handler class implements (for 405 answers' Allow header)."""
+        cls = type(self)
+        return [
+            m
+            for m in self.SUPPORTED_METHODS
+            if getattr(cls, m.lower(), None) is not getattr(web.RequestHandler, m.lower(), None)
+        ]
+
+    def check_method(self) -> None:
+        """405 (with Allow) for a method this route does not have, before anything else."""
+        if self.request.method not in self.allowed_methods():
+            raise web.HTTPError(405)
 
 
 class NotFoundHandler(BaseHandler):
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_status(404)
         self.finish(json.dumps({"status": 404, "message": f"no such endpoint: {self.request.path}"}))
@@ -69,18 +139,20 @@ class APIHandler(BaseHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
+        if self.rate is not None:  # an error answer (clear()) keeps the rate limit headers
+            for k, v in self.rate.headers().items():
+                self.set_header(k, v)
 
     # ------------------------------------------------------------ authentication
 
     body: Any = None
 
     async def prepare(self) -> None:
-        try:
-            self.actor = await self.authenticate()
-            if self.request.method in ("POST", "PATCH", "PUT"):
-                self.body = self.json_body()
-        except LabfleetError as e:
-            self.send_error_json(e.status, e.message)
+        # A LabfleetError raised here answers as JSON (_handle_request_exception).
+        self.check_method()
+        self.actor = await self.authenticate()
+        if self.request.method in ("POST", "PATCH", "PUT"):
+            self.body = self.json_body()
 
     async def authenticate(self) -> Actor:
         header = self.request.headers.get("Authorization", "")
@@ -115,6 +187,7 @@ class APIHandler(BaseHandler):
             raise Unauthorized(f"malformed {signing.SCHEME} Authorization header")
         access_key, signature = parsed
         date = self.request.headers.get(signing.DATE_HEADER, "")
+        nonce = self.request.headers.get(signing.NONCE_HEADER)  # None: not sent
         with self.db() as db:
             kp = keypairs.find_active(db, access_key)
             if kp is None:
@@ -125,15 +198,35 @@ class APIHandler(BaseHandler):
                 self.log.error("Cannot check a signed request: %s", e)
                 raise Unauthorized("the service cannot check signatures right now") from None
             problem = signing.check_signature(
-                secret, self.request.method, self.request.uri, date, self.request.body or b"", signature
+                secret,
+                self.request.method or "",
+                self.request.uri or "",
+                date,
+                self.request.body or b"",
+                signature,
+                nonce=nonce,
             )
             if problem:
                 self.log.warning("Refused signed request for %s from %s: %s", access_key, remote, problem)
                 raise Unauthorized(problem)
             self._rate_limit(kp.access_key, kp.rate_limit)
+            if nonce is not None:
+                try:
+                    self.nonces.use(kp.access_key, nonce, signing.parse_date(date) or 0.0)
+                except LabfleetError as e:
+                    self.log.warning("Refused signed request for %s from %s: %s", access_key, remote, e)
+                    raise
             kp.last_used = datetime.now(timezone.utc)
             # Sessions started with this signature are charged to this keypair and its policy.
             return replace(actor_for(kp.user, remote), keypair=kp.access_key)
+
+    @property
+    def nonces(self) -> signing.NonceCache:
+        """The nonces of signed requests seen in the last 15 minutes (one memory per service)."""
+        cache = getattr(self.lf, "nonces", None)
+        if cache is None:
+            cache = self.lf.nonces = signing.NonceCache()
+        return cache
 
     def _rate_limit(self, key: str, limit: int) -> None:
         self.rate = self.lf.limiter.hit(key, limit)
@@ -156,10 +249,16 @@ class APIHandler(BaseHandler):
             raise InvalidInput(f"request body is larger than {MAX_BODY} bytes")
         if not body.strip():
             return {}
+        too_deep = f"request body is nested too deeply: at most {MAX_JSON_DEPTH} levels of lists and objects"
         try:
-            return json.loads(body)
+            value = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise InvalidInput(f"request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise InvalidInput(too_deep) from None
+        if json_too_deep(value):
+            raise InvalidInput(too_deep)
+        return value
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -173,11 +272,36 @@ class APIHandler(BaseHandler):
         self.set_status(status)
         self.finish(json.dumps({"status": status, "message": message}))
 
+    def _handle_request_exception(self, e: BaseException) -> None:
+        """A LabfleetError from anywhere in the handler answers as JSON with its status and
+        message, without a traceback in the log; anything else goes tornado's way."""
+        if not isinstance(e, LabfleetError):
+            super()._handle_request_exception(e)
+        elif self._finished:
+            return
+        elif self._headers_written:  # too late for a status: end the answer, say why in the log
+            self.log.warning("%s: %s, after the answer had started", self._request_summary(), e.message)
+            try:
+                self.finish()
+            except Exception:
+                self.log.warning("Could not end a partial answer", exc_info=True)
+        else:
+            self.clear()  # drop a half-built answer; default and rate limit headers stay
+            self.send_error_json(e.status, e.message)
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message = self._reason
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, web.HTTPError) and exc.log_message:
+        if isinstance(exc, LabfleetError):
+            self.set_status(exc.status)
+            status_code, message = exc.status, exc.message
+        elif isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
+            message = (
+                f"{self.request.method} is not allowed here; allowed: {', '.join(self.allowed_methods())}"
+            )
         self.finish(json.dumps({"status": status_code, "message": message}))
 
     async def run(self, fn, *args, status: int = 200, after_commit=None):
@@ -202,9 +326,15 @@ class APIHandler(BaseHandler):
         self.write_json(result, status)
 
     def query_arg(self, name: str) -> str | None:
-        value = self.get_query_argument(name, None)
-        if value is not None and (len(value) > 255 or "\x00" in value):
-            raise InvalidInput(f"query argument {name} is not acceptable")
+        """A query argument, None when absent; InvalidInput (400) when it is not acceptable."""
+        try:
+            value = self.get_query_argument(name, None)
+        except web.HTTPError:  # not UTF-8
+            raise InvalidInput(f"query argument {name} is not valid UTF-8") from None
+        if value is not None and len(value) > 255:
+            raise InvalidInput(f"query argument {name} is too long (at most 255 characters)")
+        if value is not None and "\x00" in value:
+            raise InvalidInput(f"query argument {name} must not contain NUL characters")
         return value
 
 
