@@ -4,12 +4,15 @@ alice logs in on the Hub's login page, starts a session with 0.5 of a mock GPU f
 the Fleet sidebar in JupyterLab and sees her session's resources and the quota bars, opens a mounted folder
 in the file browser, creates a folder, starts a second session from the sidebar (with the new folder, which
 its own file browser then shows) and stops it, opens TensorBoard from the Apps list, and reads the status
-bar. Screenshots of the sidebar (light and dark themes) go to test-artifacts/browser/.
+bar, which opens the Fleet panel when clicked (or with Enter or Space). The new-session and new-folder
+forms fit the panel at its default width (no input or select runs past it, no text under a select's
+arrow). Screenshots of the sidebar and the forms (light and dark themes) go to test-artifacts/browser/.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -113,6 +116,82 @@ def expand(page, section: str):
     page.wait_for_selector(f"{tid(f'lf-section-{section}')}.lf-open", timeout=WAIT_MS)
 
 
+# Every text input and select of a form, measured in the page: each lies within the panel (its right
+# edge at most the panel's content edge, a scrollbar left out), its content does not overflow it
+# (scrollWidth), its text (a select's choice, an input's value and placeholder) fits between its
+# paddings, or for a select ends in an ellipsis, and a select's arrow sits in its right padding, clear
+# of the text. Returns the problems found, in words.
+FITS_JS = """
+([form, panel]) => {
+  const px = v => parseFloat(v) || 0;
+  const pr = panel.getBoundingClientRect();
+  const panelRight = pr.left + panel.clientLeft + panel.clientWidth;
+  const ctx = document.createElement('canvas').getContext('2d');
+  const problems = [];
+  const fr = form.getBoundingClientRect();
+  if (fr.right > panelRight + 0.5) {
+    problems.push(`the form's right edge ${fr.right} is past the panel's ${panelRight}`);
+  }
+  const fields = form.querySelectorAll('input:not([type=checkbox]):not([type=hidden]), select');
+  if (!fields.length) {
+    problems.push('no input or select in the form');
+  }
+  for (const el of fields) {
+    const name = el.dataset.testid || el.id || el.tagName;
+    const r = el.getBoundingClientRect();
+    const cs = getComputedStyle(el);
+    if (r.width < 40) {
+      problems.push(`${name}: only ${r.width}px wide`);
+    }
+    if (r.right > panelRight + 0.5 || r.right > fr.right + 0.5 || r.left < pr.left) {
+      problems.push(`${name}: ${r.left}..${r.right} is not within the panel (${pr.left}..${panelRight})`);
+    }
+    if (el.scrollWidth > el.clientWidth + 1) {
+      problems.push(`${name}: scrollWidth ${el.scrollWidth} > clientWidth ${el.clientWidth}`);
+    }
+    ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    const room = el.clientWidth - px(cs.paddingLeft) - px(cs.paddingRight);
+    const texts = el.tagName === 'SELECT'
+      ? [el.selectedOptions[0] ? el.selectedOptions[0].text : '']
+      : [el.value, el.placeholder];
+    for (const text of texts.filter(Boolean)) {
+      const w = ctx.measureText(text).width;
+      const ellipsis = el.tagName === 'SELECT' && cs.textOverflow === 'ellipsis' && cs.overflowX !== 'visible';
+      if (w > room + 1 && !ellipsis) {
+        problems.push(`${name}: "${text}" needs ${w.toFixed(1)}px, has ${room}px`);
+      }
+    }
+    if (el.tagName === 'SELECT') {
+      const arrow = el.parentElement.querySelector('svg');
+      const ar = arrow ? arrow.getBoundingClientRect() : null;
+      const textRight = r.left + el.clientLeft + el.clientWidth - px(cs.paddingRight);
+      if (!ar || ar.right > r.right + 0.5 || ar.left < textRight - 0.5) {
+        problems.push(`${name}: the arrow (${ar && ar.left}..${ar && ar.right}) is not in the select's right padding (${textRight}..${r.right})`);
+      }
+    }
+  }
+  return problems;
+}
+"""
+
+
+def assert_fits(page, form_selector: str):
+    form = page.locator(form_selector)
+    form.wait_for(timeout=WAIT_MS)
+    problems = page.evaluate(
+        FITS_JS, [form.element_handle(), page.locator("#labfleet-sidebar").element_handle()]
+    )
+    assert problems == [], f"{form_selector} does not fit the panel: {problems}"
+
+
+def fleet_panel_closed(page):
+    """Collapse the left area if the Fleet panel is open there (a click on its tab toggles it)."""
+    tab = page.locator('li[data-id="labfleet-sidebar"]')
+    if "lm-mod-current" in (tab.get_attribute("class") or ""):
+        tab.click()
+    page.locator("#labfleet-sidebar").wait_for(state="hidden", timeout=WAIT_MS)
+
+
 def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     from playwright.sync_api import expect
 
@@ -158,8 +237,12 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     expect(page.locator(".jp-DirListing-content")).to_contain_text("readme.txt")
     expect(page.locator(".jp-FileBrowser .jp-BreadCrumbs")).to_contain_text("data")
     open_fleet(page)
-    # A new folder appears in the list.
+    # The new-folder form fits the panel at its default width; a new folder appears in the list.
     page.locator(tid("lf-folder-create-toggle")).click()
+    assert_fits(page, tid("lf-folder-create"))
+    page.locator(tid("lf-folder-create")).scroll_into_view_if_needed()
+    shot(page, "form-new-folder-light", page.locator(tid("lf-folder-create")))
+    shot(page, "sidebar-new-folder-light", sidebar)
     page.fill(tid("lf-folder-create-name"), "results")
     page.locator(tid("lf-folder-create-submit")).click()
     expect(page.locator(tid("lf-folder-results"))).to_be_visible()
@@ -169,11 +252,16 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     expand(page, "sessions")
     expect(page.locator(tid("lf-session-work"))).to_have_attribute("data-status", "RUNNING")
     page.locator(tid("lf-new-session-toggle")).click()
+    expect(page.locator(tid("lf-ns-image"))).to_be_visible()  # the choices are loaded
+    assert_fits(page, tid("lf-new-session-form"))
     page.fill(tid("lf-ns-name"), "second")
     page.select_option(tid("lf-ns-project"), "acme/ml")
     page.fill(tid("lf-ns-gpu"), "0.25")
     page.locator(tid("lf-ns-vfolder-results")).check()
     expect(page.locator(tid("lf-ns-cost"))).to_contain_text("0.25")
+    assert_fits(page, tid("lf-new-session-form"))
+    page.locator(tid("lf-new-session-form")).scroll_into_view_if_needed()
+    shot(page, "form-new-session-light", page.locator(tid("lf-new-session-form")))
     shot(page, "sidebar-new-session-light", sidebar)
     page.locator(tid("lf-ns-submit")).click()
     second = page.locator(tid("lf-session-second"))
@@ -212,6 +300,25 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     status = page.locator(tid("lf-statusbar"))
     expect(status).to_contain_text("GPU")
     assert "A100" in (status.get_attribute("title") or "")
+    # The whole item is a button that opens the Fleet panel: a click anywhere on it (here its corner,
+    # outside the text), Enter and Space.
+    item = page.locator(".jp-StatusBar-Item.lf-statusbar")
+    expect(item).to_have_attribute("role", "button")
+    expect(item).to_have_attribute("tabindex", "0")
+    expect(item).to_have_attribute("aria-label", re.compile(r"Open the Fleet panel.*GPU"))
+    fleet = page.locator("#labfleet-sidebar")
+    fleet_panel_closed(page)
+    item.click(position={"x": 2, "y": 2})
+    expect(fleet).to_be_visible()
+    expect(page.locator('li[data-id="labfleet-sidebar"]')).to_have_class(re.compile("lm-mod-current"))
+    shot(page, "lab-statusbar-opened-fleet-light")
+    for key in ("Enter", "Space"):
+        fleet_panel_closed(page)
+        item.focus()
+        page.keyboard.press(key)
+        expect(fleet).to_be_visible()
+        # focus moves into the panel, so that Tab goes on through its controls
+        assert page.evaluate("document.querySelector('#labfleet-sidebar').contains(document.activeElement)")
 
     # The dark theme: the sidebar follows JupyterLab's variables.
     page.keyboard.press("Control+Shift+C")  # the command palette
@@ -221,6 +328,30 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     time.sleep(0.5)  # the theme's stylesheet applies after the attribute changes
     shot(page, "sidebar-dark", sidebar)
     shot(page, "lab-dark")
+    # Both forms in the dark theme: they fit as well.
+    expand(page, "sessions")
+    page.locator(tid("lf-new-session-toggle")).click()
+    expect(page.locator(tid("lf-ns-image"))).to_be_visible()
+    assert_fits(page, tid("lf-new-session-form"))
+    page.locator(tid("lf-new-session-form")).scroll_into_view_if_needed()
+    shot(page, "form-new-session-dark", page.locator(tid("lf-new-session-form")))
+    page.locator(tid("lf-new-session-form")).get_by_role("button", name="Cancel").click()
+    expect(page.locator(tid("lf-new-session-form"))).to_have_count(0)
+    expand(page, "folders")
+    page.locator(tid("lf-folder-create-toggle")).click()
+    assert_fits(page, tid("lf-folder-create"))
+    page.locator(tid("lf-folder-create")).scroll_into_view_if_needed()
+    shot(page, "form-new-folder-dark", page.locator(tid("lf-folder-create")))
+    shot(page, "sidebar-new-folder-dark", sidebar)
+    page.locator(tid("lf-folder-create-toggle")).click()
+    # The status bar item with the keyboard focus on it, then the panel it opened.
+    fleet_panel_closed(page)
+    page.keyboard.press("Shift")  # a key first: the focus ring shows as after Tab, not as after a click
+    item.focus()
+    shot(page, "statusbar-focused-dark", page.locator(".jp-StatusBar-Widget"))
+    page.keyboard.press("Enter")
+    expect(fleet).to_be_visible()
+    shot(page, "lab-statusbar-opened-fleet-dark")
 
     # The notebook widgets, rendered by Voila inside the session with the real service.
     home = hub.state / "homes" / "alice"

@@ -27,6 +27,7 @@ import type { ISessionSummary } from './types';
 const PLUGIN_ID = '@labfleet/labextension:plugin';
 
 export namespace CommandIDs {
+  /** Open (activate) the Fleet panel; the status bar item runs it. */
   export const show = 'labfleet:show';
   export const newSession = 'labfleet:new-session';
   export const stopThis = 'labfleet:stop-this-session';
@@ -112,7 +113,8 @@ function activate(
   let showStatus = true;
   const statusChanged = new Signal<FleetStore, void>(store);
   if (statusBar) {
-    usage = new UsageStatus(api, intervalMs, () => app.shell.activateById(sidebar.id));
+    // A click, Enter or Space on the item opens the Fleet panel (the same command as the palette's).
+    usage = new UsageStatus(api, intervalMs, () => void app.commands.execute(CommandIDs.show));
     statusBar.registerStatusItem('@labfleet/labextension:usage', {
       item: usage,
       align: 'left',

@@ -105,6 +105,9 @@ export class FleetSidebar extends ReactWidget {
     this.addClass('lf-sidebar');
     this.title.icon = fleetIcon;
     this.title.caption = 'Fleet: this session, quotas, sessions, folders, apps';
+    // Focusable (not in the tab order) so that opening the panel from the keyboard (status
+    // bar item, command palette) puts focus into it.
+    this.node.tabIndex = -1;
     store.changed.connect(() => this.update(), this);
     this._poll = new Poll({
       factory: () => store.refresh(),
@@ -132,6 +135,13 @@ export class FleetSidebar extends ReactWidget {
     }
     this._poll.dispose();
     super.dispose();
+  }
+
+  protected onActivateRequest(msg: Message): void {
+    super.onActivateRequest(msg);
+    if (this.isAttached && !this.node.contains(document.activeElement)) {
+      this.node.focus();
+    }
   }
 
   protected onAfterShow(msg: Message): void {

@@ -1,4 +1,7 @@
-/** The status bar item: this session's GPU, CPU and memory use, with a tooltip per device. */
+/**
+ * The status bar item: this session's GPU, CPU and memory use, with a tooltip per device.
+ * The whole item is one button (mouse, Enter, Space) that opens the Fleet panel.
+ */
 import { ReactWidget } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 import * as React from 'react';
@@ -9,11 +12,25 @@ import { quotaLevel, usageSummary, usageTooltip } from './model';
 import type { IUsage } from './types';
 
 export class UsageStatus extends ReactWidget {
-  constructor(api: FleetAPI, intervalMs: number, onClick: () => void) {
+  /**
+   * @param onActivate what a click, Enter or Space on the item does (index.ts: run the
+   *   command that opens the Fleet panel).
+   */
+  constructor(api: FleetAPI, intervalMs: number, onActivate: () => void) {
     super();
     this._api = api;
-    this._onClick = onClick;
+    this._onActivate = onActivate;
+    // jp-mod-highlighted: the status bar's own hover look for items that do something.
     this.addClass('lf-statusbar');
+    this.addClass('jp-mod-highlighted');
+    // The widget's node (the status bar's whole item, padding included) is the button, so a
+    // click anywhere on the item counts, not only on its text.
+    const node = this.node;
+    node.tabIndex = 0;
+    node.setAttribute('role', 'button');
+    node.setAttribute('aria-label', UsageStatus.ariaLabel(null, null));
+    node.addEventListener('click', this._onClick);
+    node.addEventListener('keydown', this._onKeyDown);
     this._poll = new Poll({
       factory: () => this._load(),
       frequency: { interval: intervalMs, backoff: true, max: 10 * intervalMs },
@@ -21,6 +38,16 @@ export class UsageStatus extends ReactWidget {
       standby: 'when-hidden'
     });
     void this._poll.refresh();
+  }
+
+  /** What a screen reader says for the item: what it does, then what it shows. */
+  static ariaLabel(usage: IUsage | null, error: string | null): string {
+    const what = error
+      ? `usage unavailable: ${error}`
+      : usage
+        ? `usage ${usageSummary(usage)}`
+        : 'no usage yet';
+    return `Open the Fleet panel (labfleet ${what})`;
   }
 
   set intervalMs(ms: number) {
@@ -31,6 +58,8 @@ export class UsageStatus extends ReactWidget {
     if (this.isDisposed) {
       return;
     }
+    this.node.removeEventListener('click', this._onClick);
+    this.node.removeEventListener('keydown', this._onKeyDown);
     this._poll.dispose();
     super.dispose();
   }
@@ -38,6 +67,7 @@ export class UsageStatus extends ReactWidget {
   protected render(): JSX.Element {
     const u = this._usage;
     const tooltip = this._error ? `labfleet usage: ${this._error}` : usageTooltip(u);
+    this.node.setAttribute('aria-label', UsageStatus.ariaLabel(u, this._error));
     // The busiest device's memory decides the colour: a session near its share's limit
     // is about to be stopped by the framework's allocator.
     const level = (u?.gpus ?? []).reduce<string>((worst, g) => {
@@ -50,7 +80,6 @@ export class UsageStatus extends ReactWidget {
         className={`lf-statusbar-item lf-level-text lf-level-${this._error ? 'none' : level}`}
         data-testid="lf-statusbar"
         title={tooltip}
-        onClick={this._onClick}
       >
         <fleetIcon.react tag="span" className="lf-statusbar-icon" />
         <span>{this._error ? 'labfleet: –' : usageSummary(u)}</span>
@@ -68,8 +97,27 @@ export class UsageStatus extends ReactWidget {
     this.update();
   }
 
+  private _onClick = (event: MouseEvent): void => {
+    if (event.button !== 0) {
+      return;
+    }
+    this._onActivate();
+  };
+
+  private _onKeyDown = (event: KeyboardEvent): void => {
+    if (event.target !== this.node || event.altKey || event.ctrlKey || event.metaKey) {
+      return;
+    }
+    if (event.key === 'Enter' || event.key === ' ' || event.key === 'Spacebar') {
+      // Space would scroll the page; neither key should reach JupyterLab's shortcuts.
+      event.preventDefault();
+      event.stopPropagation();
+      this._onActivate();
+    }
+  };
+
   private _api: FleetAPI;
-  private _onClick: () => void;
+  private _onActivate: () => void;
   private _poll: Poll;
   private _usage: IUsage | null = null;
   private _error: string | null = null;

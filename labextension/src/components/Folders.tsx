@@ -3,7 +3,7 @@
  * create one, share one (an invitation with a permission), answer invitations, and open the
  * mounted ones in the file browser.
  */
-import { Button, HTMLSelect, InputGroup } from '@jupyterlab/ui-components';
+import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import {
@@ -16,7 +16,7 @@ import {
 } from '../model';
 import type { FleetStore } from '../store';
 import { PERMISSIONS, USAGE_MODES, type IFolder, type IInvitation } from '../types';
-import { Bar, Empty, ErrorNote, Field } from './common';
+import { Bar, Empty, ErrorNote, Field, Select } from './common';
 
 /** Runs an action, keeping its error (in words) and a busy flag for the button. */
 function useAction(): [
@@ -74,7 +74,7 @@ function ShareForm(props: {
         />
       </Field>
       <Field label="Permission" htmlFor={`lf-share-permission-${props.folder.id}`}>
-        <HTMLSelect
+        <Select
           id={`lf-share-permission-${props.folder.id}`}
           data-testid="lf-share-permission"
           value={permission}
@@ -234,18 +234,23 @@ function CreateFolderForm(props: {
   };
   return (
     <form className="lf-form" data-testid="lf-folder-create" onSubmit={submit}>
-      <Field label="Folder name" htmlFor="lf-folder-create-name">
+      <Field
+        label="Folder name"
+        htmlFor="lf-folder-create-name"
+        help="A name that starts with . is mounted in every session."
+      >
         <InputGroup
           id="lf-folder-create-name"
           data-testid="lf-folder-create-name"
           value={name}
-          placeholder="e.g. datasets (a leading . mounts it always)"
+          placeholder="e.g. datasets"
+          aria-describedby="lf-folder-create-name-help"
           onChange={e => setName(e.currentTarget.value)}
         />
       </Field>
       <div className="lf-field-row">
-        <Field label="Storage host" htmlFor="lf-folder-create-host">
-          <HTMLSelect
+        <Field label="Storage host" htmlFor="lf-folder-create-host" wide>
+          <Select
             id="lf-folder-create-host"
             data-testid="lf-folder-create-host"
             value={host}
@@ -256,8 +261,8 @@ function CreateFolderForm(props: {
             ]}
           />
         </Field>
-        <Field label="Use" htmlFor="lf-folder-create-mode">
-          <HTMLSelect
+        <Field label="Use" htmlFor="lf-folder-create-mode" wide>
+          <Select
             id="lf-folder-create-mode"
             data-testid="lf-folder-create-mode"
             value={mode}
@@ -265,12 +270,13 @@ function CreateFolderForm(props: {
             options={[...USAGE_MODES]}
           />
         </Field>
-        <Field label="Size limit" htmlFor="lf-folder-create-max">
+        <Field label="Size limit" htmlFor="lf-folder-create-max" wide>
           <InputGroup
             id="lf-folder-create-max"
             data-testid="lf-folder-create-max"
             value={maxSize}
-            placeholder="none"
+            placeholder="none, or e.g. 10g"
+            title="Empty: no limit.  A size such as 500m, 10g or 1t."
             onChange={e => setMaxSize(e.currentTarget.value)}
           />
         </Field>

@@ -2,7 +2,7 @@
  * The "New session" form: choices come from the service's launch options (only what the
  * user may use), and the cost of the choice against the quota left shows before it is sent.
  */
-import { Button, HTMLSelect, InputGroup } from '@jupyterlab/ui-components';
+import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import {
@@ -18,7 +18,7 @@ import {
 } from '../model';
 import type { FleetStore } from '../store';
 import { SESSION_TYPES, type ILaunchOptions, type ISpawnOptions, type SessionType } from '../types';
-import { Empty, ErrorNote, Field } from './common';
+import { Empty, ErrorNote, Field, Select } from './common';
 
 interface IFormState {
   name: string;
@@ -198,7 +198,7 @@ export function NewSessionForm(props: {
         />
       </Field>
       <Field label="Project" htmlFor="lf-ns-project">
-        <HTMLSelect
+        <Select
           id="lf-ns-project"
           data-testid="lf-ns-project"
           value={state.project}
@@ -207,7 +207,7 @@ export function NewSessionForm(props: {
         />
       </Field>
       <Field label="Image" htmlFor="lf-ns-image">
-        <HTMLSelect
+        <Select
           id="lf-ns-image"
           data-testid="lf-ns-image"
           value={state.image}
@@ -218,7 +218,7 @@ export function NewSessionForm(props: {
         />
       </Field>
       <Field label="Resource group" htmlFor="lf-ns-group">
-        <HTMLSelect
+        <Select
           id="lf-ns-group"
           data-testid="lf-ns-group"
           value={state.group}
@@ -262,7 +262,7 @@ export function NewSessionForm(props: {
         </Field>
       </div>
       <Field label="Type" htmlFor="lf-ns-type">
-        <HTMLSelect
+        <Select
           id="lf-ns-type"
           data-testid="lf-ns-type"
           value={state.type}

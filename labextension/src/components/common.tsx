@@ -1,5 +1,11 @@
 /** Small building blocks of the sidebar: collapsible sections, usage bars, error notes. */
-import { caretDownIcon, caretRightIcon } from '@jupyterlab/ui-components';
+import {
+  caretDownIcon,
+  caretRightIcon,
+  classes,
+  HTMLSelect,
+  type IHTMLSelectProps
+} from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import type { Level } from '../model';
@@ -93,18 +99,66 @@ export function Item(props: {
   );
 }
 
-/** A form field: label above its input. */
+/**
+ * A form field: label above its input, then an optional hint and an error.  The hint's id is
+ * `${htmlFor}-help`: give the input `aria-describedby` with it.
+ */
 export function Field(props: {
   label: string;
   htmlFor?: string;
   error?: string;
+  help?: string;
+  /** In a `.lf-field-row`: a field that wants more room (a select) than a number input. */
+  wide?: boolean;
   children: React.ReactNode;
 }): JSX.Element {
   return (
-    <div className={`lf-field${props.error ? ' lf-field-invalid' : ''}`}>
+    <div
+      className={classes(
+        'lf-field',
+        props.error && 'lf-field-invalid',
+        props.wide && 'lf-field-wide'
+      )}
+    >
       <label htmlFor={props.htmlFor}>{props.label}</label>
       {props.children}
+      {props.help ? (
+        <div className="lf-field-help" id={props.htmlFor ? `${props.htmlFor}-help` : undefined}>
+          {props.help}
+        </div>
+      ) : null}
       {props.error ? <div className="lf-field-error">{props.error}</div> : null}
     </div>
+  );
+}
+
+/** The label an option shows. */
+function optionLabel(
+  options: IHTMLSelectProps['options'],
+  value: IHTMLSelectProps['value']
+): string | undefined {
+  for (const o of options ?? []) {
+    const opt = typeof o === 'object' ? o : { value: o };
+    if (String(opt.value) === String(value)) {
+      return opt.label ?? String(opt.value);
+    }
+  }
+  return undefined;
+}
+
+/**
+ * JupyterLab's `HTMLSelect`, as wide as its field: a long choice ends in an ellipsis before
+ * the arrow (the whole of it is the select's tooltip) instead of running under it.
+ */
+export function Select(props: IHTMLSelectProps): JSX.Element {
+  const { className, title, ...rest } = props;
+  return (
+    <HTMLSelect
+      {...rest}
+      className={classes('lf-select', className)}
+      title={title ?? optionLabel(props.options, props.value)}
+      // centred in the 28px-high select (the caret is 16px), clear of the right edge
+      iconProps={{ top: '6px', right: '6px' }}
+    />
   );
 }
