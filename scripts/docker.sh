@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers: idempotent, safe to re-run, no stdin needed (CI).
 #
-#   bash scripts/docker.sh
+#   bash scripts/docker.sh            # start (if needed)
+#   bash scripts/docker.sh --stop     # stop the dockerd this script started (nothing else); idempotent
 #
 # 1. `docker info` answers: nothing to do.
 # 2. No dockerd: install Debian's docker.io (as root, or with passwordless sudo).
 # 3. Start dockerd in the background with no bridge and no iptables rules (this workplace sends test
 #    traffic to 127.0.0.1 only: sessions use host networking), log and pidfile under
-#    <repo>/.labfleet-tools/, and wait for `docker info` (bounded).
+#    <repo>/.labfleet-tools/, and wait for `docker info` (bounded). Who started it is written to
+#    <repo>/.labfleet-tools/dockerd.owner ($LABFLEET_DOCKER_OWNER: scripts/test sets it, and at its end
+#    stops the engine only if the owner is its own run).
 #
 # Environment knobs:
-#   LABFLEET_DOCKER_WAIT=60      seconds to wait for the engine to answer
+#   LABFLEET_DOCKER_WAIT=60      seconds to wait for the engine to answer (and, with --stop, to exit)
 #   LABFLEET_DOCKERD_ARGS=...    extra dockerd arguments (added after the defaults)
+#   LABFLEET_DOCKER_OWNER=...    recorded as the starter of a dockerd this run starts
 # Exits non-zero with the reason when no engine answers.
 set -euo pipefail
 
@@ -19,7 +23,16 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="$REPO/.labfleet-tools"
 LOG="$TOOLS/dockerd.log"
 PIDFILE="$TOOLS/dockerd.pid"
+OWNERFILE="$TOOLS/dockerd.owner"
 WAIT="${LABFLEET_DOCKER_WAIT:-60}"
+STOP=0
+for arg in "$@"; do
+    case "$arg" in
+        --stop) STOP=1 ;;
+        -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "docker.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
 
 say() { echo "[docker] $*"; }
 die() {
@@ -38,6 +51,38 @@ as_root() {
 }
 
 engine_answers() { docker info >/dev/null 2>&1 </dev/null; }
+
+running_pid() { # the pid of a dockerd this script started that still runs
+    local pid
+    [ -f "$PIDFILE" ] || return 1
+    pid="$(cat "$PIDFILE" 2>/dev/null)"
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] || return 1
+    echo "$pid"
+}
+
+if [ "$STOP" = 1 ]; then
+    # --- stop: only the dockerd whose pidfile is ours; nothing running is fine -----------------------
+    if ! pid="$(running_pid)"; then
+        rm -f "$OWNERFILE"
+        say "no dockerd started by scripts/docker.sh runs (nothing to stop)"
+        exit 0
+    fi
+    say "stopping dockerd (pid $pid)"
+    as_root kill -TERM "$pid" 2>/dev/null || true
+    deadline=$((SECONDS + WAIT))
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            say "dockerd (pid $pid) still runs after ${WAIT}s: killing it"
+            as_root kill -KILL "$pid" 2>/dev/null || true
+            break
+        fi
+        sleep 0.2
+    done
+    rm -f "$OWNERFILE"
+    say "dockerd stopped"
+    exit 0
+fi
 
 if command -v docker >/dev/null 2>&1 && engine_answers; then
     say "engine answers (nothing to do)"
@@ -74,15 +119,6 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; 
 fi
 
 # --- start ---------------------------------------------------------------------------------------------
-running_pid() { # the pid of a dockerd this script started that still runs
-    local pid
-    [ -f "$PIDFILE" ] || return 1
-    pid="$(cat "$PIDFILE" 2>/dev/null)"
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] || return 1
-    echo "$pid"
-}
-
 if [ -n "${DOCKER_HOST:-}" ] && [ "${DOCKER_HOST#unix://}" = "$DOCKER_HOST" ]; then
     die "DOCKER_HOST=$DOCKER_HOST does not answer and is not a local socket: start that engine yourself"
 fi
@@ -100,6 +136,8 @@ else
     {
         echo "=== $(date -u +%FT%TZ) scripts/docker.sh starts dockerd"
     } >>"$LOG"
+    # Who started it: scripts/test stops it at its end only when this is its own run's mark.
+    printf '%s\n' "${LABFLEET_DOCKER_OWNER:-}" >"$OWNERFILE"
     # fd 8 (the lock) is closed for the daemon: it must not hold the lock for its whole life.
     as_root setsid nohup dockerd --bridge=none --iptables=false --ip-masq=false \
         --pidfile="$PIDFILE" "${extra[@]}" </dev/null >>"$LOG" 2>&1 8>&- &

@@ -19,7 +19,7 @@ from traitlets import Bool, List, Unicode
 
 from .launch import LaunchSpec, Mount
 from .mixin import LabfleetSpawnerMixin
-from .sandbox import bwrap_command
+from .sandbox import bwrap_command, environment_sources, under_private_tmp
 
 
 class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
@@ -178,17 +178,21 @@ def _link(target: Path, source: str, log) -> None:
 
 
 def _hidden_by_private_tmp(env: dict[str, str]) -> list[str]:
-    """Folders the session needs (its Python, PATH and PYTHONPATH) that live under /tmp or /var/tmp."""
+    """Folders the session needs that live under /tmp or /var/tmp, which the sandbox's private /tmp
+    would hide: its Python environments (the Hub's, and a venv whose ``bin`` is on its PATH), what
+    their installs point to (an editable install's checkout, linked JupyterLab extensions), and the
+    folders on its PATH and PYTHONPATH."""
     wanted = [sys.prefix, sys.base_prefix]
     for var in ("PATH", "PYTHONPATH"):
         wanted += [p for p in env.get(var, "").split(os.pathsep) if p]
-    out: list[str] = []
-    for path in wanted:
-        real = os.path.realpath(path)
-        if real.startswith(("/tmp/", "/var/tmp/")) and os.path.isdir(real) and real not in out:
-            out.append(real)
-    # A parent covers its children: bind the shortest paths only.
-    return [p for p in out if not any(p != q and p.startswith(q + "/") for q in out)]
+    prefixes = [sys.prefix]
+    for entry in env.get("PATH", "").split(os.pathsep):
+        parent = os.path.dirname(entry.rstrip("/"))
+        if entry and os.path.isfile(os.path.join(parent, "pyvenv.cfg")) and parent not in prefixes:
+            prefixes.append(parent)
+    for prefix in prefixes:
+        wanted += environment_sources(prefix)
+    return under_private_tmp(wanted)
 
 
 def _bwrap_works(path: str) -> bool:

@@ -270,6 +270,72 @@ def test_user_commands(cli):
     assert _by(cli.json("user", "list"), "username")["anna"]["status"] == "active"
 
 
+def test_user_passwd_sets_a_new_password_and_audits_it(cli):
+    old_hash = cli.password_hash("admin")
+    out = cli("user", "passwd", "admin", "--password", "new-admin-password-1")
+    assert "Set a new password for admin." in out and "new-admin-password-1" not in out
+    # The service's password login checks the hash with verify_password: the new one gets in.
+    assert verify_password("new-admin-password-1", cli.password_hash("admin"))
+    assert cli.password_hash("admin") != old_hash
+    # Audited like every CLI write, without the password.
+    (actor, target, details), *_ = cli.sql(
+        "SELECT actor, target, details FROM audit_log WHERE action = 'user.update' ORDER BY id DESC"
+    )
+    assert (actor, target, json.loads(details)) == ("cli", "admin", {"password": "***"})
+    assert not any("new-admin-password-1" in row for row in cli.dump())
+    # stdin is not a terminal and no password is given: one is generated and printed once.
+    out = cli("user", "passwd", "alice")
+    generated = _generated_password(out)
+    assert len(generated) >= 16 and verify_password(generated, cli.password_hash("alice"))
+    assert verify_password("new-admin-password-1", cli.password_hash("admin"))  # the others unchanged
+    # An unknown user: one line, exit 1, nothing written.
+    before = cli.dump()
+    line = cli.fails("user", "passwd", "nobody", code=1)
+    assert line == "labfleet: error: no user 'nobody'"
+    assert cli.dump() == before
+    assert "labfleet user passwd NAME" in cli("user", "passwd", "--help")
+
+
+def test_user_passwd_asks_on_a_terminal(cli):
+    """On a terminal the password is asked for twice (not echoed, not printed)."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hub_ext.cli", "user", "passwd", "alice"],
+        cwd=cli.dir,
+        env=cli.env,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,  # the pty becomes its terminal (getpass reads /dev/tty)
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        for prompt in (b"New password for alice: ", b"Repeat the password: "):
+            while prompt not in seen:
+                chunk = os.read(master, 1024)
+                assert chunk, seen
+                seen += chunk
+            os.write(master, b"typed-password-1\n")
+        assert proc.wait(60) == 0, seen
+        while True:
+            try:
+                chunk = os.read(master, 1024)
+            except OSError:  # EIO: the process is gone
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert b"Set a new password for alice." in seen and b"typed-password-1" not in seen
+    assert verify_password("typed-password-1", cli.password_hash("alice"))
+
+
 # ---------------------------------------------------------------- policies
 
 
@@ -393,6 +459,11 @@ BAD = [
     (["domain", "delete", "acme"], 1, "still has"),
     (["keypair", "revoke", "AKNOPE"], 1, "no keypair"),
     (["init", "--admin-password", "short"], 2, "at least 8"),
+    (["user", "passwd", "nobody", "--password", "long-enough-1"], 1, "no user 'nobody'"),
+    (["user", "passwd", "nobody"], 1, "no user 'nobody'"),
+    (["user", "passwd", "admin", "--password", "short"], 2, "at least 8"),
+    (["user", "passwd", "admin", "--password"], 2, "not a terminal"),
+    (["user", "passwd"], 2, "missing NAME"),
 ]
 
 

@@ -122,7 +122,9 @@ class InitSteps(Command):
         self.out(f"  user:     {name}")
         if generated:
             self.out(f"  password: {password}")
-            self.out("  (generated: note it now, it is not shown again)")
+            self.out(
+                f"  (generated: note it now, it is not shown again; `labfleet user passwd {name}` sets a new one)"
+            )
         else:
             self.out("  password: the one you gave")
         return engine

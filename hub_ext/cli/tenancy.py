@@ -17,12 +17,14 @@ from hub_ext.cli.base import (
     UsageError,
     check_slots,
     flag,
+    generate_password,
     is_tty,
     prompt_new_password,
     slots_text,
     split_list,
 )
 from hub_ext.core.authz import ROLES
+from hub_ext.core.passwords import check_password_strength
 from hub_ext.core.validate import parse_project_ref
 
 if TYPE_CHECKING:
@@ -453,8 +455,66 @@ class UserDeactivate(Command):
         self.out(f"Deactivated user {username}.")
 
 
+class UserPasswd(Command):
+    name = "labfleet user passwd"
+    summary = "Set a user's password (e.g. a lost superadmin password)."
+    description = """Set a new password for a user: asked for twice on a terminal, given with
+    --password PASSWORD, or, when stdin is not a terminal and no password is given, generated and
+    printed once. Nothing else about the user changes; the change goes to the audit log. For the
+    superadmin made by scripts/up, run it in .labfleet-state/ (where its database is)."""
+    examples = (
+        "labfleet user passwd admin",
+        "labfleet user passwd alice --password",
+        "labfleet user passwd admin </dev/null    # generate one and print it",
+    )
+    arguments = ("NAME",)
+    options = (
+        Option(
+            "--password",
+            """The new password. Given without a value, it is asked for on the terminal. A value is
+            visible to other local users in the process list: prefer the prompt.""",
+            metavar="PASSWORD",
+            value_optional=True,
+        ),
+    )
+
+    def run(self) -> None:
+        from hub_ext.tenancy import directory
+
+        username, given = self.args[0], self.opts.password
+        if given is not None and given is not ASK:
+            problem = check_password_strength(given)
+            if problem:
+                raise UsageError(f"--password: {problem}")
+        # An unknown user fails before anyone is asked for a password.
+        status = self.transaction(lambda db: directory.readable_user(db, self.actor, username).status)
+        generated = False
+        if given is ASK or (given is None and is_tty()):
+            password = prompt_new_password(username)
+        elif given is not None:
+            password = given
+        else:
+            password = generate_password()
+            generated = True
+        self.transaction(lambda db: directory.update_user(db, self.actor, username, {"password": password}))
+        self.out(f"Set a new password for {username}.")
+        if generated:
+            self.out(f"  password: {password}")
+            self.out("  (generated: note it now, it is not shown again)")
+        if status != "active":
+            self.out(
+                f"{username} is {status}: `labfleet user update {username} --activate` lets them log in."
+            )
+
+
 USER = Group(
     "labfleet user",
     "Manage users.",
-    {"create": UserCreate, "list": UserList, "update": UserUpdate, "deactivate": UserDeactivate},
+    {
+        "create": UserCreate,
+        "list": UserList,
+        "update": UserUpdate,
+        "passwd": UserPasswd,
+        "deactivate": UserDeactivate,
+    },
 )

@@ -214,6 +214,7 @@ def configure_spawner(c, backend: str, state: Path) -> list[dict]:
                 "labfleet.sqlite-wal",
                 "labfleet.sqlite-shm",
                 "jupyterhub.sqlite",
+                "labfleet_service_config.py",  # may hold the DB's password
             )
         ]
         return [LOCAL_IMAGE]

@@ -8,7 +8,13 @@ import pytest
 from spawner.form import render, unavailable
 from spawner.launch import Mount, build_launch
 from spawner.options import OptionsError, options_from_form, parse_mem, parse_options
-from spawner.sandbox import bwrap_command
+from spawner.sandbox import (
+    bwrap_command,
+    environment_sources,
+    link_targets,
+    site_packages_sources,
+    under_private_tmp,
+)
 
 GIB = 2**30
 
@@ -148,6 +154,109 @@ def test_sandbox_binds_home_and_mounts_with_their_mode():
     assert "--ro-bind /d/ro /h/alice/r" in text and "--bind /d/rw /h/alice/w" in text
     assert "--unshare-net" not in text
     assert "--unshare-net" in bwrap_command("bwrap", home="/h", share_net=False)
+
+
+def test_sandbox_shows_a_checkout_under_tmp_but_keeps_its_state_hidden():
+    cmd = bwrap_command(
+        "bwrap",
+        home="/tmp/co/.labfleet-state/homes/alice",
+        readonly=["/tmp/co"],
+        hidden=["/tmp/co/.labfleet-state/homes"],
+        hidden_files=["/tmp/co/.labfleet-state/jupyterhub_cookie_secret"],
+    )
+    text = " ".join(cmd)
+    # The checkout is bound after /tmp is made private, and before what is hidden inside it.
+    assert text.index("--tmpfs /tmp ") < text.index("--ro-bind /tmp/co /tmp/co")
+    assert text.index("--ro-bind /tmp/co /tmp/co") < text.index("--tmpfs /tmp/co/.labfleet-state/homes")
+    assert text.index("--ro-bind /tmp/co /tmp/co") < text.index(
+        "--ro-bind /dev/null /tmp/co/.labfleet-state/jupyterhub_cookie_secret"
+    )
+    # The session's own home is bound last, over the hidden root.
+    assert text.index("--tmpfs /tmp/co/.labfleet-state/homes") < text.index(
+        "--bind /tmp/co/.labfleet-state/homes/alice /tmp/co/.labfleet-state/homes/alice"
+    )
+
+
+def _fake_venv(root):
+    """A venv as pip leaves it after editable installs of four kinds, and a linked labextension."""
+    venv = root / "venv"
+    sp = venv / "lib" / "python3.11" / "site-packages"
+    sp.mkdir(parents=True)
+    checkout, src, pkg, legacy = root / "checkout", root / "src-layout", root / "edit", root / "legacy"
+    for d in (checkout / "labextension" / "build", src / "src" / "pkg", pkg / "x", legacy):
+        d.mkdir(parents=True)
+    # hatchling (the default dev mode): the checkout itself, once per package.
+    (sp / "_editable_impl_labfleet.pth").write_text(f"{checkout}\n{checkout}\n")
+    # setuptools: a .pth importing a finder whose MAPPING names the packages.
+    (sp / "__editable__.pkg-1.0.pth").write_text(
+        "import __editable___pkg_1_0_finder; __editable___pkg_1_0_finder.install()\n"
+    )
+    (sp / "__editable___pkg_1_0_finder.py").write_text(
+        f"MAPPING: dict[str, str] = {{'pkg': {str(src / 'src' / 'pkg')!r}}}\n"
+        "NAMESPACES: dict[str, list[str]] = {}\n"
+        "PATH_PLACEHOLDER = '__editable__.pkg-1.0.finder' + '.__path_hook__'\n"
+    )
+    # hatchling's exact mode (editables): map_module to the package's __init__.py.
+    (sp / "_x.pth").write_text("import _editable_impl_x\n")
+    (sp / "_editable_impl_x.py").write_text(
+        "from editables.redirector import RedirectingFinder as F\n"
+        f"F.install()\nF.map_module('x', {str(pkg / 'x' / '__init__.py')!r})\n"
+    )
+    # setup.py develop, a PEP 610 record, comments, blank lines and other import lines.
+    (sp / "legacy.egg-link").write_text(f"{legacy}\n.\n")
+    dist = sp / "labfleet-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "direct_url.json").write_text(
+        json.dumps({"url": f"file://{checkout}", "dir_info": {"editable": True}})
+    )
+    (sp / "distutils-precedence.pth").write_text(
+        "import os; var = 'X'; enabled = os.environ.get(var, 'local') == 'local'; "
+        "enabled and __import__('_distutils_hack').add_shim(); \n"
+    )
+    (sp / "notes.pth").write_text("# a comment\n\nrelative-dir\n")
+    # The labextension linked into the venv (scripts/setup.sh), and one installed as files.
+    ext = venv / "share" / "jupyter" / "labextensions"
+    (ext / "@labfleet").mkdir(parents=True)
+    (ext / "@labfleet" / "labextension").symlink_to(checkout / "labextension" / "build")
+    (ext / "jupyterlab_pygments").mkdir()
+    return venv, sp, checkout, src, pkg, legacy
+
+
+def test_the_sources_of_editable_installs_are_found(tmp_path):
+    venv, sp, checkout, src, pkg, legacy = _fake_venv(tmp_path)
+    found = site_packages_sources(str(sp))
+    # .pth path lines first (in file name order), then the finders, egg-links and PEP 610 records.
+    assert found == [
+        str(checkout),
+        str(sp / "relative-dir"),
+        str(src / "src" / "pkg"),
+        str(pkg / "x"),
+        str(legacy),
+    ]
+    assert link_targets(str(venv / "share" / "jupyter" / "labextensions")) == [
+        str(checkout / "labextension" / "build")
+    ]
+    assert set(environment_sources(str(venv))) == {*found, str(checkout / "labextension" / "build")}
+    # Nothing there (a system Python, a missing folder): nothing found, no error.
+    assert environment_sources(str(tmp_path / "nowhere")) == []
+
+
+def test_only_what_the_private_tmp_hides_is_bound_again(tmp_path):
+    venv, sp, checkout, src, pkg, legacy = _fake_venv(tmp_path)
+    private = tmp_path.parent
+    wanted = [str(venv), *environment_sources(str(venv)), "/usr/lib", str(tmp_path / "gone")]
+    # Under the private folder and existing; a folder inside another bound one is left out.
+    assert under_private_tmp(wanted, private=[str(private)]) == [
+        str(venv),
+        str(checkout),
+        str(src / "src" / "pkg"),
+        str(pkg / "x"),
+        str(legacy),
+    ]
+    assert under_private_tmp(wanted, private=["/nonexistent-private"]) == []
+    # A link is bound at its target.
+    (tmp_path / "link").symlink_to(checkout)
+    assert under_private_tmp([str(tmp_path / "link")], private=[str(private)]) == [str(checkout)]
 
 
 CHOICES = {
