@@ -46,10 +46,16 @@ def world(tmp_path_factory):
     tokens = {"anon": None, "root": root}
     for name in ACTORS[1:-1]:
         tokens[name] = hub.wait_token(name)
-    # alice's sessions (0.01 cores each), one per actor to read and to stop.
+    # alice's sessions (0.01 cores each), one per actor to read and to stop: admitted as the Hub's
+    # spawner asks (the service token for alice), with no Hub server behind them.
     alice_sessions = {}
     for a in ACTORS:
-        r = hub.api("POST", "/sessions", tokens["alice"], json={"project": "acme/ml", "slots": {"cpu": 0.01}})
+        r = hub.api(
+            "POST",
+            "/sessions",
+            hub.service_token,
+            json={"project": "acme/ml", "username": "alice", "name": f"s-{a}", "slots": {"cpu": 0.01}},
+        )
         assert r.status_code == 201, r.text
         alice_sessions[a] = r.json()["id"]
     keys = {a: {"alice_key": alice_keys[a], "alice_session": alice_sessions[a]} for a in ACTORS}
@@ -162,7 +168,7 @@ MATRIX = [
         "POST",
         "/sessions",
         {"project": "acme/ml", "slots": {"cpu": 0.01}},
-        _row(401, 201, 403, 403, 403, 403, 403),
+        _row(401, 202, 403, 403, 403, 403, 403),  # alice's starts a Hub server for it
     ),
     ("GET", "/sessions/{alice_session}", None, _row(401, 200, 404, 200, 404, 200, 200)),
     ("PATCH", "/sessions/{alice_session}", {"status": "RUNNING"}, _row(401, 403, 404, 403, 404, 403, 403)),

@@ -1,5 +1,9 @@
 """The scheduler through the real Hub and service: the embedded node with two mock 80 GB
-GPUs, fractional placement, the queue, quota refusals, release, reconcile after restart."""
+GPUs, fractional placement, the queue, quota refusals, release, reconcile after restart.
+
+Admission is asked as the Hub's spawner asks it (the service token, on behalf of a user): these
+tests are about the scheduler, not about sessions started through the API (which start a Hub server).
+"""
 
 import time
 
@@ -13,6 +17,8 @@ pytestmark = pytest.mark.hub
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     state = tmp_path_factory.mktemp("hub")
+    # The bare admissions below have no Hub server: reconciling must not take them back mid-module.
+    (state / "labfleet_service_config.py").write_text("c.LabfleetService.reconcile_grace = 3600\n")
     hub = start_hub(state)
     root = hub.wait_token("root")
     for method, path, body in [
@@ -23,6 +29,11 @@ def env(tmp_path_factory):
         assert hub.api(method, path, root, json=body).status_code == 201
     yield hub, state, root, hub.wait_token("alice")
     hub.stop()
+
+
+def _admit(hub, body, user="alice"):
+    """Admission as the Hub's spawner asks for it: the service token, on behalf of ``user``."""
+    return hub.api("POST", "/sessions", hub.service_token, json={"username": user, **body})
 
 
 def _gpu_devices(hub, token):
@@ -37,7 +48,7 @@ def test_fractional_placement_queue_quota_and_release(env):
     assert [(d["model"], d["memory_bytes"]) for d in devices] == [("A100-80GB", 80 * 2**30)] * 2
 
     def ask(**slots):
-        return hub.api("POST", "/sessions", alice, json={"project": "ml", "slots": slots})
+        return _admit(hub, {"project": "ml", "slots": slots})
 
     half = ask(**{"gpu.shares": 0.5, "cpu": 0.1})
     assert half.status_code == 201 and half.json()["status"] == "SCHEDULED", half.text
@@ -77,22 +88,77 @@ def test_bad_session_requests(env):
         {"project": "ml", "type": "daemon"},
         {"project": "ml", "slots": "lots"},
         {"project": "nope"},
-        {"project": "ml", "username": "root"},
         {"slots": {"cpu": 1}},
     ]:
-        r = hub.api("POST", "/sessions", alice, json=body)
+        r = _admit(hub, body)
         assert 400 <= r.status_code < 500 and r.json()["message"], (body, r.text)
+    # A user asks only for themselves.
+    r = hub.api("POST", "/sessions", alice, json={"project": "ml", "username": "root"})
+    assert r.status_code == 403 and r.json()["message"], r.text
+
+
+def _servers(hub, user="alice"):
+    return hub.hub_api("GET", f"/users/{user}").json().get("servers") or {}
+
+
+def test_an_api_session_starts_its_hub_server(env):
+    hub, _, root, alice = env
+    before = hub.api("GET", "/sessions", root).json()
+    # Checked first: bad input and refusals hold nothing and start no server.
+    for body, status, words in [
+        ({"project": "ml", "slots": {"cpu": "lots"}}, 400, "cpu"),
+        ({"project": "ml", "type": "batch"}, 400, "needs a command"),
+        ({"project": "ml", "name": "no spaces"}, 400, "not a server name"),
+        ({"project": "ml", "slots": {"gpu.shares": 0.75}}, 409, "would use 2.75 of its 2.5 gpu.shares"),
+        ({"project": "nope"}, 403, "not a member"),
+    ]:
+        r = hub.api("POST", "/sessions", alice, json=body)
+        assert r.status_code == status and words in r.json()["message"], (body, r.text)
+    assert hub.api("GET", "/sessions", root).json() == before and _servers(hub) == {}
+    # The session gets a Hub server, started as the spawn form would start it.
+    r = hub.api("POST", "/sessions", alice, json={"project": "ml", "name": "api1", "slots": {"cpu": 0.1}})
+    assert r.status_code == 202, r.text
+    view = r.json()
+    assert view["server"] == view["name"] == "api1" and view["user"] == "alice" and view["id"]
+    assert view["status"] in ("SCHEDULED", "PREPARING", "RUNNING"), view
+    assert "api1" in _servers(hub)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (_servers(hub).get("api1") or {}).get("ready"):
+            break
+        time.sleep(0.3)
+    session = hub.api("GET", f"/sessions/{view['id']}", alice).json()
+    assert session["status"] == "RUNNING" and session["slots"] == {"cpu": 0.1}, session
+    # Its server's name is taken while it lives.
+    r = hub.api("POST", "/sessions", alice, json={"project": "ml", "name": "api1"})
+    assert r.status_code == 409 and "api1" in r.json()["message"], r.text
+    # Without a name, one is made up.
+    r = hub.api("POST", "/sessions", alice, json={"project": "ml", "slots": {"cpu": 0.1}})
+    assert r.status_code == 202 and r.json()["server"].startswith("api-"), r.text
+    other = r.json()
+    # Stopping the server gives the allocation back, as for any spawn.
+    for server, sid in (("api1", view["id"]), (other["server"], other["id"])):
+        assert hub.hub_api("DELETE", f"/users/alice/servers/{server}").status_code in (202, 204)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if hub.api("GET", f"/sessions/{sid}", alice).json()["status"] in ("TERMINATED", "ERROR"):
+                break
+            time.sleep(0.3)
+        assert hub.api("GET", f"/sessions/{sid}", alice).json()["status"] in ("TERMINATED", "ERROR")
+    audit = hub.api("GET", "/audit", root, params={"action": "session.start"}).json()
+    assert {e["target"] for e in audit if e["success"]} >= {view["id"], other["id"]}, audit
 
 
 def test_reconcile_after_restart_releases_sessions_without_servers(env):
     hub, state, root, alice = env
-    r = hub.api("POST", "/sessions", alice, json={"project": "ml", "slots": {"gpu.shares": 0.5}})
+    r = _admit(hub, {"project": "ml", "slots": {"gpu.shares": 0.5}})
     assert r.json()["status"] == "PENDING", r.text  # within quota, but both devices are taken: it waits
     held = [s for s in hub.api("GET", "/sessions", alice).json() if s["status"] in ("SCHEDULED", "PENDING")]
     assert len(held) == 3
     hub.stop()
-    # Same state and DB; the Hub runs none of these sessions' servers, so their
-    # allocations go back when the service starts.
+    # Same state and DB; the Hub runs none of these sessions' servers, so their allocations go back
+    # when the service starts (once their grace period is over: none here).
+    (state / "labfleet_service_config.py").write_text("c.LabfleetService.reconcile_grace = 0\n")
     again = start_hub(state, db_url=hub.db_url, do_seed=False)
     try:
         root2 = again.wait_token("root")

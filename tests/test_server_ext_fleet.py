@@ -48,11 +48,18 @@ def service(tmp_path_factory):
         assert r.status_code == 201, r.text
     alice = hub.wait_token("alice")
     folder = hub.api("POST", "/vfolders", alice, json={"name": "data"}).json()
+    # Admitted as the Hub's spawner does (the service token, for alice): a bare allocation, no server.
     r = hub.api(
         "POST",
         "/sessions",
-        alice,
-        json={"project": "ml", "name": "work", "slots": {"gpu.shares": 0.5, "cpu": 1}, "vfolders": ["data"]},
+        hub.service_token,
+        json={
+            "project": "ml",
+            "username": "alice",
+            "name": "work",
+            "slots": {"gpu.shares": 0.5, "cpu": 1},
+            "vfolders": ["data"],
+        },
     )
     assert r.status_code == 201, r.text
     yield hub, alice, r.json(), folder

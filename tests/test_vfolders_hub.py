@@ -366,14 +366,15 @@ def test_delete_restore_purge_and_mounted_sessions(world):
     assert w.status("alice", "POST", f"/vfolders/{fid}/restore") == 409
     assert w.status("mona", "DELETE", f"/vfolders/{fid}") == 403  # a monitor only looks
 
-    # A session of alice mounts it.
-    s = w.ok(
-        "alice",
+    # A session of alice mounts it (admitted as the Hub's spawner asks: the service token, for alice).
+    r = w.hub.api(
         "POST",
         "/sessions",
-        201,
-        json={"project": "acme/ml", "slots": {"cpu": 0.01}, "vfolders": ["lifecycle"]},
+        w.hub.service_token,
+        json={"project": "acme/ml", "username": "alice", "slots": {"cpu": 0.01}, "vfolders": ["lifecycle"]},
     )
+    assert r.status_code == 201, r.text
+    s = r.json()
     mount = next(m for m in s["mounts"] if m["vfolder"] == fid)
     assert mount["permission"] == "wd" and Path(mount["source"]) == root_dir / "data"
 

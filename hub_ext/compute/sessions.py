@@ -9,8 +9,12 @@ and writes the outcome.  So two concurrent decisions never see the same free sha
 
 from __future__ import annotations
 
+import re
+import secrets
 import uuid
 from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from functools import lru_cache
@@ -182,7 +186,9 @@ SESSION_FIELDS = (
     "name",
     "username",
     "vfolders",
+    "command",
 )
+MAX_COMMAND = 8192
 
 
 def parse_request(body: Any) -> dict[str, Any]:
@@ -211,19 +217,34 @@ def parse_request(body: Any) -> dict[str, Any]:
     out["name"] = check_text(body.get("name", ""), "name", 255)
     out["username"] = body.get("username")
     out["vfolders"] = body.get("vfolders", [])
+    # The command of a batch or inference session: the spawner runs it; admission does not look at it.
+    out["command"] = check_text(body.get("command", ""), "command", MAX_COMMAND)
     return out
 
 
-def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
-    """Admit a session: every check, then placement; SCHEDULED, PENDING, or refused (raises)."""
-    req = parse_request(body)
+def _requested_user(actor: Actor, req: dict[str, Any]) -> str:
     # The Hub (spawner) asks on behalf of a user; anyone else asks for themselves.
     if req["username"] is not None:
         if actor.kind not in ("hub", "cli") and req["username"] != actor.name:
             raise Forbidden("you can start sessions only for yourself")
-        username = check_username(req["username"])
-    else:
-        username = actor.name
+        return check_username(req["username"])
+    return actor.name
+
+
+def admit(
+    db: Session, actor: Actor, body: Any, *, launch: Launch | None = None, dry_run: bool = False
+) -> ComputeSession:
+    """Admit a session: every check, then placement; SCHEDULED, PENDING, or refused (raises).
+
+    ``launch``: the Hub admits the server of a session started through the API (see
+    :func:`prepare_launch`); the session takes that request's exact slots and GPU models and is
+    charged to the keypair that signed it.  ``dry_run``: every check (the capacity that could ever
+    hold it included) but no placement; the session returned is not added, and the caller rolls back.
+    """
+    if launch is not None and isinstance(body, Mapping):
+        body = {**body, "slots": launch.slots, "gpu_models": list(launch.gpu_models)}
+    req = parse_request(body)
+    username = _requested_user(actor, req)
     user = db.scalar(select(User).where(User.username == username))
     if user is None or not user.is_active:
         raise NotFound(f"no active user {username!r}")
@@ -236,7 +257,7 @@ def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
     group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == req["resource_group"]))
     if group is None:
         raise NotFound(f"no resource group {req['resource_group']!r}")
-    keypair = _charged_keypair(db, actor, user)
+    keypair = _charged_keypair(db, actor, user, launch.keypair if launch is not None else None)
     # The folders to mount (named ones and the user's dot-folders), refused before anything is held.
     mounts = vfolders.resolve_mounts(db, user, req["vfolders"])
 
@@ -268,16 +289,20 @@ def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
             success=False,
         )
         raise Refused(refusal, REFUSAL_STATUS.get(refusal.code, 409))
+    if dry_run:
+        _check_could_fit(db, group, session)
+        return session
     db.add(session)
     set_status(session, "PENDING", "waiting for the scheduler")
     db.flush()
     placed = _try_place(db, session)
     if not placed:
-        if not _fits_empty(_cluster(db, group), _request_of(session)):
+        try:
+            _check_could_fit(db, group, session)
+        except Refused:
             db.delete(session)
             db.flush()
-            message = f"no node of resource group {group.name} could ever hold {session.slots.to_cli() or 'this request'}"
-            raise Refused(admission.Refusal(code="capacity", message=message, retryable=False), 409)
+            raise
         set_status(session, "PENDING", f"waiting for free capacity in resource group {group.name}")
     audit.record(
         db,
@@ -290,14 +315,24 @@ def admit(db: Session, actor: Actor, body: Any) -> ComputeSession:
     return session
 
 
-def _charged_keypair(db: Session, actor: Actor, user: User) -> Keypair:
-    """The keypair a new session is charged to: the one that signed the request, else the main one."""
-    if actor.keypair is not None and actor.name == user.username:
-        kp = db.scalar(select(Keypair).where(Keypair.access_key == actor.keypair))
+def _check_could_fit(db: Session, group: ResourceGroup, session: ComputeSession) -> None:
+    """Refuse (409) a request that no node of the group could hold even empty: it would wait for ever."""
+    if not _fits_empty(_cluster(db, group), _request_of(session)):
+        message = f"no node of resource group {group.name} could ever hold {session.slots.to_cli() or 'this request'}"
+        raise Refused(admission.Refusal(code="capacity", message=message, retryable=False), 409)
+
+
+def _charged_keypair(db: Session, actor: Actor, user: User, access_key: str | None = None) -> Keypair:
+    """The keypair a new session is charged to: the one that signed the request (or, for the Hub's
+    admission of an API session, ``access_key``, the one that signed that request), else the main one."""
+    if access_key is None and actor.keypair is not None and actor.name == user.username:
+        access_key = actor.keypair
+    if access_key is not None:
+        kp = db.scalar(select(Keypair).where(Keypair.access_key == access_key))
         if kp is None or kp.user_id != user.id:
-            raise Forbidden(f"keypair {actor.keypair} does not belong to {user.username}")
+            raise Forbidden(f"keypair {access_key} does not belong to {user.username}")
         if not kp.is_active:
-            raise Forbidden(f"keypair {actor.keypair} is not active")
+            raise Forbidden(f"keypair {access_key} is not active")
         return kp
     keypair = user.main_keypair
     if keypair is None:
@@ -420,6 +455,104 @@ def _try_place(db: Session, s: ComputeSession) -> bool:
     )
     entry.version = version
     return True
+
+
+# ---------------------------------------------------------------- sessions started through the API
+
+# A Hub server name a session started through the API may take (one URL path component).
+SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A session asked for by someone other than the Hub (a user's token, a keypair's signature):
+    the Hub server to start for it, and what the spawner's admission of that server takes from
+    the request (see :func:`prepare_launch` and ``admit(launch=...)``)."""
+
+    username: str
+    server: str
+    project: str  # as the request named it (the spawner's admission names it the same way)
+    user_options: dict[str, Any]  # for the Hub: the spawn form's keys
+    slots: dict[str, Any]  # the request's own slots, per-model ones included
+    gpu_models: tuple[str, ...]
+    keypair: str | None  # the access key that signed the request: the session is charged to it
+
+    def matches(self, body: Any) -> bool:
+        """Is ``body`` (the spawner's admission request) the admission of this launch's server?"""
+        return (
+            isinstance(body, Mapping)
+            and body.get("username") == self.username
+            and body.get("name") == self.server
+            and body.get("project") == self.project
+        )
+
+
+def launch_options(req: dict[str, Any]) -> dict[str, Any]:
+    """The spawn options (``user_options``: the spawn form's keys) of a parsed session request (pure)."""
+    options: dict[str, Any] = {"project": req["project_ref"], "type": req["type"]}
+    if req["image"]:
+        options["image"] = req["image"]
+    if req["resource_group"] != DEFAULT_GROUP:
+        options["resource_group"] = req["resource_group"]
+    wanted = Request.from_slots(req["slots"], req["gpu_models"])
+    if wanted.cpu:
+        options["cpu"] = format(wanted.cpu.normalize(), "f")
+    if wanted.mem:
+        options["mem"] = wanted.mem
+    gpu = wanted.gpu + wanted.shares
+    if gpu:
+        # Whole devices or a fraction of one, as the form says it; admission takes the exact slots.
+        options["gpu"] = format(Decimal(gpu).normalize(), "f")
+    if req["command"].strip():
+        options["command"] = req["command"]
+    if req["vfolders"]:
+        options["vfolders"] = list(req["vfolders"])
+    return options
+
+
+def prepare_launch(db: Session, actor: Actor, body: Any) -> Launch:
+    """Check a session request from the API as admission would, and say which Hub server to start.
+
+    Every check of :func:`admit` runs (bad input 400, access 403, quotas 409, a request no node could
+    ever hold 409), and a live session on the server named is a conflict (409); nothing is placed.
+    The caller rolls the transaction back: nothing is held until the Hub's spawner asks for the
+    session, as it does for the spawn form.
+    """
+    req = parse_request(body)
+    if req["type"] == "interactive" and req["command"].strip():
+        raise InvalidInput("an interactive session takes no command (type batch or inference runs one)")
+    if req["type"] != "interactive" and not req["command"].strip():
+        raise InvalidInput(f"a {req['type']} session needs a command")
+    username = _requested_user(actor, req)
+    server = req["name"] or f"api-{secrets.token_hex(4)}"
+    if not SERVER_NAME.match(server):
+        raise InvalidInput(
+            f"name {server[:80]!r} is not a server name (letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit)"
+        )
+    live = db.scalar(
+        select(ComputeSession.id)
+        .join(User, ComputeSession.user_id == User.id)
+        .where(
+            User.username == username,
+            ComputeSession.name == server,
+            ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")),
+        )
+    )
+    if live is not None:
+        raise Conflict(
+            f"{username} already has session {live} on server {server!r}: stop it or choose another name"
+        )
+    admit(db, actor, {**body, "name": server}, dry_run=True)
+    return Launch(
+        username=username,
+        server=server,
+        project=req["project_ref"],
+        user_options=launch_options(req),
+        slots=dict(body.get("slots") or {}),
+        gpu_models=tuple(req["gpu_models"]),
+        keypair=actor.keypair if actor.keypair is not None and actor.name == username else None,
+    )
 
 
 # ---------------------------------------------------------------- queue
@@ -670,26 +803,158 @@ def update_status(db: Session, actor: Actor, session_id: str, body: Any) -> Comp
     return s
 
 
-def reconcile(db: Session, running: set[tuple[str, str]]) -> list[str]:
-    """After a restart: sessions whose Hub server is gone give their slots back.
+# What the Hub says of a server (``HubSync.servers``): "ready", or what it is pending ("spawn",
+# "stop", ...); "unknown" where the Hub could not say (nothing is changed for it).
+READY, STARTING, UNKNOWN = "ready", "spawn", "unknown"
+RECONCILE_GRACE = 120.0
 
-    ``running`` is the set of (user name, server name) the Hub reports as running or
-    starting.  A held allocation without a server is released (TERMINATED); a queued
-    session without one is CANCELLED (no spawner waits for it any more).
+
+@dataclass(frozen=True)
+class LiveSession:
+    """A session that holds or waits for resources, as reconciling sees it (plain values)."""
+
+    id: str
+    user: str
+    server: str
+    status: str
+    created: float  # when it was admitted (seconds, any epoch): the newest of a server's is its own
+    age: float  # seconds since its last status change
+
+
+@dataclass(frozen=True)
+class Fix:
+    """What reconciling changes of one session: its new status, and why."""
+
+    session_id: str
+    user: str
+    server: str
+    old: str
+    status: str
+    reason: str
+
+    @property
+    def releases(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+
+def plan_reconcile(
+    live: Iterable[LiveSession], servers: Mapping[tuple[str, str], str], grace: float = RECONCILE_GRACE
+) -> list[Fix]:
+    """Make labfleet's sessions agree with the Hub's servers (pure).
+
+    ``servers``: (user, server name) -> what the Hub says of that server (``ready``, what it is pending,
+    or ``unknown``); a server the Hub does not have is absent.  A server runs one session: the newest
+    of its live sessions.  Statuses follow the Hub: a ready server's SCHEDULED or PREPARING session is
+    RUNNING (the spawner's reports may have been lost), a starting server's SCHEDULED one PREPARING.
+    A session with no server of its own (none on the Hub, or a newer session on it) gives its slots
+    back once ``grace`` seconds have passed since its last status change: TERMINATED, or CANCELLED
+    if it was still queued.  Statuses only move forward; a server being stopped is left to its spawner.
     """
-    released = []
-    for s in db.scalars(
-        select(ComputeSession).where(ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")))
-    ):
-        if (s.user.username, s.name) not in running:
-            if s.status == "PENDING":
-                _release(db, s, "CANCELLED", "no Hub server waited for it when the service started")
-            else:
-                _release(db, s, "TERMINATED", "its server was not running when the service started")
-            released.append(s.id)
-    for group in db.scalars(select(ResourceGroup)):
-        schedule_group(db, group)
-    return released
+    by_server: dict[tuple[str, str], list[LiveSession]] = defaultdict(list)
+    for s in live:
+        by_server[(s.user, s.server)].append(s)
+    fixes = []
+    for key, group in sorted(by_server.items()):
+        state = servers.get(key)
+        if state == UNKNOWN:
+            continue
+        user, server = key
+        label = f"{user}/{server}" if server else f"{user}'s default server"
+        group.sort(key=lambda s: (s.created, s.id), reverse=True)
+        for i, s in enumerate(group):
+            if state is not None and i == 0:
+                if state == READY and s.status in ("SCHEDULED", "PREPARING"):
+                    fixes.append(
+                        Fix(s.id, user, server, s.status, "RUNNING", f"the Hub reports {label} ready")
+                    )
+                elif state == STARTING and s.status == "SCHEDULED":
+                    fixes.append(
+                        Fix(s.id, user, server, s.status, "PREPARING", f"the Hub is starting {label}")
+                    )
+                continue
+            if s.age < grace:
+                continue  # its spawner may be about to start (or stop) the server: give it time
+            why = f"the Hub has no server {label}" if state is None else f"{label} runs a newer session"
+            status = "CANCELLED" if s.status == "PENDING" else "TERMINATED"
+            fixes.append(
+                Fix(
+                    s.id,
+                    user,
+                    server,
+                    s.status,
+                    status,
+                    f"{why} (checked {int(s.age)}s after its last change)",
+                )
+            )
+    return fixes
+
+
+def live_sessions(db: Session, now: datetime | None = None) -> list[LiveSession]:
+    """Every session that holds or waits for resources, with its user, server and age."""
+    now = now or _now()
+    rows = db.execute(
+        select(
+            ComputeSession.id,
+            User.username,
+            ComputeSession.name,
+            ComputeSession.status,
+            ComputeSession.created_at,
+            ComputeSession.status_changed_at,
+        )
+        .join(User, ComputeSession.user_id == User.id)
+        .where(ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")))
+    )
+    return [
+        LiveSession(sid, user, name or "", status, created.timestamp(), (now - changed).total_seconds())
+        for sid, user, name, status, created, changed in rows
+    ]
+
+
+def reconcile(
+    db: Session,
+    servers: Mapping[tuple[str, str], str],
+    grace: float = RECONCILE_GRACE,
+    now: datetime | None = None,
+    release_users: Collection[str] | None = None,
+) -> list[Fix]:
+    """Apply :func:`plan_reconcile` to the DB: statuses set, slots given back, each change audited
+    (``session.reconcile``); then the queues of groups that got slots back are served.
+
+    ``release_users``: when given, only these users' sessions give slots back (the others' servers
+    were not confirmed with the Hub). Returns the changes made."""
+    done = []
+    served = set()
+    for fix in plan_reconcile(live_sessions(db, now), servers, grace):
+        if fix.releases and release_users is not None and fix.user not in release_users:
+            continue
+        s = db.get(ComputeSession, fix.session_id)
+        if s is None or s.status != fix.old:
+            continue
+        done.append(fix)
+        if fix.releases:
+            _release(db, s, fix.status, fix.reason)
+            served.add(s.resource_group_id)
+        else:
+            set_status(s, fix.status, fix.reason)
+        audit.record(
+            db,
+            Actor.cli(),
+            "session.reconcile",
+            s.id,
+            target_domain=s.domain.name,
+            details={
+                "user": fix.user,
+                "server": fix.server,
+                "from": fix.old,
+                "to": fix.status,
+                "reason": fix.reason,
+            },
+        )
+    for group_id in sorted(served):
+        group = db.get(ResourceGroup, group_id)
+        if group is not None:
+            schedule_group(db, group)
+    return done
 
 
 def list_sessions(db: Session, actor: Actor, filters: dict[str, str | None]) -> list[ComputeSession]:

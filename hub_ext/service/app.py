@@ -8,14 +8,19 @@ environment (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_SERVICE_URL``, ...).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
 import secrets
 import signal
 import socket
+import sys
+import time
 from copy import deepcopy
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
@@ -26,20 +31,24 @@ from traitlets.config import Application, catch_config_error
 
 from hub_ext.compute import images, nodes, sessions
 from hub_ext.compute.devices import describe_node, get_plugin
-from hub_ext.core import bootstrap
+from hub_ext.core import audit, bootstrap
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import LabfleetError
 from hub_ext.core.models import User
 from hub_ext.core.secretbox import SecretBox
-from hub_ext.core.signing import RateLimiter
+from hub_ext.core.signing import NonceCache, RateLimiter
 from hub_ext.service import jobs
-from hub_ext.service.base import NotFoundHandler
+from hub_ext.service.base import NotFoundHandler, PathOnlyLogs
 from hub_ext.service.handlers import routes
 from hub_ext.service.hubsync import HubSync
 from hub_ext.storage import hosts
 from hub_ext.storage.hosts import RIGHTS
 from hub_ext.storage.usage import FolderUsage
+
+
+class OAuthCallbackHandler(PathOnlyLogs, HubOAuthCallbackHandler):
+    """The Hub's OAuth callback; its query string (code, state) never reaches the log."""
 
 
 class JSONDict(Dict):
@@ -54,6 +63,75 @@ class JSONDict(Dict):
         if not isinstance(value, dict):
             raise TraitError(f"{self.name}: expected a JSON object, not {s[:40]!r}")
         return value
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def exit_with_parent_signal(sig: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG).
+
+    True if set; False elsewhere or if the call failed (the parent watch job still notices)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+LAUNCH_TTL = 300.0  # seconds a launch waits for its spawner's admission before it is forgotten
+
+
+@dataclass
+class Waiting:
+    """A session started through the API whose Hub server is starting: the spawner's admission
+    settles it with the session's view (or the refusal), which the API request answers."""
+
+    launch: sessions.Launch
+    expires: float
+    admitted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def settle(self, view: dict[str, Any] | None, error: LabfleetError | None = None) -> None:
+        if not self.admitted.done():
+            self.admitted.set_result((view, error))
+
+
+class Launches:
+    """The launches waiting for their spawner, by (user, server name)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[str, str], Waiting] = {}
+
+    def add(self, launch: sessions.Launch, ttl: float = LAUNCH_TTL) -> Waiting:
+        self._purge()
+        waiting = Waiting(launch, time.monotonic() + ttl)
+        self._waiting[(launch.username, launch.server)] = waiting
+        return waiting
+
+    def take(self, body: Any) -> Waiting | None:
+        """The launch that the spawner's admission request ``body`` admits, if any (only once)."""
+        self._purge()
+        if not isinstance(body, dict):
+            return None
+        key = (body.get("username"), body.get("name"))
+        waiting = self._waiting.get(key)  # type: ignore[arg-type]
+        if waiting is None or not waiting.launch.matches(body):
+            return None
+        del self._waiting[key]  # type: ignore[arg-type]
+        return waiting
+
+    def discard(self, waiting: Waiting) -> None:
+        key = (waiting.launch.username, waiting.launch.server)
+        if self._waiting.get(key) is waiting:
+            del self._waiting[key]
+
+    def _purge(self) -> None:
+        now = time.monotonic()
+        for key, w in list(self._waiting.items()):
+            if w.expires <= now:
+                del self._waiting[key]
 
 
 class LabfleetService(Application):
@@ -197,6 +275,48 @@ class LabfleetService(Application):
     def _lifetime_check_interval(self):
         return int(os.environ.get("LABFLEET_LIFETIME_CHECK_INTERVAL") or 60)
 
+    reconcile_interval = Float(
+        help="""Seconds between two reconciliations of the sessions with the Hub's servers (also done at
+        start): statuses follow what the Hub reports (a ready server's session is RUNNING even if the
+        spawner's report was lost), and slots held with no Hub server go back after
+        `reconcile_grace`. 0: only at start. Default: $LABFLEET_RECONCILE_INTERVAL, else 30.""",
+    ).tag(config=True)
+
+    @default("reconcile_interval")
+    def _reconcile_interval(self):
+        return float(os.environ.get("LABFLEET_RECONCILE_INTERVAL") or 30)
+
+    reconcile_grace = Float(
+        help="""Seconds since a session's last status change before reconciling gives back the slots
+        of a session whose Hub server does not exist (its spawner may be about to start or stop it).
+        Default: $LABFLEET_RECONCILE_GRACE, else 120.""",
+    ).tag(config=True)
+
+    @default("reconcile_grace")
+    def _reconcile_grace(self):
+        return float(os.environ.get("LABFLEET_RECONCILE_GRACE") or sessions.RECONCILE_GRACE)
+
+    exit_with_parent = Bool(
+        help="""Stop when the process that started this service (the Hub) is gone: a parent-death signal
+        (SIGTERM, on Linux) and a check of the parent every `parent_check_interval` seconds. A
+        killed Hub's service then frees its port for the next Hub's. Default: on when the Hub
+        started it ($JUPYTERHUB_SERVICE_NAME is set).""",
+    ).tag(config=True)
+
+    @default("exit_with_parent")
+    def _exit_with_parent(self):
+        return bool(os.environ.get("JUPYTERHUB_SERVICE_NAME"))
+
+    parent_check_interval = Float(1.0, help="Seconds between two checks that the parent is alive.").tag(
+        config=True
+    )
+
+    api_session_wait = Float(
+        10.0,
+        help="""Seconds POST /api/sessions (from anyone but the Hub) waits for the Hub's spawner to admit the
+        session whose server it asked the Hub to start; after that it answers 202 without the session.""",
+    ).tag(config=True)
+
     vfolder_trash_retention = Integer(
         30 * 24 * 3600,
         help="Seconds a file stays in a folder's trash before the periodic scan purges it; 0 keeps it.",
@@ -234,11 +354,18 @@ class LabfleetService(Application):
 
     @catch_config_error
     def initialize(self, argv=None) -> None:
+        self.parent_pid = os.getppid()  # first: the parent may die while this starts
         self.parse_command_line(argv)  # --help-all and the like print and exit here
         cli_config = deepcopy(self.config)
         path = Path(self.config_file)
         self.load_config_file(path.name, path=str(path.parent.absolute()))
         self.update_config(cli_config)  # the command line wins over the file
+        if self.exit_with_parent:
+            if not exit_with_parent_signal():
+                self.log.info("No parent-death signal here: the parent is checked on a clock only")
+            if jobs.parent_changed(self.parent_pid):
+                self.log.warning("The process that started this service is gone: not starting")
+                self.exit(1)
         database = bootstrap.open_database(self.db_url, upgrade=self.upgrade_db)
         self.engine, self.session_factory = database.engine, database.session_factory
         self.log.info("Database %s", database.state)
@@ -250,9 +377,12 @@ class LabfleetService(Application):
                 hosts.ensure_host(db, h)
         self.secretbox = SecretBox()
         self.limiter = RateLimiter()
+        self.nonces = NonceCache()  # signed requests' nonces, for the signature window
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
         self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
         self.jobs = jobs.JobLoop(self.log)
+        self.launches = Launches()
+        self._background: set[asyncio.Future] = set()
         self.folder_usage = FolderUsage(
             self.session_factory,
             self.log,
@@ -294,18 +424,86 @@ class LabfleetService(Application):
             except LabfleetError as e:
                 self.log.warning("Could not register image %s: %s", body.get("name"), e.message)
 
-    async def reconcile_with_hub(self) -> None:
-        """Release allocations of sessions whose Hub server is not running (after a restart)."""
-        running = await self.hub_sync.running_servers()
-        if running is None:
-            self.log.warning("Could not read running servers from the Hub: allocations not reconciled")
-            return
-        with lfdb.session_scope(self.session_factory) as db:
-            released = sessions.reconcile(db, running)
-        if released:
-            self.log.info(
-                "Reconciled with the Hub: released %d session(s) with no running server", len(released)
+    async def reconcile_with_hub(self) -> list[sessions.Fix] | None:
+        """Make sessions agree with the Hub's servers (see ``jobs.reconcile_sessions``)."""
+        return await jobs.reconcile_sessions(
+            self.session_factory, self.hub_sync, self.log, self.reconcile_grace
+        )
+
+    async def watch_parent(self) -> None:
+        if jobs.parent_changed(self.parent_pid):
+            self.log.warning("The Hub (pid %d) that started this service is gone: stopping", self.parent_pid)
+            self.stopping.set()
+
+    async def start_api_session(self, actor: Actor, body: Any) -> tuple[int, dict[str, Any]]:
+        """POST /api/sessions from anyone but the Hub: start the session's Hub server, as the spawn form does.
+
+        The request is checked as admission would check it, holding nothing; then the Hub is asked to
+        start a named server for the user with the request as its spawn options, and its spawner asks
+        for the session (charged to the keypair that signed the request). Answers 202 with the session
+        as admitted and its server's name once the spawner has asked, or after ``api_session_wait``
+        seconds without the session; the Hub's refusal (bad options, a quota) is the answer otherwise.
+        """
+        if not self.hub_sync.enabled:
+            raise LabfleetError("this service does not know the Hub: sessions start through the Hub", 503)
+        db = self.session_factory()
+        try:
+            launch = sessions.prepare_launch(db, actor, body)
+        finally:
+            db.rollback()  # nothing is held until the spawner asks
+            db.close()
+        waiting = self.launches.add(launch)
+        hub_call = asyncio.ensure_future(
+            self.hub_sync.start_server(launch.username, launch.server, launch.user_options)
+        )
+        self._background.add(hub_call)  # it may outlive this request: keep a reference
+        hub_call.add_done_callback(self._background.discard)
+        view: dict[str, Any] | None = None
+        error: LabfleetError | None = None
+        pending: set[asyncio.Future] = {waiting.admitted, hub_call}
+        deadline = time.monotonic() + self.api_session_wait
+        while pending and not waiting.admitted.done():
+            done, pending = await asyncio.wait(
+                pending, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
             )
+            if not done:
+                break  # the wait's bound
+            if hub_call in done and not waiting.admitted.done():
+                reply = hub_call.result()
+                if not reply.ok:
+                    self.launches.discard(waiting)
+                    error = _hub_refusal(reply)
+                    break
+        if waiting.admitted.done():
+            view, error = waiting.admitted.result()
+        with lfdb.session_scope(self.session_factory) as audit_db:
+            audit.record(
+                audit_db,
+                actor,
+                "session.start",
+                view["id"] if view else f"{launch.username}/{launch.server}",
+                target_domain=view["domain"] if view else None,
+                details={
+                    "server": launch.server,
+                    "project": launch.project,
+                    **({"status": view["status"]} if view else {}),
+                    **({"reason": error.message} if error else {}),
+                },
+                success=error is None,
+            )
+        if error is not None:
+            raise error
+        if view is None:
+            return 202, {
+                "id": None,
+                "name": launch.server,
+                "server": launch.server,
+                "user": launch.username,
+                "status": "STARTING",
+                "status_reason": f"the Hub is starting server {launch.server}; its session shows in "
+                "GET /api/sessions once the spawner asks for it",
+            }
+        return 202, {**view, "server": launch.server}
 
     async def serve_queues(self) -> list[str]:
         return jobs.serve_queues(self.session_factory, self.log)
@@ -316,7 +514,7 @@ class LabfleetService(Application):
     def make_app(self) -> web.Application:
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
         self.prefix = prefix
-        handlers = routes(prefix) + [(prefix + "oauth_callback", HubOAuthCallbackHandler)]
+        handlers = routes(prefix) + [(prefix + "oauth_callback", OAuthCallbackHandler)]
         return web.Application(
             handlers,
             labfleet=self,
@@ -348,20 +546,27 @@ class LabfleetService(Application):
         if self.sync_groups_on_start and self.hub_sync.enabled:
             with lfdb.session_scope(self.session_factory) as db:
                 names = list(db.scalars(select(User.username)))
-            asyncio.ensure_future(self.hub_sync.sync_all(names))
-            asyncio.ensure_future(self.reconcile_with_hub())
+            sync = asyncio.ensure_future(self.hub_sync.sync_all(names))
+            self._background.add(sync)
+            sync.add_done_callback(self._background.discard)
+        self.stopping = asyncio.Event()
+        if self.exit_with_parent:
+            self.jobs.add("parent", self.parent_check_interval, self.watch_parent, first_in=0)
+        if self.hub_sync.enabled:
+            # At start (after a restart of the Hub or of this service), then on a clock.
+            self.jobs.add("reconcile", max(self.reconcile_interval, 0), self.reconcile_with_hub, first_in=0)
         self.jobs.add("schedule", self.schedule_interval, self.serve_queues)
         if self.lifetime_check_interval > 0 and self.hub_sync.enabled:
             self.jobs.add("lifetime", self.lifetime_check_interval, self.stop_expired_sessions)
         if self.vfolder_scan_interval > 0:
             self.jobs.add("housekeeping", self.vfolder_scan_interval, self.folder_usage.housekeeping)
         loop_task = asyncio.ensure_future(self.jobs.run_forever())
-        # The Hub stops its managed services with SIGTERM: finish cleanly, no traceback.
-        stop = asyncio.Event()
+        # The Hub stops its managed services with SIGTERM (and a dead Hub's parent-death signal is
+        # SIGTERM too): finish cleanly, no traceback.
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+            loop.add_signal_handler(sig, self.stopping.set)
+        await self.stopping.wait()
         self.log.info("labfleet service stopping")
         loop_task.cancel()
         await self.jobs.stop()
@@ -370,6 +575,15 @@ class LabfleetService(Application):
 
     def start(self) -> None:
         asyncio.run(self.start_async())
+
+
+def _hub_refusal(reply) -> LabfleetError:
+    """The Hub's answer to a server start that did not start it, as this API's error."""
+    if reply.status == 0:
+        return LabfleetError(f"the Hub did not start the session: {reply.message}", 503)
+    if 400 <= reply.status < 500:
+        return LabfleetError(reply.message or f"the Hub answered {reply.status}", reply.status)
+    return LabfleetError(f"the Hub did not start the session: {reply.message}", 502)
 
 
 def main(argv=None) -> None:

@@ -86,13 +86,58 @@ class HubSync:
             await self._call("DELETE", f"/groups/{quote(group, safe='')}/users", {"users": [name]})
         self.log.info("Hub groups of %s: %s", name, sorted(desired))
 
-    async def running_servers(self) -> set[tuple[str, str]] | None:
-        """(user, server name) of every server the Hub runs or is starting; None if unreadable."""
-        got = await self._call("GET", "/users?state=active&limit=10000")
-        users = got.data
-        if got.status != 200 or not isinstance(users, list):
+    @staticmethod
+    def _server_states(user: dict[str, Any]) -> dict[str, str]:
+        """A Hub user model's servers: name -> "ready" or what it is pending ("spawn", "stop")."""
+        out = {}
+        for name, model in (user.get("servers") or {}).items():
+            model = model if isinstance(model, dict) else {}
+            if model.get("ready"):
+                out[name] = "ready"
+            elif model.get("pending"):
+                out[name] = str(model["pending"])
+        return out
+
+    async def servers(self, page: int = 200) -> dict[tuple[str, str], str] | None:
+        """(user, server name) -> "ready" or what it is pending, for every server the Hub runs or is
+        starting or stopping; None if the Hub could not be read (then nothing can be concluded).
+
+        Read page by page: the Hub caps a page (200 by default), whatever ``limit`` asks."""
+        out: dict[tuple[str, str], str] = {}
+        offset = 0
+        while True:
+            got = await self._call("GET", f"/users?state=active&offset={offset}&limit={page}")
+            users = got.data
+            if got.status != 200 or not isinstance(users, list):
+                return None
+            for u in users:
+                if isinstance(u, dict) and isinstance(u.get("name"), str):
+                    out.update({(u["name"], name): state for name, state in self._server_states(u).items()})
+            if not users:
+                return out
+            offset += len(users)
+
+    async def user_servers(self, user: str) -> dict[str, str] | None:
+        """One user's servers as :meth:`servers` tells them ({} for a user the Hub does not have);
+        None if the Hub could not be read."""
+        got = await self._call("GET", f"/users/{quote(user, safe='')}", ok=(200, 404))
+        if got.status == 404:
+            return {}
+        if got.status != 200 or not isinstance(got.data, dict):
             return None
-        return {(u["name"], name) for u in users for name in (u.get("servers") or {})}
+        return self._server_states(got.data)
+
+    async def start_server(self, user: str, server: str, user_options: dict[str, Any]) -> http.HTTPReply:
+        """Ask the Hub to start a named server with ``user_options``; its spawner then asks this
+        service to admit the session.  The Hub answers 201 (started) or 202 (starting), or the
+        spawn's error (bad options 400, a refusal 403/409).  A user the Hub does not have yet (the
+        group sync creates Hub users in the background) is created first."""
+        path = f"/users/{quote(user, safe='')}/servers/{quote(server, safe='')}"
+        got = await self._call("POST", path, user_options, ok=(201, 202))
+        if got.status == 404:
+            await self.sync_user(user)
+            got = await self._call("POST", path, user_options, ok=(201, 202))
+        return got
 
     async def stop_server(self, user: str, server: str) -> bool:
         """Ask the Hub to stop one server (its spawner then gives the allocation back)."""

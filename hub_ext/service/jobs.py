@@ -7,6 +7,10 @@ Jobs (see ``LabfleetService.start_async``):
   registered, a limit raised with the CLI). Poked at once after every committed write of the API.
 - ``lifetime``: ask the Hub to stop sessions past their max lifetime; the audit entry first.
 - ``housekeeping``: expire idle uploads, purge old trash, rescan the folders.
+- ``reconcile``: make sessions agree with the Hub's servers (at start, then on a clock): statuses
+  follow what the Hub reports, and slots held with no server go back after a grace period.
+- ``parent``: stop the service when the Hub that started it is gone (a killed Hub's service must
+  not keep the port from the next Hub's).
 
 A job that raises is logged and runs again at its next tick; a job never runs twice at once
 (a poke while it runs makes it run once more right after).
@@ -16,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -78,6 +83,62 @@ async def stop_expired_sessions(
         else:
             log.warning("Session %s reached its max lifetime, but the Hub did not stop it", sid)
     return stopped
+
+
+class HubServers(Protocol):
+    """What reconciling reads of the Hub (``HubSync``): None where the Hub could not be read."""
+
+    async def servers(self) -> dict[tuple[str, str], str] | None: ...
+
+    async def user_servers(self, user: str) -> dict[str, str] | None: ...
+
+
+async def reconcile_sessions(
+    session_factory: sessionmaker[Session],
+    hub: HubServers,
+    log: logging.Logger,
+    grace: float = sessions.RECONCILE_GRACE,
+    now: datetime | None = None,
+) -> list[sessions.Fix] | None:
+    """Make labfleet's sessions agree with the Hub's servers (:func:`sessions.plan_reconcile`).
+
+    Before slots go back, the Hub is asked again about each user whose session would lose them (a
+    user may have moved between pages of the list while it was read); a user it cannot tell about
+    keeps everything.  Returns the changes made; None if the Hub could not be read (nothing changes).
+    """
+    servers = await hub.servers()
+    if servers is None:
+        log.warning("Could not read the Hub's servers: sessions not reconciled")
+        return None
+    with lfdb.session_scope(session_factory) as db:
+        planned = sessions.plan_reconcile(sessions.live_sessions(db, now), servers, grace)
+    confirmed = set()
+    for user in sorted({f.user for f in planned if f.releases}):
+        again = await hub.user_servers(user)
+        servers = {k: v for k, v in servers.items() if k[0] != user}
+        if again is None:
+            servers.update({(user, f.server): sessions.UNKNOWN for f in planned if f.user == user})
+        else:
+            servers.update({(user, name): state for name, state in again.items()})
+            confirmed.add(user)
+    with lfdb.session_scope(session_factory) as db:
+        fixes = sessions.reconcile(db, servers, grace, now, release_users=confirmed)
+    for f in fixes:
+        log.info(
+            "Reconciled session %s (%s/%s) with the Hub: %s -> %s: %s",
+            f.session_id,
+            f.user,
+            f.server,
+            f.old,
+            f.status,
+            f.reason,
+        )
+    return fixes
+
+
+def parent_changed(parent_pid: int) -> bool:
+    """Whether the process that started this one is gone (its children are handed to another)."""
+    return os.getppid() != parent_pid
 
 
 # ---------------------------------------------------------------- the loop

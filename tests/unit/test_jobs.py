@@ -1,14 +1,24 @@
 """The service's job loop (hub_ext/service/jobs.py): a failing job does not stop it, a job never
-runs twice at once, a poke runs a job now. Real asyncio, short intervals, bounded waits."""
+runs twice at once, a poke runs a job now. Real asyncio, short intervals, bounded waits.
+Reconciling with the Hub's servers as a pure decision, and the service's end with its parent."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from hub_ext.service.jobs import JobLoop
+from hub_ext.compute.sessions import Fix, LiveSession, plan_reconcile
+from hub_ext.service.jobs import JobLoop, parent_changed
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def _until(cond, timeout: float = 5.0) -> None:
@@ -108,3 +118,141 @@ async def test_a_job_added_later_wakes_the_loop(loop_runner):
     await asyncio.sleep(0.05)  # the loop sleeps with nothing to do
     loop.add("late", 0.05, job)
     await asyncio.wait_for(ran.wait(), 2)
+
+
+# ---------------------------------------------------------------- reconciling with the Hub (pure)
+
+
+def _live(sid, status, age=0.0, user="alice", server="a", created=0.0):
+    return LiveSession(id=sid, user=user, server=server, status=status, created=created, age=age)
+
+
+def _plan(live, servers, grace=120):
+    return {f.session_id: (f.status, f.reason) for f in plan_reconcile(live, servers, grace)}
+
+
+def test_statuses_follow_what_the_hub_reports():
+    live = [
+        _live("s1", "SCHEDULED", server="a"),
+        _live("s2", "PREPARING", server="b"),
+        _live("s3", "SCHEDULED", server="c"),
+        _live("s4", "RUNNING", server="d"),
+        _live("s5", "PENDING", server="e"),  # queued: its spawner waits, the Hub says "spawn"
+        _live("s6", "PREPARING", server="f"),
+        _live("s7", "RUNNING", server="g"),  # being stopped: its spawner releases it
+    ]
+    servers = {
+        ("alice", "a"): "ready",
+        ("alice", "b"): "ready",
+        ("alice", "c"): "spawn",
+        ("alice", "d"): "ready",
+        ("alice", "e"): "spawn",
+        ("alice", "f"): "spawn",
+        ("alice", "g"): "stop",
+    }
+    plan = _plan(live, servers)
+    assert {k: v[0] for k, v in plan.items()} == {"s1": "RUNNING", "s2": "RUNNING", "s3": "PREPARING"}
+    assert plan["s1"][1] == "the Hub reports alice/a ready"
+
+
+def test_a_session_without_a_server_gives_its_slots_back_after_the_grace_period():
+    live = [
+        _live("young", "SCHEDULED", age=119, server="x"),
+        _live("old", "RUNNING", age=121, server="y"),
+        _live("queued", "PENDING", age=500, server="z"),
+        _live("stopping", "TERMINATING", age=500, server=""),
+    ]
+    plan = _plan(live, {})
+    assert {k: v[0] for k, v in plan.items()} == {
+        "old": "TERMINATED",
+        "queued": "CANCELLED",
+        "stopping": "TERMINATED",
+    }
+    assert plan["old"][1].startswith("the Hub has no server alice/y")
+    assert plan["stopping"][1].startswith("the Hub has no server alice's default server")
+    # Another user's server of the same name is not this one's.
+    assert (
+        _plan([_live("old", "RUNNING", age=500, server="y")], {("bob", "y"): "ready"})["old"][0]
+        == "TERMINATED"
+    )
+    # grace 0: at once
+    assert set(_plan(live, {}, grace=0)) == {"young", "old", "queued", "stopping"}
+
+
+def test_a_server_runs_its_newest_session_an_older_one_is_released():
+    live = [
+        _live("leaked", "SCHEDULED", age=300, created=1.0),
+        _live("current", "PREPARING", age=1, created=2.0),
+        _live("leaked-young", "RUNNING", age=10, created=0.5),
+    ]
+    plan = _plan(live, {("alice", "a"): "ready"})
+    assert plan["current"][0] == "RUNNING"
+    assert plan["leaked"] == (
+        "TERMINATED",
+        "alice/a runs a newer session (checked 300s after its last change)",
+    )
+    assert "leaked-young" not in plan
+
+
+def test_nothing_changes_for_a_server_the_hub_could_not_tell_about():
+    live = [_live("s1", "SCHEDULED", age=999), _live("s2", "RUNNING", age=999, created=-1)]
+    assert _plan(live, {("alice", "a"): "unknown"}) == {}
+
+
+def test_final_statuses_release():
+    assert Fix("s", "u", "a", "RUNNING", "TERMINATED", "").releases
+    assert Fix("s", "u", "a", "PENDING", "CANCELLED", "").releases
+    assert not Fix("s", "u", "a", "SCHEDULED", "RUNNING", "").releases
+
+
+# ---------------------------------------------------------------- the service does not outlive its Hub
+
+
+def test_parent_changed():
+    assert not parent_changed(os.getppid())
+    assert parent_changed(os.getppid() + 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_the_parent_death_signal_ends_a_child_whose_parent_is_killed(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    child = (
+        "import os, signal, sys, time; from hub_ext.service.app import exit_with_parent_signal; "
+        "assert exit_with_parent_signal(signal.SIGTERM); "
+        f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)",
+        ],
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (pidfile.exists() and pidfile.read_text()):
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        pid = int(pidfile.read_text())
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 5
+        while _alive(pid):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        if pidfile.exists() and pidfile.read_text() and _alive(int(pidfile.read_text())):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Alive and not a zombie (the child is reparented: its new parent reaps it, maybe later)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

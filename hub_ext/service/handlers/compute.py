@@ -10,8 +10,10 @@ from hub_ext.compute import images, nodes, sessions
 from hub_ext.compute.launchoptions import launch_options
 from hub_ext.core import authz
 from hub_ext.core.errors import Forbidden, LabfleetError, NotFound
-from hub_ext.core.validate import check_int
+from hub_ext.core.models import SESSION_STATUSES
+from hub_ext.core.validate import check_bool, check_choice
 from hub_ext.service.base import APIHandler
+from hub_ext.service.handlers.tenancy import request_json, required_body, whole_number_arg
 from hub_ext.tenancy import directory
 
 # ---------------------------------------------------------------- resource groups, nodes, sessions
@@ -22,7 +24,7 @@ class ResourceGroupListHandler(APIHandler):
         await self.run(lambda db, a: ([nodes.group_view(g) for g in nodes.list_groups(db, a)], None))
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
         await self.run(lambda db, a: (nodes.group_view(nodes.create_group(db, a, body)), None), status=201)
 
 
@@ -31,8 +33,9 @@ class ResourceGroupHandler(APIHandler):
         await self.run(lambda db, a: (nodes.group_view(nodes.get_group(db, a, name)), None))
 
     async def patch(self, name):
-        body = self.body
-        await self.run(lambda db, a: (nodes.group_view(nodes.update_group(db, a, name, body)), None))
+        await self.run(
+            lambda db, a: (nodes.group_view(nodes.update_group(db, a, name, required_body(self))), None)
+        )
 
 
 class NodeListHandler(APIHandler):
@@ -42,20 +45,47 @@ class NodeListHandler(APIHandler):
 
 class SessionListHandler(APIHandler):
     async def get(self):
-        filters = {k: self.query_arg(k) for k in ("user", "project", "domain", "status")}
-        await self.run(
-            lambda db, a: ([sessions.session_view(s) for s in sessions.list_sessions(db, a, filters)], None)
-        )
+        def op(db, actor):
+            filters = {k: self.query_arg(k) for k in ("user", "project", "domain", "status")}
+            if filters["status"] is not None:  # ?status= (empty) too: a filter that matches nothing is a typo
+                check_choice(filters["status"], "status", SESSION_STATUSES)
+            return [sessions.session_view(s) for s in sessions.list_sessions(db, actor, filters)], None
+
+        await self.run(op)
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
+        if self.actor.kind != "hub":
+            # A session asked through the API gets a Hub server, as one from the spawn form does:
+            # the Hub starts it, and its spawner asks for the session below (202 once it has).
+            try:
+                if self.actor.role == "monitor":
+                    raise Forbidden("a monitor changes nothing")
+                status, view = await self.lf.start_api_session(self.actor, body)
+            except LabfleetError as e:
+                self.send_error_json(e.status, e.message)
+                return
+            self.write_json(view, status)
+            return
+        # The Hub's spawner asks for a session: admission. When it is the server of a session started
+        # through the API, that request's launch (keypair, exact slots) applies and learns the outcome.
+        waiting = self.lf.launches.take(body)
+        outcome: dict = {}
 
         def op(db, actor):
-            if actor.role == "monitor":
-                raise Forbidden("a monitor changes nothing")
-            return sessions.session_detail(db, sessions.admit(db, actor, body)), None
+            try:
+                view = sessions.session_detail(
+                    db, sessions.admit(db, actor, body, launch=waiting.launch if waiting else None)
+                )
+            except LabfleetError as e:
+                outcome["error"] = e
+                raise
+            outcome["view"] = view
+            return view, None
 
         await self.run(op, status=201)
+        if waiting is not None:
+            waiting.settle(outcome.get("view"), outcome.get("error"))
 
 
 class SessionHandler(APIHandler):
@@ -65,7 +95,7 @@ class SessionHandler(APIHandler):
         )
 
     async def patch(self, session_id):
-        body = self.body
+        body = request_json(self)
         await self.run(
             lambda db, a: (sessions.session_detail(db, sessions.update_status(db, a, session_id, body)), None)
         )
@@ -86,11 +116,10 @@ class SessionLogsHandler(APIHandler):
     """The session's backend output (process output, container logs), for its owner and admins."""
 
     async def get(self, session_id):
-        tail = self.query_arg("tail")
         try:
-            limit = check_int(int(tail), "tail", minimum=1, maximum=MAX_LOG_TAIL) if tail else MAX_LOG_TAIL
-        except (ValueError, LabfleetError):
-            self.send_error_json(400, f"tail must be a number of bytes from 1 to {MAX_LOG_TAIL}")
+            limit = whole_number_arg(self, "tail", default=MAX_LOG_TAIL, minimum=1, maximum=MAX_LOG_TAIL)
+        except LabfleetError as e:  # not a whole number of bytes from 1 to MAX_LOG_TAIL, or too long
+            self.send_error_json(e.status, e.message)
             return
 
         def op(db, actor):
@@ -118,10 +147,8 @@ class SessionLogsHandler(APIHandler):
 
 class QueueHandler(APIHandler):
     async def get(self):
-        group_name = self.query_arg("resource_group") or nodes.DEFAULT_GROUP
-
         def op(db, actor):
-            group = nodes.get_group(db, actor, group_name)
+            group = nodes.get_group(db, actor, self.query_arg("resource_group") or nodes.DEFAULT_GROUP)
             readable = {s.id for s in sessions.list_sessions(db, actor, {"status": "PENDING"})}
             # Positions count everyone's sessions; only the caller's own (or their domain's) are shown.
             return [row for row in sessions.queue_view(db, group) if row["id"] in readable], None
@@ -137,13 +164,17 @@ class ImageListHandler(APIHandler):
         await self.run(lambda db, a: ([images.image_view(i) for i in images.list_images(db, a)], None))
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
         labels = None
-        if isinstance(body, dict) and body.get("inspect"):
-            # Read the image's own labels from the Docker engine (off the event loop).
+        if isinstance(body, dict) and "inspect" in body:
+            # Read the image's own labels from the Docker engine (off the event loop), for those who
+            # may register images: anyone else is refused before Docker is asked anything.
             try:
-                name = images.check_image_name(body.get("name"))
-                labels = await asyncio.to_thread(images.docker_labels, name)
+                if not self.actor.is_superadmin:
+                    raise Forbidden("only a superadmin registers images")
+                if check_bool(body["inspect"], "inspect"):
+                    name = images.check_image_name(body.get("name"))
+                    labels = await asyncio.to_thread(images.docker_labels, name)
             except LabfleetError as e:
                 self.send_error_json(e.status, e.message)
                 return
@@ -157,8 +188,9 @@ class ImageHandler(APIHandler):
         await self.run(lambda db, a: (images.image_view(images.get_image(db, a, name)), None))
 
     async def patch(self, name):
-        body = self.body
-        await self.run(lambda db, a: (images.image_view(images.update(db, a, name, body)), None))
+        await self.run(
+            lambda db, a: (images.image_view(images.update(db, a, name, required_body(self))), None)
+        )
 
     async def delete(self, name):
         def op(db, actor):
