@@ -1,8 +1,10 @@
 """The DB-backed scheduler on SQLite and on a real PostgreSQL server: admit, queue,
-release, quotas, and 200 concurrent admissions racing for one device."""
+release, quotas, and 200 concurrent admissions racing for one device; reconciling with the Hub's
+servers; sessions started through the API (checked, holding nothing, then admitted by the spawner)."""
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -18,7 +20,7 @@ from hub_ext.core.errors import LabfleetError
 from hub_ext.core.models import Allocation, AuditEntry, ComputeSession
 from hub_ext.core.secretbox import ensure_key_file
 from hub_ext.service import jobs
-from hub_ext.tenancy import directory, policies
+from hub_ext.tenancy import directory, keypairs, policies
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
 
@@ -232,4 +234,199 @@ async def test_the_lifetime_job_audits_before_it_asks_the_hub(tmp_path, monkeypa
     later = datetime.now(timezone.utc) + timedelta(seconds=11)
     assert await jobs.stop_expired_sessions(factory, stop_server, log, now=later) == [sid]
     assert seen == [[sid]]
+    engine.dispose()
+
+
+# ---------------------------------------------------------------- reconciling with the Hub (service/jobs.py)
+
+
+class FakeHub:
+    """The Hub's servers as HubSync reads them: the list, and each user again before a release."""
+
+    def __init__(self, servers, again=None):
+        self.listed = servers  # None: the Hub could not be read
+        self.again = again if again is not None else {}
+        self.asked = []
+
+    async def servers(self):
+        return None if self.listed is None else dict(self.listed)
+
+    async def user_servers(self, user):
+        self.asked.append(user)
+        if user in self.again:
+            return self.again[user]
+        return {name: state for (u, name), state in (self.listed or {}).items() if u == user}
+
+
+def _admit_server(factory, server, user="alice", **slots):
+    with lfdb.session_scope(factory) as db:
+        s = sessions.admit(
+            db, Actor.hub(), {"project": "acme/ml", "username": user, "name": server, "slots": slots}
+        )
+        return s.id
+
+
+def _statuses(factory):
+    with lfdb.session_scope(factory) as db:
+        return {s.id: s.status for s in db.scalars(select(ComputeSession))}
+
+
+async def test_reconcile_follows_the_hub_and_releases_after_the_grace_period(world):
+    log = logging.getLogger("test")
+    ready = _admit_server(world, "ready", **{"gpu.shares": 0.25})
+    starting = _admit_server(world, "starting", **{"gpu.shares": 0.25})
+    gone = _admit_server(world, "gone", **{"gpu.shares": 0.25})
+    moved = _admit_server(world, "moved", user="bob", **{"gpu.shares": 0.25})
+    assert _held_centi(world) == 100
+    # bob's server was missed by the list (paging): asked again, it is there.
+    hub = FakeHub(
+        {("alice", "ready"): "ready", ("alice", "starting"): "spawn"}, again={"bob": {"moved": "ready"}}
+    )
+    fixes = await jobs.reconcile_sessions(world, hub, log)
+    assert {f.session_id: f.status for f in fixes} == {ready: "RUNNING", starting: "PREPARING"}
+    assert _statuses(world)[gone] == "SCHEDULED"  # within the grace period: kept
+    later = datetime.now(timezone.utc) + timedelta(seconds=121)
+    fixes = await jobs.reconcile_sessions(world, hub, log, now=later)
+    assert {f.session_id: f.status for f in fixes} == {gone: "TERMINATED", moved: "RUNNING"}
+    assert sorted(hub.asked) == ["alice", "bob"]
+    statuses = _statuses(world)
+    assert (statuses[ready], statuses[starting], statuses[gone], statuses[moved]) == (
+        "RUNNING",
+        "PREPARING",
+        "TERMINATED",
+        "RUNNING",
+    )
+    assert _held_centi(world) == 75
+    with lfdb.session_scope(world) as db:
+        entries = list(db.scalars(select(AuditEntry).where(AuditEntry.action == "session.reconcile")))
+        gone_entry = next(e for e in entries if e.target == gone)
+        assert (
+            gone_entry.details["to"] == "TERMINATED"
+            and "no server alice/gone" in gone_entry.details["reason"]
+        )
+        assert len(entries) == 4
+        s = db.get(ComputeSession, gone)
+        assert s.allocations == [] and "the Hub has no server alice/gone" in s.status_reason
+    # Nothing more to do.
+    assert await jobs.reconcile_sessions(world, hub, log, now=later) == []
+
+
+async def test_reconcile_changes_nothing_when_the_hub_cannot_tell(world):
+    log = logging.getLogger("test")
+    sid = _admit_server(world, "a", **{"gpu.shares": 0.5})
+    later = datetime.now(timezone.utc) + timedelta(days=1)
+    assert await jobs.reconcile_sessions(world, FakeHub(None), log, now=later) is None
+    # The list says nothing of alice and the Hub cannot be asked about her again: she keeps it.
+    assert await jobs.reconcile_sessions(world, FakeHub({}, again={"alice": None}), log, now=later) == []
+    assert _statuses(world)[sid] == "SCHEDULED" and _held_centi(world) == 50
+
+
+async def test_a_release_by_reconcile_serves_the_queue(world):
+    log = logging.getLogger("test")
+    gone = _admit_server(world, "gone", gpu=1)
+    waiting = _admit_server(world, "waiting", user="bob", gpu=1)
+    assert _statuses(world)[waiting] == "PENDING"
+    later = datetime.now(timezone.utc) + timedelta(seconds=200)
+    hub = FakeHub({("bob", "waiting"): "spawn"})
+    fixes = await jobs.reconcile_sessions(world, hub, log, now=later)
+    assert [(f.session_id, f.status) for f in fixes] == [(gone, "TERMINATED")]
+    assert _statuses(world)[waiting] == "SCHEDULED"
+
+
+# ---------------------------------------------------------------- sessions started through the API
+
+
+def _alice(db, keypair=None):
+    user = directory.get_user(db, "alice")
+    actor = directory.actor_for(user)
+    return replace(actor, keypair=keypair) if keypair else actor
+
+
+def test_an_api_session_is_checked_as_admission_would_and_holds_nothing(world):
+    with lfdb.session_scope(world) as db:
+        launch = sessions.prepare_launch(
+            db,
+            _alice(db),
+            {
+                "project": "ml",
+                "slots": {"cpu": 2, "mem": "8g", "gpu.shares": 0.5},
+                "type": "batch",
+                "command": "python train.py",
+                "vfolders": [],
+            },
+        )
+        db.rollback()
+    assert launch.username == "alice" and launch.server.startswith("api-") and len(launch.server) == 12
+    assert launch.user_options == {
+        "project": "ml",
+        "type": "batch",
+        "cpu": "2",
+        "mem": 8 * 2**30,
+        "gpu": "0.5",
+        "command": "python train.py",
+    }
+    assert launch.keypair is None
+    with lfdb.session_scope(world) as db:
+        assert db.scalar(select(func.count()).select_from(ComputeSession)) == 0
+    assert _held_centi(world) == 0
+    for body, status, words in [
+        ({"project": "ml", "slots": {"gpu": 2}}, 409, "could ever hold"),
+        ({"project": "ml", "slots": {"gpu.shares": 1.5}}, 400, ""),
+        ({"project": "ml", "type": "batch"}, 400, "needs a command"),
+        ({"project": "ml", "command": "ls"}, 400, "takes no command"),
+        ({"project": "ml", "name": "../x"}, 400, "not a server name"),
+        ({"project": "ml", "username": "bob"}, 403, "only for yourself"),
+        ({"project": "nope"}, 403, "not a member"),
+    ]:
+        with pytest.raises(LabfleetError) as e, lfdb.session_scope(world) as db:
+            sessions.prepare_launch(db, _alice(db), body)
+        assert e.value.status == status and words in e.value.message, (body, e.value.message)
+    # A live session on the server named is a conflict.
+    _admit_server(world, "work", **{"gpu.shares": 0.5})
+    with pytest.raises(LabfleetError) as e, lfdb.session_scope(world) as db:
+        sessions.prepare_launch(db, _alice(db), {"project": "ml", "name": "work"})
+    assert e.value.status == 409 and "server 'work'" in e.value.message
+
+
+def test_the_spawners_admission_of_an_api_session_takes_its_slots_and_keypair(world):
+    with lfdb.session_scope(world) as db:
+        alice = directory.get_user(db, "alice")
+        kp, _ = keypairs.new_keypair(db, alice, alice.main_keypair.resource_policy)
+        access_key = kp.access_key
+    with lfdb.session_scope(world) as db:
+        body = {"project": "acme/ml", "name": "m", "slots": {"gpu.shares:A100-80GB": 0.5}}
+        launch = sessions.prepare_launch(db, _alice(db, access_key), body)
+        db.rollback()
+    assert launch.keypair == access_key and launch.user_options["gpu"] == "0.5"
+    # What the spawner sends, from those options (its own slot names).
+    spawner_body = {
+        "project": "acme/ml",
+        "username": "alice",
+        "name": "m",
+        "type": "interactive",
+        "slots": {"gpu.shares": "0.5"},
+    }
+    assert launch.matches(spawner_body)
+    assert not launch.matches({**spawner_body, "name": "other"})
+    with lfdb.session_scope(world) as db:
+        s = sessions.admit(db, Actor.hub(), spawner_body, launch=launch)
+        assert s.keypair.access_key == access_key and s.requested_slots == {"gpu.shares:A100-80GB": "0.5"}
+        assert s.gpu_models == [] and s.status == "SCHEDULED"
+
+
+def test_grants_set_again_with_the_same_entries_are_kept(tmp_path, monkeypatch):
+    # Found by the fuzzer: a PATCH repeating an existing grant hit the UNIQUE constraint (500).
+    engine, factory = _world(f"sqlite:///{tmp_path / 'g.sqlite'}", tmp_path, monkeypatch)
+    with lfdb.session_scope(factory) as db:
+        nodes.create_group(db, CLI, {"name": "a100", "grants": [{"kind": "domain", "target": "acme"}]})
+    for grants in (
+        [{"kind": "domain", "target": "acme"}],
+        [{"kind": "domain", "target": "acme"}, {"kind": "user", "target": "bob"}],
+        [{"kind": "user", "target": "bob"}],
+    ):
+        with lfdb.session_scope(factory) as db:
+            nodes.update_group(db, CLI, "a100", {"grants": grants})
+        with lfdb.session_scope(factory) as db:
+            got = {(g.kind, g.target) for g in nodes.get_group(db, CLI, "a100").grants}
+            assert got == {(g["kind"], g["target"]) for g in grants}
     engine.dispose()

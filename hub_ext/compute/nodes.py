@@ -107,9 +107,11 @@ def _apply_group_fields(group: ResourceGroup, body: dict[str, Any]) -> None:
     if "pending_timeout" in body:
         group.pending_timeout = check_int(body["pending_timeout"], "pending_timeout", maximum=30 * 24 * 3600)
     if "grants" in body:
-        group.grants = [
-            ResourceGroupGrant(kind=k, target=t) for k, t in dict.fromkeys(_check_grants(body["grants"]))
-        ]
+        # Keep the rows of grants that stay: replacing them would insert a row the UNIQUE
+        # (group, kind, target) constraint still sees before the old one is deleted.
+        wanted = list(dict.fromkeys(_check_grants(body["grants"])))
+        kept = {(g.kind, g.target): g for g in group.grants if (g.kind, g.target) in wanted}
+        group.grants = [kept.get(kt) or ResourceGroupGrant(kind=kt[0], target=kt[1]) for kt in wanted]
 
 
 def create_group(db: Session, actor: Actor, body: Any) -> ResourceGroup:

@@ -4,16 +4,17 @@ Routes are listed in ``routes()`` and described in ``openapi.yaml`` (a test chec
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tornado import web
 
 from hub_ext.compute.quota import me_view
 from hub_ext.core import audit
-from hub_ext.core.errors import InvalidInput, NotFound
-from hub_ext.core.validate import check_int
+from hub_ext.core.errors import NotFound
 from hub_ext.service.base import APIHandler, BaseHandler
 from hub_ext.service.handlers import auth, compute, storage, tenancy
+from hub_ext.service.handlers.tenancy import whole_number_arg
 from hub_ext.tenancy import directory
 
 SPEC_FILE = Path(__file__).parent.parent / "openapi.yaml"
@@ -34,13 +35,9 @@ class MeHandler(APIHandler):
 
 class AuditHandler(APIHandler):
     async def get(self):
-        limit_arg = self.get_query_argument("limit", "100")
-        action = self.query_arg("action")
-
         def op(db, actor):
-            if not limit_arg.isdigit():
-                raise InvalidInput("limit must be a whole number")
-            limit = check_int(int(limit_arg), "limit", minimum=1, maximum=1000)
+            limit = whole_number_arg(self, "limit", default=100, minimum=1, maximum=1000)
+            action = self.query_arg("action")
             return [
                 audit.entry_view(e) for e in audit.list_entries(db, actor, limit=limit, action=action)
             ], None
@@ -54,6 +51,13 @@ class SpecHandler(web.RequestHandler):
     def get(self):
         self.set_header("Content-Type", "application/yaml; charset=utf-8")
         self.finish(SPEC_FILE.read_text())
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        # Errors as JSON like the rest of the API; a refused method says which one is allowed (RFC 9110).
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        if status_code == 405:
+            self.set_header("Allow", "GET")
+        self.finish(json.dumps({"status": status_code, "message": self._reason}))
 
 
 # ---------------------------------------------------------------- pages

@@ -11,6 +11,7 @@ from hub_ext.core.errors import Forbidden, InvalidInput, NotFound
 from hub_ext.core.passwords import verify_password
 from hub_ext.core.validate import check_bool, check_fields, check_name, check_text, check_username
 from hub_ext.service.base import APIHandler, needs_hub
+from hub_ext.service.handlers.tenancy import request_json
 from hub_ext.tenancy import directory
 
 
@@ -25,7 +26,7 @@ class PasswordLoginHandler(APIHandler):
     """The Hub's authenticator checks a password here; logins and failures go to the audit log."""
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             needs_hub(actor)
@@ -78,7 +79,7 @@ class IdentityHandler(PasswordLoginHandler):
     """Map an identity proven by another authenticator (OAuth, ...) to a labfleet user."""
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
         created: list[str] = []
 
         def op(db, actor):

@@ -15,6 +15,7 @@ from tornado import web
 from hub_ext.core.errors import InvalidInput, LabfleetError
 from hub_ext.core.validate import check_bool, check_fields, check_int
 from hub_ext.service.base import APIHandler
+from hub_ext.service.handlers.tenancy import request_json, required_body
 from hub_ext.storage import files as vffiles
 from hub_ext.storage import folders as vfolders
 from hub_ext.storage import hosts, uploads
@@ -44,7 +45,7 @@ class StorageHostListHandler(VFolderAPIHandler):
         await self.do(lambda db, a: [hosts.view_for(db, a, h) for h in hosts.list_hosts(db)])
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
         await self.do(
             lambda db, a: hosts.host_view(db, hosts.create_host(db, a, body), admin=True), status=201
         )
@@ -55,8 +56,9 @@ class StorageHostHandler(VFolderAPIHandler):
         await self.do(lambda db, a: hosts.view_for(db, a, hosts.get_host(db, name)))
 
     async def patch(self, name):
-        body = self.body
-        await self.do(lambda db, a: hosts.host_view(db, hosts.update_host(db, a, name, body), admin=True))
+        await self.do(
+            lambda db, a: hosts.host_view(db, hosts.update_host(db, a, name, required_body(self)), admin=True)
+        )
 
     async def delete(self, name):
         def op(db, actor):
@@ -71,16 +73,22 @@ class StorageHostHandler(VFolderAPIHandler):
 
 class VFolderListHandler(VFolderAPIHandler):
     async def get(self):
-        filters = {k: self.query_arg(k) for k in ("scope", "status", "domain")}
-
-        await self.do(
-            lambda db, a: [
-                vfolders.view_for(db, a, v, acc) for v, acc in vfolders.list_folders(db, a, filters)
+        def op(db, actor):
+            filters = {k: self.query_arg(k) for k in ("scope", "status", "domain")}
+            for name in ("scope", "status"):
+                if filters[name] == "":  # not "the default": an empty choice is a mistake
+                    raise InvalidInput(f"{name} must not be empty: leave it out for the default")
+            return [
+                vfolders.view_for(db, actor, v, acc) for v, acc in vfolders.list_folders(db, actor, filters)
             ]
-        )
+
+        await self.do(op)
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
+        if isinstance(body, dict) and not isinstance(body.get("host", ""), str):
+            self.send_error_json(400, "host must be the name of a storage host")
+            return
 
         default_host = self.lf.vfolder_default_host or None
         await self.do(
@@ -93,8 +101,7 @@ class VFolderUsageHandler(VFolderAPIHandler):
     """Usage against limits per quota scope: mine, or a user's for their admins."""
 
     async def get(self):
-        username = self.query_arg("user")
-        await self.do(lambda db, a: vfolders.scope_usage(db, a, username))
+        await self.do(lambda db, a: vfolders.scope_usage(db, a, self.query_arg("user")))
 
 
 class VFolderHandler(VFolderAPIHandler):
@@ -102,9 +109,9 @@ class VFolderHandler(VFolderAPIHandler):
         await self.do(lambda db, a: vfolders.view_for(db, a, *vfolders.readable(db, a, folder_id)))
 
     async def patch(self, folder_id):
-        body = self.body
-
-        await self.do(lambda db, a: vfolders.view_for(db, a, *vfolders.update(db, a, folder_id, body)))
+        await self.do(
+            lambda db, a: vfolders.view_for(db, a, *vfolders.update(db, a, folder_id, required_body(self)))
+        )
 
     async def delete(self, folder_id):
         await self.do(lambda db, a: vfolders.status_view(vfolders.trash(db, a, folder_id)))
@@ -127,7 +134,7 @@ class VFolderActionHandler(VFolderAPIHandler):
 
 class VFolderInviteHandler(VFolderAPIHandler):
     async def post(self, folder_id):
-        body = self.body
+        body = request_json(self)
         await self.do(
             lambda db, a: vfshare.invitation_view(vfshare.invite(db, a, folder_id, body)), status=201
         )
@@ -137,16 +144,18 @@ class InvitationListHandler(VFolderAPIHandler):
     """Invitations I received or sent: pending ones, or ?state=all."""
 
     async def get(self):
-        state = self.query_arg("state") or "pending"
-        if state not in ("pending", "accepted", "declined", "cancelled", "all"):
-            self.send_error_json(400, "state must be pending, accepted, declined, cancelled or all")
-            return
-        await self.do(
-            lambda db, a: [
+        def op(db, actor):
+            state = self.query_arg("state")
+            if state is None:
+                state = "pending"
+            if state not in ("pending", "accepted", "declined", "cancelled", "all"):
+                raise InvalidInput("state must be pending, accepted, declined, cancelled or all")
+            return [
                 vfshare.invitation_view(i)
-                for i in vfshare.list_invitations(db, a, state=None if state == "all" else state)
+                for i in vfshare.list_invitations(db, actor, state=None if state == "all" else state)
             ]
-        )
+
+        await self.do(op)
 
 
 class InvitationAnswerHandler(VFolderAPIHandler):
@@ -168,7 +177,7 @@ class VFolderPermissionListHandler(VFolderAPIHandler):
 
 class VFolderPermissionHandler(VFolderAPIHandler):
     async def put(self, folder_id, username):
-        body = self.body
+        body = request_json(self)
         await self.do(lambda db, a: vfshare.set_permission(db, a, folder_id, username, body))
 
     async def delete(self, folder_id, username):
@@ -192,9 +201,10 @@ class _StreamingHandler(VFolderAPIHandler):
     """Streams a PUT or PATCH body into an upload (hub_ext.storage.uploads) as it arrives."""
 
     upload: uploads.Body | None = None
-    # A refusal decided before the body arrived.  It is sent once the body has been read: an
-    # answer sent earlier makes tornado drop the connection, which the Hub's proxy may be
-    # reusing for the next request.  (To be refused before sending a big body, POST /uploads.)
+    # A refusal decided before the body arrived.  It is sent once the body has been read, for every
+    # method (a GET has an empty body, still not read when prepare() runs): an answer sent earlier
+    # makes tornado drop the connection after it, which the Hub's proxy may be reusing for the
+    # next request (that one then fails, 503).  (To be refused before sending a big body, POST /uploads.)
     refusal: LabfleetError | None = None
 
     async def prepare(self) -> None:
@@ -205,10 +215,15 @@ class _StreamingHandler(VFolderAPIHandler):
             if self.request.method in ("PUT", "PATCH"):
                 self.upload = self.begin_body()
         except LabfleetError as e:
-            if self.request.method in ("PUT", "PATCH"):
-                self.refusal = e
-            else:
-                self.send_error_json(e.status, e.message)
+            self.refusal = e
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        if status_code == 405:
+            # A method tornado does not know (TRACE, QUERY, ...) is refused as soon as the headers are
+            # in, before the (empty) body is read, and tornado then closes the connection: say so, or
+            # the Hub's proxy reuses it for the next request, which then fails (503).
+            self.set_header("Connection", "close")
+        super().write_error(status_code, **kwargs)
 
     def refuse_late(self) -> bool:
         if self.refusal is None:
@@ -261,6 +276,8 @@ class FilesHandler(_StreamingHandler):
             self.write_json(vffiles.entry_view(done.entry), 201)
 
     async def get(self, folder_id, raw):
+        if self.refuse_late():
+            return
         try:
             rel = check_relpath(raw or "")
             archive = self.query_arg("archive")
@@ -304,6 +321,8 @@ class FilesHandler(_StreamingHandler):
         self.finish()
 
     async def delete(self, folder_id, raw):
+        if self.refuse_late():
+            return
         await self.do(
             lambda db, a: vffiles.trash_view(vffiles.trash(db, a, folder_id, raw or "")), rescan=folder_id
         )
@@ -316,7 +335,7 @@ def _attachment(filename: str) -> str:
 
 class MkdirHandler(VFolderAPIHandler):
     async def post(self, folder_id):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             b = check_fields(body, required=["path"], optional=["parents"])
@@ -328,7 +347,7 @@ class MkdirHandler(VFolderAPIHandler):
 
 class MoveHandler(VFolderAPIHandler):
     async def post(self, folder_id):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             b = check_fields(body, required=["from", "to"], optional=["overwrite"])
@@ -347,7 +366,7 @@ class TrashListHandler(VFolderAPIHandler):
 
 class TrashRestoreHandler(VFolderAPIHandler):
     async def post(self, folder_id, trash_id):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             b = check_fields(body, optional=["to"])
@@ -373,7 +392,7 @@ class UploadListHandler(VFolderAPIHandler):
     """POST {path, size}: reserve the room and start a resumable upload."""
 
     async def post(self, folder_id):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             b = check_fields(body, required=["path", "size"])
@@ -404,6 +423,8 @@ class UploadHandler(_StreamingHandler):
             raise
 
     async def get(self, folder_id, upload_id):
+        if self.refuse_late():
+            return
         await self.do(lambda db, a: uploads.status(db, a, folder_id, upload_id))
 
     async def patch(self, folder_id, upload_id):
@@ -413,6 +434,9 @@ class UploadHandler(_StreamingHandler):
             self.write_json(done.view)
 
     async def delete(self, folder_id, upload_id):
+        if self.refuse_late():
+            return
+
         def op(db, actor):
             uploads.cancel(db, actor, folder_id, upload_id)
             return {"cancelled": upload_id}

@@ -2,10 +2,59 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from hub_ext.core import hubmap
+from hub_ext.core.errors import InvalidInput
+from hub_ext.core.validate import check_int
 from hub_ext.service.base import APIHandler
 from hub_ext.service.hubsync import SyncPlan
 from hub_ext.tenancy import directory, keypairs, policies
+
+# ---------------------------------------------------------------- request helpers (every handler module)
+
+
+def request_json(handler: APIHandler) -> Any:
+    """The request's JSON body, with numbers that have no fraction read as whole numbers.
+
+    JSON (and openapi.yaml's ``integer``, JSON Schema 2020-12) does not tell ``3`` from ``3.0``;
+    the logic modules check ``int``.  Walked without recursion: the body may nest deeply."""
+    body = handler.body
+    if isinstance(body, float) and body.is_integer():
+        return int(body)
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        pairs = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in list(pairs):
+            if isinstance(value, float) and value.is_integer():
+                node[key] = int(value)
+            elif isinstance(value, (dict, list)):
+                stack.append(value)
+    return body
+
+
+def required_body(handler: APIHandler) -> Any:
+    """The JSON body of a request that must have one (openapi.yaml: ``requestBody.required``).
+
+    An empty body reads as ``{}``, which is a valid (empty) change for the PATCH routes and a valid
+    request for POST /keypairs: refuse it, so a client that forgot the body is told so.  Call it
+    inside ``run()``: it raises InvalidInput (400)."""
+    if not (handler.request.body or b"").strip():
+        raise InvalidInput("a JSON object is required as the request body; send {} to change nothing")
+    return request_json(handler)
+
+
+def whole_number_arg(handler: APIHandler, name: str, *, default: int, minimum: int, maximum: int) -> int:
+    """An optional query argument that must be a whole number (ASCII digits) from minimum to maximum."""
+    raw = handler.query_arg(name)
+    if raw is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,18}", raw):
+        raise InvalidInput(f"{name} must be a whole number from {minimum} to {maximum}")
+    return check_int(int(raw), name, minimum=minimum, maximum=maximum)
+
 
 # ---------------------------------------------------------------- domains
 
@@ -17,7 +66,7 @@ class DomainListHandler(APIHandler):
         )
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             d = directory.create_domain(db, actor, body)
@@ -33,10 +82,9 @@ class DomainHandler(APIHandler):
         )
 
     async def patch(self, name):
-        body = self.body
         await self.run(
             lambda db, a: (
-                directory.domain_view(directory.update_domain(db, a, name, body), detail=True),
+                directory.domain_view(directory.update_domain(db, a, name, required_body(self)), detail=True),
                 None,
             )
         )
@@ -56,13 +104,16 @@ class DomainHandler(APIHandler):
 
 class ProjectListHandler(APIHandler):
     async def get(self):
-        domain = self.query_arg("domain")
+        # Query arguments are read inside run(): a bad one is a 400 like any other bad input.
         await self.run(
-            lambda db, a: ([directory.project_view(p) for p in directory.list_projects(db, a, domain)], None)
+            lambda db, a: (
+                [directory.project_view(p) for p in directory.list_projects(db, a, self.query_arg("domain"))],
+                None,
+            )
         )
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             p = directory.create_project(db, actor, body)
@@ -78,9 +129,11 @@ class ProjectHandler(APIHandler):
         )
 
     async def patch(self, domain, name):
-        body = self.body
         await self.run(
-            lambda db, a: (directory.project_view(directory.update_project(db, a, domain, name, body)), None)
+            lambda db, a: (
+                directory.project_view(directory.update_project(db, a, domain, name, required_body(self))),
+                None,
+            )
         )
 
     async def delete(self, domain, name):
@@ -103,7 +156,7 @@ class MemberListHandler(APIHandler):
         await self.run(op)
 
     async def post(self, domain, name):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             u = directory.add_member(db, actor, domain, name, body)
@@ -126,13 +179,15 @@ class MemberHandler(APIHandler):
 
 class UserListHandler(APIHandler):
     async def get(self):
-        domain = self.query_arg("domain")
         await self.run(
-            lambda db, a: ([directory.user_view(u) for u in directory.list_users(db, a, domain)], None)
+            lambda db, a: (
+                [directory.user_view(u) for u in directory.list_users(db, a, self.query_arg("domain"))],
+                None,
+            )
         )
 
     async def post(self):
-        body = self.body
+        body = request_json(self)
 
         def op(db, actor):
             u = directory.create_user(db, actor, body)
@@ -146,10 +201,8 @@ class UserHandler(APIHandler):
         await self.run(lambda db, a: (directory.user_view(directory.readable_user(db, a, username)), None))
 
     async def patch(self, username):
-        body = self.body
-
         def op(db, actor):
-            u = directory.update_user(db, actor, username, body)
+            u = directory.update_user(db, actor, username, required_body(self))
             return directory.user_view(u), SyncPlan(users={u.username})
 
         await self.run(op)
@@ -172,7 +225,7 @@ class PolicyListHandler(APIHandler):
         )
 
     async def post(self, kind):
-        body = self.body
+        body = request_json(self)
         await self.run(
             lambda db, a: (policies.policy_view(kind, policies.create_policy(db, a, kind, body)), None),
             status=201,
@@ -186,9 +239,11 @@ class PolicyHandler(APIHandler):
         )
 
     async def patch(self, kind, name):
-        body = self.body
         await self.run(
-            lambda db, a: (policies.policy_view(kind, policies.update_policy(db, a, kind, name, body)), None)
+            lambda db, a: (
+                policies.policy_view(kind, policies.update_policy(db, a, kind, name, required_body(self))),
+                None,
+            )
         )
 
     async def delete(self, kind, name):
@@ -204,16 +259,16 @@ class PolicyHandler(APIHandler):
 
 class KeypairListHandler(APIHandler):
     async def get(self):
-        username = self.query_arg("username")
         await self.run(
-            lambda db, a: ([keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, username)], None)
+            lambda db, a: (
+                [keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, self.query_arg("username"))],
+                None,
+            )
         )
 
     async def post(self):
-        body = self.body
-
         def op(db, actor):
-            kp, secret = keypairs.issue(db, actor, body)
+            kp, secret = keypairs.issue(db, actor, required_body(self))
             return keypairs.keypair_view(kp, secret), None
 
         await self.run(op, status=201)
@@ -224,8 +279,12 @@ class KeypairHandler(APIHandler):
         await self.run(lambda db, a: (keypairs.keypair_view(keypairs.get(db, a, access_key)), None))
 
     async def patch(self, access_key):
-        body = self.body
-        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.update(db, a, access_key, body)), None))
+        await self.run(
+            lambda db, a: (
+                keypairs.keypair_view(keypairs.update(db, a, access_key, required_body(self))),
+                None,
+            )
+        )
 
     async def delete(self, access_key):
         await self.run(lambda db, a: (keypairs.keypair_view(keypairs.revoke(db, a, access_key)), None))
