@@ -76,7 +76,8 @@ class FleetHandler(APIHandler):
             return None, "this server was not started by a labfleet spawner"
         got = await self.fleet.calls.service("GET", f"sessions/{quoted(sid)}")
         if not got.ok:
-            return None, f"the labfleet service answered: {got.message}"
+            # The reply's own message names the service when it has no words of its own.
+            return None, f"the labfleet service answered: {got.words}" if got.words else got.message
         return got.data, "ok"
 
 
