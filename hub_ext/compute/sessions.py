@@ -13,7 +13,7 @@ import re
 import secrets
 import uuid
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -701,7 +701,8 @@ def position_of(db: Session, s: ComputeSession) -> int | None:
 # ---------------------------------------------------------------- release, status, reconcile
 
 
-def _release(db: Session, s: ComputeSession, status: str, reason: str) -> None:
+def release(db: Session, s: ComputeSession, status: str, reason: str) -> None:
+    """Give back what ``s`` holds (the cached cluster kept in step) and set its final ``status``."""
     group_id = s.resource_group_id
     if db.get_bind().dialect.name == "postgresql":
         db.execute(select(ResourceGroup.id).where(ResourceGroup.id == group_id).with_for_update())
@@ -773,7 +774,7 @@ def terminate(db: Session, actor: Actor, session_id: str, reason: str = "stopped
         raise Forbidden("you cannot stop this session")
     if s.status in FINAL_STATUSES:
         return s
-    _release(db, s, "CANCELLED" if s.status == "PENDING" else "TERMINATED", f"{reason} by {actor.name}")
+    release(db, s, "CANCELLED" if s.status == "PENDING" else "TERMINATED", f"{reason} by {actor.name}")
     audit.record(
         db, actor, "session.terminate", s.id, target_domain=s.domain.name, details={"reason": reason}
     )
@@ -796,165 +797,11 @@ def update_status(db: Session, actor: Actor, session_id: str, body: Any) -> Comp
     if "exit_code" in body:
         s.exit_code = check_int(body["exit_code"], "exit_code", minimum=-255, maximum=255)
     if status in FINAL_STATUSES:
-        _release(db, s, status, reason)
+        release(db, s, status, reason)
         schedule_group(db, s.resource_group)
     else:
         set_status(s, status, reason)
     return s
-
-
-# What the Hub says of a server (``HubSync.servers``): "ready", or what it is pending ("spawn",
-# "stop", ...); "unknown" where the Hub could not say (nothing is changed for it).
-READY, STARTING, UNKNOWN = "ready", "spawn", "unknown"
-RECONCILE_GRACE = 120.0
-
-
-@dataclass(frozen=True)
-class LiveSession:
-    """A session that holds or waits for resources, as reconciling sees it (plain values)."""
-
-    id: str
-    user: str
-    server: str
-    status: str
-    created: float  # when it was admitted (seconds, any epoch): the newest of a server's is its own
-    age: float  # seconds since its last status change
-
-
-@dataclass(frozen=True)
-class Fix:
-    """What reconciling changes of one session: its new status, and why."""
-
-    session_id: str
-    user: str
-    server: str
-    old: str
-    status: str
-    reason: str
-
-    @property
-    def releases(self) -> bool:
-        return self.status in FINAL_STATUSES
-
-
-def plan_reconcile(
-    live: Iterable[LiveSession], servers: Mapping[tuple[str, str], str], grace: float = RECONCILE_GRACE
-) -> list[Fix]:
-    """Make labfleet's sessions agree with the Hub's servers (pure).
-
-    ``servers``: (user, server name) -> what the Hub says of that server (``ready``, what it is pending,
-    or ``unknown``); a server the Hub does not have is absent.  A server runs one session: the newest
-    of its live sessions.  Statuses follow the Hub: a ready server's SCHEDULED or PREPARING session is
-    RUNNING (the spawner's reports may have been lost), a starting server's SCHEDULED one PREPARING.
-    A session with no server of its own (none on the Hub, or a newer session on it) gives its slots
-    back once ``grace`` seconds have passed since its last status change: TERMINATED, or CANCELLED
-    if it was still queued.  Statuses only move forward; a server being stopped is left to its spawner.
-    """
-    by_server: dict[tuple[str, str], list[LiveSession]] = defaultdict(list)
-    for s in live:
-        by_server[(s.user, s.server)].append(s)
-    fixes = []
-    for key, group in sorted(by_server.items()):
-        state = servers.get(key)
-        if state == UNKNOWN:
-            continue
-        user, server = key
-        label = f"{user}/{server}" if server else f"{user}'s default server"
-        group.sort(key=lambda s: (s.created, s.id), reverse=True)
-        for i, s in enumerate(group):
-            if state is not None and i == 0:
-                if state == READY and s.status in ("SCHEDULED", "PREPARING"):
-                    fixes.append(
-                        Fix(s.id, user, server, s.status, "RUNNING", f"the Hub reports {label} ready")
-                    )
-                elif state == STARTING and s.status == "SCHEDULED":
-                    fixes.append(
-                        Fix(s.id, user, server, s.status, "PREPARING", f"the Hub is starting {label}")
-                    )
-                continue
-            if s.age < grace:
-                continue  # its spawner may be about to start (or stop) the server: give it time
-            why = f"the Hub has no server {label}" if state is None else f"{label} runs a newer session"
-            status = "CANCELLED" if s.status == "PENDING" else "TERMINATED"
-            fixes.append(
-                Fix(
-                    s.id,
-                    user,
-                    server,
-                    s.status,
-                    status,
-                    f"{why} (checked {int(s.age)}s after its last change)",
-                )
-            )
-    return fixes
-
-
-def live_sessions(db: Session, now: datetime | None = None) -> list[LiveSession]:
-    """Every session that holds or waits for resources, with its user, server and age."""
-    now = now or _now()
-    rows = db.execute(
-        select(
-            ComputeSession.id,
-            User.username,
-            ComputeSession.name,
-            ComputeSession.status,
-            ComputeSession.created_at,
-            ComputeSession.status_changed_at,
-        )
-        .join(User, ComputeSession.user_id == User.id)
-        .where(ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")))
-    )
-    return [
-        LiveSession(sid, user, name or "", status, created.timestamp(), (now - changed).total_seconds())
-        for sid, user, name, status, created, changed in rows
-    ]
-
-
-def reconcile(
-    db: Session,
-    servers: Mapping[tuple[str, str], str],
-    grace: float = RECONCILE_GRACE,
-    now: datetime | None = None,
-    release_users: Collection[str] | None = None,
-) -> list[Fix]:
-    """Apply :func:`plan_reconcile` to the DB: statuses set, slots given back, each change audited
-    (``session.reconcile``); then the queues of groups that got slots back are served.
-
-    ``release_users``: when given, only these users' sessions give slots back (the others' servers
-    were not confirmed with the Hub). Returns the changes made."""
-    done = []
-    served = set()
-    for fix in plan_reconcile(live_sessions(db, now), servers, grace):
-        if fix.releases and release_users is not None and fix.user not in release_users:
-            continue
-        s = db.get(ComputeSession, fix.session_id)
-        if s is None or s.status != fix.old:
-            continue
-        done.append(fix)
-        if fix.releases:
-            _release(db, s, fix.status, fix.reason)
-            served.add(s.resource_group_id)
-        else:
-            set_status(s, fix.status, fix.reason)
-        audit.record(
-            db,
-            Actor.cli(),
-            "session.reconcile",
-            s.id,
-            target_domain=s.domain.name,
-            details={
-                "user": fix.user,
-                "server": fix.server,
-                "from": fix.old,
-                "to": fix.status,
-                "reason": fix.reason,
-            },
-        )
-    for group_id in sorted(served):
-        group = db.get(ResourceGroup, group_id)
-        if group is not None:
-            schedule_group(db, group)
-    return done
 
 
 def list_sessions(db: Session, actor: Actor, filters: dict[str, str | None]) -> list[ComputeSession]:

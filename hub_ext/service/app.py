@@ -29,7 +29,7 @@ from tornado import web
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from hub_ext.compute import images, nodes, sessions
+from hub_ext.compute import images, nodes, reconcile, sessions
 from hub_ext.compute.devices import describe_node, get_plugin
 from hub_ext.core import audit, bootstrap
 from hub_ext.core import db as lfdb
@@ -294,7 +294,7 @@ class LabfleetService(Application):
 
     @default("reconcile_grace")
     def _reconcile_grace(self):
-        return float(os.environ.get("LABFLEET_RECONCILE_GRACE") or sessions.RECONCILE_GRACE)
+        return float(os.environ.get("LABFLEET_RECONCILE_GRACE") or reconcile.RECONCILE_GRACE)
 
     exit_with_parent = Bool(
         help="""Stop when the process that started this service (the Hub) is gone: a parent-death signal
@@ -424,7 +424,7 @@ class LabfleetService(Application):
             except LabfleetError as e:
                 self.log.warning("Could not register image %s: %s", body.get("name"), e.message)
 
-    async def reconcile_with_hub(self) -> list[sessions.Fix] | None:
+    async def reconcile_with_hub(self) -> list[reconcile.Fix] | None:
         """Make sessions agree with the Hub's servers (see ``jobs.reconcile_sessions``)."""
         return await jobs.reconcile_sessions(
             self.session_factory, self.hub_sync, self.log, self.reconcile_grace

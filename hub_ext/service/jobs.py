@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.compute import sessions
+from hub_ext.compute import reconcile, sessions
 from hub_ext.core import audit
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
@@ -97,10 +97,10 @@ async def reconcile_sessions(
     session_factory: sessionmaker[Session],
     hub: HubServers,
     log: logging.Logger,
-    grace: float = sessions.RECONCILE_GRACE,
+    grace: float = reconcile.RECONCILE_GRACE,
     now: datetime | None = None,
-) -> list[sessions.Fix] | None:
-    """Make labfleet's sessions agree with the Hub's servers (:func:`sessions.plan_reconcile`).
+) -> list[reconcile.Fix] | None:
+    """Make labfleet's sessions agree with the Hub's servers (:func:`reconcile.plan_reconcile`).
 
     Before slots go back, the Hub is asked again about each user whose session would lose them (a
     user may have moved between pages of the list while it was read); a user it cannot tell about
@@ -111,18 +111,18 @@ async def reconcile_sessions(
         log.warning("Could not read the Hub's servers: sessions not reconciled")
         return None
     with lfdb.session_scope(session_factory) as db:
-        planned = sessions.plan_reconcile(sessions.live_sessions(db, now), servers, grace)
+        planned = reconcile.plan_reconcile(reconcile.live_sessions(db, now), servers, grace)
     confirmed = set()
     for user in sorted({f.user for f in planned if f.releases}):
         again = await hub.user_servers(user)
         servers = {k: v for k, v in servers.items() if k[0] != user}
         if again is None:
-            servers.update({(user, f.server): sessions.UNKNOWN for f in planned if f.user == user})
+            servers.update({(user, f.server): reconcile.UNKNOWN for f in planned if f.user == user})
         else:
             servers.update({(user, name): state for name, state in again.items()})
             confirmed.add(user)
     with lfdb.session_scope(session_factory) as db:
-        fixes = sessions.reconcile(db, servers, grace, now, release_users=confirmed)
+        fixes = reconcile.reconcile(db, servers, grace, now, release_users=confirmed)
     for f in fixes:
         log.info(
             "Reconciled session %s (%s/%s) with the Hub: %s -> %s: %s",

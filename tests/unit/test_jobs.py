@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.compute.sessions import Fix, LiveSession, plan_reconcile
+from hub_ext.compute.reconcile import Fix, LiveSession, plan_reconcile
 from hub_ext.service.jobs import JobLoop, parent_changed
 
 REPO = Path(__file__).resolve().parents[2]
