@@ -139,9 +139,14 @@ def start_hub(
     do_seed: bool = True,
     ports: tuple = (),
     env: dict | None = None,
+    checkout: Path = REPO,
+    venv: Path | None = None,
 ) -> Hub:
     """Start the Hub; ``ports`` from an earlier Hub restarts it where running servers expect it; ``env``
-    adds to the Hub's environment (and the service's, for the variables the service is passed)."""
+    adds to the Hub's environment (and the service's, for the variables the service is passed).
+
+    ``checkout`` and ``venv``: the Hub of another checkout, run by that venv's Python in a new user's
+    environment (the venv on PATH; no PYTHONPATH, no LABFLEET_* variables but the Hub's own)."""
     if not shutil.which("configurable-http-proxy"):
         raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
     state.mkdir(parents=True, exist_ok=True)
@@ -152,6 +157,11 @@ def start_hub(
     port, hub_port, proxy_api, service_port = ports
     extra_env = env or {}
     env = dict(os.environ)
+    if venv is not None:
+        env = {k: v for k, v in env.items() if k != "PYTHONPATH" and not k.startswith("LABFLEET_")}
+        env.update(PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]), VIRTUAL_ENV=str(venv))
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env.update(extra_env)
     env.update(
         LABFLEET_STATE_DIR=str(state),
@@ -159,7 +169,6 @@ def start_hub(
         LABFLEET_SERVICE_PORT=str(service_port),
         LABFLEET_SERVICE_TOKEN=service_token,
         LABFLEET_SECRET_KEY_FILE=str(state / "labfleet_secret.key"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     os.environ["LABFLEET_SECRET_KEY_FILE"] = env["LABFLEET_SECRET_KEY_FILE"]
     ensure_key_file(state / "labfleet_secret.key")
@@ -167,7 +176,7 @@ def start_hub(
         seed(db_url)
     cfg = state / "test_config.py"
     cfg.write_text(
-        f"load_subconfig({str(REPO / 'jupyterhub_config.py')!r})\n"
+        f"load_subconfig({str(checkout / 'jupyterhub_config.py')!r})\n"
         "c.JupyterHub.services.append({'name': 'test-admin', 'api_token': %r})\n"
         "c.JupyterHub.load_roles.append({'name': 'test-admin', 'scopes': ['admin:users', 'admin:groups', "
         "'admin:servers', 'tokens', 'read:roles', 'list:users', 'read:users', 'access:servers'], "
@@ -177,9 +186,10 @@ def start_hub(
         "c.JupyterHub.log_level = 'DEBUG'\n" % (admin_token, hub_port, proxy_api) + extra_config
     )
     log_path = state / "jupyterhub.log"
+    python = str(venv / "bin" / "python") if venv is not None else sys.executable
     log = open(log_path, "a")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterhub", "-f", str(cfg), "--ip", "127.0.0.1", "--port", str(port)],
+        [python, "-m", "jupyterhub", "-f", str(cfg), "--ip", "127.0.0.1", "--port", str(port)],
         cwd=state,
         env=env,
         stdout=log,

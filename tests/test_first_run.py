@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from hub_ext.core.secretbox import ensure_key_file
 from spawner.local import _bwrap_works
-from tests.hubfixture import Hub, free_port, seed, wait_for
+from tests.hubfixture import Hub, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -105,61 +104,19 @@ def _venv(checkout: Path) -> Path:
 
 def _start_hub(checkout: Path, venv: Path) -> Hub:
     """The Hub of the clone, run by the clone's venv; no PYTHONPATH (a new user sets none)."""
-    state = checkout / ".labfleet-state"
-    state.mkdir()
-    db_url = f"sqlite:///{state / 'labfleet.sqlite'}"
-    admin_token, service_token = os.urandom(16).hex(), os.urandom(16).hex()
-    port, hub_port, proxy_api, service_port = ports = tuple(free_port() for _ in range(4))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("LABFLEET_")}
-    env.update(
-        PATH=os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]),
-        VIRTUAL_ENV=str(venv),
-        LABFLEET_STATE_DIR=str(state),
-        LABFLEET_DB_URL=db_url,
-        LABFLEET_SERVICE_PORT=str(service_port),
-        LABFLEET_SERVICE_TOKEN=service_token,
-        LABFLEET_SECRET_KEY_FILE=str(state / "labfleet_secret.key"),
-    )
     saved = os.environ.get("LABFLEET_SECRET_KEY_FILE")
-    os.environ["LABFLEET_SECRET_KEY_FILE"] = env["LABFLEET_SECRET_KEY_FILE"]
     try:
-        ensure_key_file(state / "labfleet_secret.key")
-        seed(db_url)
-    finally:
+        return start_hub(
+            checkout / ".labfleet-state",
+            checkout=checkout,
+            venv=venv,
+            extra_config="c.LabfleetLocalSpawner.sandbox = 'yes'\n",
+        )
+    finally:  # start_hub points this process at the clone's key: give the rest of the suite its own back
         if saved is None:
             os.environ.pop("LABFLEET_SECRET_KEY_FILE", None)
         else:
             os.environ["LABFLEET_SECRET_KEY_FILE"] = saved
-    cfg = state / "test_config.py"
-    cfg.write_text(
-        f"load_subconfig({str(checkout / 'jupyterhub_config.py')!r})\n"
-        "c.JupyterHub.services.append({'name': 'test-admin', 'api_token': %r})\n"
-        "c.JupyterHub.load_roles.append({'name': 'test-admin', 'scopes': ['admin:users', 'admin:groups', "
-        "'admin:servers', 'tokens', 'list:users', 'read:users', 'access:servers'], "
-        "'services': ['test-admin']})\n"
-        "c.JupyterHub.hub_port = %d\n"
-        "c.ConfigurableHTTPProxy.api_url = 'http://127.0.0.1:%d'\n"
-        "c.LabfleetLocalSpawner.sandbox = 'yes'\n" % (admin_token, hub_port, proxy_api)
-    )
-    log_path = state / "jupyterhub.log"
-    with open(log_path, "a") as log:
-        proc = subprocess.Popen(
-            [str(venv / "bin" / "python"), "-m", "jupyterhub", "-f", str(cfg), "--ip", "127.0.0.1"]
-            + ["--port", str(port)],
-            cwd=state,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    hub = Hub(url, state, db_url, admin_token, service_token, proc, log_path, env, ports)
-    try:
-        wait_for(f"{url}/hub/api", proc, log_path)
-        wait_for(f"{url}/services/labfleet/api/openapi.yaml", proc, log_path)
-    except Exception:
-        hub.stop()
-        raise
-    return hub
 
 
 def _wait_ready(hub: Hub, name: str, server: str, timeout: float = 90) -> None:
