@@ -12,9 +12,8 @@ from tornado import web
 from hub_ext.compute.quota import me_view
 from hub_ext.core import audit
 from hub_ext.core.errors import NotFound
-from hub_ext.service.base import APIHandler, BaseHandler
+from hub_ext.service.base import APIHandler, BaseHandler, whole_number_arg
 from hub_ext.service.handlers import auth, compute, storage, tenancy
-from hub_ext.service.handlers.tenancy import whole_number_arg
 from hub_ext.tenancy import directory
 
 SPEC_FILE = Path(__file__).parent.parent / "openapi.yaml"

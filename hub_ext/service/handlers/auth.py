@@ -10,8 +10,7 @@ from hub_ext.core.authz import Actor
 from hub_ext.core.errors import Forbidden, InvalidInput, NotFound
 from hub_ext.core.passwords import verify_password
 from hub_ext.core.validate import check_bool, check_fields, check_name, check_text, check_username
-from hub_ext.service.base import APIHandler, needs_hub
-from hub_ext.service.handlers.tenancy import request_json
+from hub_ext.service.base import APIHandler, needs_hub, request_json
 from hub_ext.tenancy import directory
 
 

@@ -12,8 +12,7 @@ from hub_ext.core import authz
 from hub_ext.core.errors import Forbidden, LabfleetError, NotFound
 from hub_ext.core.models import SESSION_STATUSES
 from hub_ext.core.validate import check_bool, check_choice
-from hub_ext.service.base import APIHandler
-from hub_ext.service.handlers.tenancy import request_json, required_body, whole_number_arg
+from hub_ext.service.base import APIHandler, request_json, required_body, whole_number_arg
 from hub_ext.tenancy import directory
 
 # ---------------------------------------------------------------- resource groups, nodes, sessions

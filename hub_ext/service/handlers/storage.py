@@ -14,8 +14,7 @@ from tornado import web
 
 from hub_ext.core.errors import InvalidInput, LabfleetError
 from hub_ext.core.validate import check_bool, check_fields, check_int
-from hub_ext.service.base import APIHandler
-from hub_ext.service.handlers.tenancy import request_json, required_body
+from hub_ext.service.base import APIHandler, request_json, required_body
 from hub_ext.storage import files as vffiles
 from hub_ext.storage import folders as vfolders
 from hub_ext.storage import hosts, uploads

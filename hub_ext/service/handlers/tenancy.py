@@ -2,58 +2,12 @@
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
 from hub_ext.core import hubmap
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.validate import check_int
-from hub_ext.service.base import APIHandler
+from hub_ext.service.base import APIHandler, request_json, required_body
 from hub_ext.service.hubsync import SyncPlan
 from hub_ext.tenancy import directory, keypairs, policies
 
 # ---------------------------------------------------------------- request helpers (every handler module)
-
-
-def request_json(handler: APIHandler) -> Any:
-    """The request's JSON body, with numbers that have no fraction read as whole numbers.
-
-    JSON (and openapi.yaml's ``integer``, JSON Schema 2020-12) does not tell ``3`` from ``3.0``;
-    the logic modules check ``int``.  Walked without recursion: the body may nest deeply."""
-    body = handler.body
-    if isinstance(body, float) and body.is_integer():
-        return int(body)
-    stack = [body]
-    while stack:
-        node = stack.pop()
-        pairs = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, value in list(pairs):
-            if isinstance(value, float) and value.is_integer():
-                node[key] = int(value)
-            elif isinstance(value, (dict, list)):
-                stack.append(value)
-    return body
-
-
-def required_body(handler: APIHandler) -> Any:
-    """The JSON body of a request that must have one (openapi.yaml: ``requestBody.required``).
-
-    An empty body reads as ``{}``, which is a valid (empty) change for the PATCH routes and a valid
-    request for POST /keypairs: refuse it, so a client that forgot the body is told so.  Call it
-    inside ``run()``: it raises InvalidInput (400)."""
-    if not (handler.request.body or b"").strip():
-        raise InvalidInput("a JSON object is required as the request body; send {} to change nothing")
-    return request_json(handler)
-
-
-def whole_number_arg(handler: APIHandler, name: str, *, default: int, minimum: int, maximum: int) -> int:
-    """An optional query argument that must be a whole number (ASCII digits) from minimum to maximum."""
-    raw = handler.query_arg(name)
-    if raw is None:
-        return default
-    if not re.fullmatch(r"[0-9]{1,18}", raw):
-        raise InvalidInput(f"{name} must be a whole number from {minimum} to {maximum}")
-    return check_int(int(raw), name, minimum=minimum, maximum=maximum)
 
 
 # ---------------------------------------------------------------- domains
