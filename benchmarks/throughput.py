@@ -17,8 +17,9 @@ Method:
 
 Measured per admission: the whole decision (open the transaction, admit, commit), and within
 it the in-memory placement step (every ``Cluster.place`` call the decision makes, timed by a
-wrapper installed here); the DB transaction's cost is the difference.  The cluster cache's hit
-rate is that of the decisions (``hub_ext.compute.clustercache``).
+wrapper installed here); the DB transaction's cost is the difference; and the SQL statements the
+decision executes (a ``before_cursor_execute`` listener on the engine, on only inside the
+decision).  The cluster cache's hit rate is that of the decisions (``hub_ext.compute.clustercache``).
 
 Usage::
 
@@ -51,7 +52,7 @@ for p in (REPO, REPO / "benchmarks"):
         sys.path.insert(0, str(p))  # so that it runs as a plain script from any directory
 
 from packing import Task, arrivals, data_dir, load_nodes, load_tasks, percentile  # noqa: E402
-from sqlalchemy import insert, select  # noqa: E402
+from sqlalchemy import event, insert, select  # noqa: E402
 
 from hub_ext.compute import clustercache, nodes, sessions  # noqa: E402
 from hub_ext.compute.devices.base import DeviceInfo, NodeInfo  # noqa: E402
@@ -129,6 +130,26 @@ class World:
     users: list[tuple[str, str]]  # (user name, "domain/project")
     group_id: int
     capacity_milli: int
+
+
+class StatementCounter:
+    """Counts the SQL statements the engine executes (``before_cursor_execute``) while ``on``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.on = False
+        self.count = 0
+
+    def _hook(self, *args: Any) -> None:
+        if self.on:
+            self.count += 1
+
+    def __enter__(self) -> StatementCounter:
+        event.listen(self.engine, "before_cursor_execute", self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._hook)
 
 
 def build_world(url: str, node_list: list[Node], domains: int, placement: str) -> World:
@@ -247,6 +268,7 @@ class Run:
     decisions_ms: list[float] = field(default_factory=list)
     place_ms: list[float] = field(default_factory=list)
     release_ms: list[float] = field(default_factory=list)
+    statements: list[int] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=lambda: {"SCHEDULED": 0, "PENDING": 0, "refused": 0})
     elapsed_s: float = 0.0
     hits: int = 0
@@ -269,7 +291,7 @@ def run(world: World, stream, live: list[tuple[str, int]], n: int, fill: float, 
 
     before = clustercache.stats()
     t_start = time.perf_counter()
-    with PlaceTimer() as timer:
+    with PlaceTimer() as timer, StatementCounter(world.engine) as stmts:
         for k in range(n):
             while held > fill * world.capacity_milli and live:
                 i = rnd.randrange(len(live))
@@ -287,6 +309,8 @@ def run(world: World, stream, live: list[tuple[str, int]], n: int, fill: float, 
             if task.request.models:
                 body["gpu_models"] = list(task.request.models)
             timer.take()
+            stmts.count = 0
+            stmts.on = True
             t0 = time.perf_counter_ns()
             try:
                 with lfdb.session_scope(world.factory) as db:
@@ -295,6 +319,8 @@ def run(world: World, stream, live: list[tuple[str, int]], n: int, fill: float, 
             except sessions.Refused:
                 sid, status = "", "refused"
             out.decisions_ms.append((time.perf_counter_ns() - t0) / 1e6)
+            stmts.on = False
+            out.statements.append(stmts.count)
             out.place_ms.append(timer.take())
             out.outcomes[status] += 1
             if status == "SCHEDULED":
@@ -346,6 +372,10 @@ def summary(r: Run, world: World, args: argparse.Namespace, db_kind: str) -> dic
         "db_p50_ms": percentile(dbc, 0.5),
         "db_p99_ms": percentile(dbc, 0.99),
         "db_mean_ms": sum(dbc) / len(dbc) if dbc else 0.0,
+        "statements_per_admission": {
+            "mean": round(sum(r.statements) / len(r.statements), 2) if r.statements else 0.0,
+            "max": max(r.statements, default=0),
+        },
         "releases": len(rel),
         "release_p50_ms": percentile(rel, 0.5),
         "release_p99_ms": percentile(rel, 0.99),
@@ -380,6 +410,10 @@ def print_table(s: dict[str, Any]) -> None:
     )
     print(
         f"{'release (terminate, own txn)':<34} {s['release_p50_ms']:>8.3f} {s['release_p99_ms']:>8.3f} {'':>8}"
+    )
+    print(
+        f"SQL statements per admission (inside the decision): mean {s['statements_per_admission']['mean']:.1f}, "
+        f"max {s['statements_per_admission']['max']}"
     )
     print(
         f"decisions/s (end to end): {s['decisions_per_s']:.0f}   cluster cache hit rate: "
