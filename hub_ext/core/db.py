@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE, default_db_url, normalize_url  # noqa: F401
+from hub_ext.core.dburl import default_db_url, normalize_url
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 

@@ -34,6 +34,7 @@ from hub_ext.compute.devices import describe_node, get_plugin
 from hub_ext.core import audit, bootstrap
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
+from hub_ext.core.dburl import default_db_url
 from hub_ext.core.errors import LabfleetError
 from hub_ext.core.models import User
 from hub_ext.core.secretbox import SecretBox
@@ -144,7 +145,7 @@ class LabfleetService(Application):
 
     @default("db_url")
     def _db_url(self):
-        return lfdb.default_db_url()
+        return default_db_url()
 
     prefix = Unicode(help="URL prefix the Hub's proxy routes to this service.").tag(config=True)
 

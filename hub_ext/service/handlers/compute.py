@@ -57,13 +57,9 @@ class SessionListHandler(APIHandler):
         if self.actor.kind != "hub":
             # A session asked through the API gets a Hub server, as one from the spawn form does:
             # the Hub starts it, and its spawner asks for the session below (202 once it has).
-            try:
-                if self.actor.role == "monitor":
-                    raise Forbidden("a monitor changes nothing")
-                status, view = await self.lf.start_api_session(self.actor, body)
-            except LabfleetError as e:
-                self.send_error_json(e.status, e.message)
-                return
+            if self.actor.role == "monitor":
+                raise Forbidden("a monitor changes nothing")
+            status, view = await self.lf.start_api_session(self.actor, body)
             self.write_json(view, status)
             return
         # The Hub's spawner asks for a session: admission. When it is the server of a session started
@@ -115,11 +111,7 @@ class SessionLogsHandler(APIHandler):
     """The session's backend output (process output, container logs), for its owner and admins."""
 
     async def get(self, session_id):
-        try:
-            limit = whole_number_arg(self, "tail", default=MAX_LOG_TAIL, minimum=1, maximum=MAX_LOG_TAIL)
-        except LabfleetError as e:  # not a whole number of bytes from 1 to MAX_LOG_TAIL, or too long
-            self.send_error_json(e.status, e.message)
-            return
+        limit = whole_number_arg(self, "tail", default=MAX_LOG_TAIL, minimum=1, maximum=MAX_LOG_TAIL)
 
         def op(db, actor):
             s = sessions.readable(db, actor, session_id)
@@ -127,12 +119,8 @@ class SessionLogsHandler(APIHandler):
                 raise NotFound(f"no logs for session {session_id}")
             return s.id, None
 
-        try:
-            with self.db() as db:
-                sid, _ = op(db, self.actor)
-        except LabfleetError as e:
-            self.send_error_json(e.status, e.message)
-            return
+        with self.db() as db:
+            sid, _ = op(db, self.actor)
         path = Path(self.lf.session_log_dir) / f"{sid}.log"
         data = b""
         if path.is_file():
@@ -168,15 +156,11 @@ class ImageListHandler(APIHandler):
         if isinstance(body, dict) and "inspect" in body:
             # Read the image's own labels from the Docker engine (off the event loop), for those who
             # may register images: anyone else is refused before Docker is asked anything.
-            try:
-                if not self.actor.is_superadmin:
-                    raise Forbidden("only a superadmin registers images")
-                if check_bool(body["inspect"], "inspect"):
-                    name = images.check_image_name(body.get("name"))
-                    labels = await asyncio.to_thread(images.docker_labels, name)
-            except LabfleetError as e:
-                self.send_error_json(e.status, e.message)
-                return
+            if not self.actor.is_superadmin:
+                raise Forbidden("only a superadmin registers images")
+            if check_bool(body["inspect"], "inspect"):
+                name = images.check_image_name(body.get("name"))
+                labels = await asyncio.to_thread(images.docker_labels, name)
         await self.run(
             lambda db, a: (images.image_view(images.register(db, a, body, labels)), None), status=201
         )
