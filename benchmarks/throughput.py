@@ -58,6 +58,7 @@ from hub_ext.compute import clustercache, nodes, sessions  # noqa: E402
 from hub_ext.compute.devices.base import DeviceInfo, NodeInfo  # noqa: E402
 from hub_ext.compute.scheduler import POLICIES, Cluster, Node  # noqa: E402
 from hub_ext.core import db as lfdb  # noqa: E402
+from hub_ext.core import ledger  # noqa: E402
 from hub_ext.core.authz import Actor  # noqa: E402
 from hub_ext.core.models import Allocation, ComputeSession, Device, Keypair, Project, User  # noqa: E402
 from hub_ext.core.models import Node as NodeRow  # noqa: E402
@@ -257,6 +258,7 @@ def prefill(
         clustercache.bump(db, world.group_id)
         db.execute(insert(ComputeSession), rows)
         db.execute(insert(Allocation), allocs)
+        ledger.recalculate(db)  # the bulk insert went around the ledger: build it from the sessions
     return [(sid, task.demand_milli) for sid, task, _, _ in placed]
 
 

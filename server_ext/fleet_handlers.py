@@ -149,17 +149,33 @@ class QuotaHandler(FleetHandler):
         self.answer(fleet.quota_summary(me.data, self.fleet.session.project or None))
 
 
+SESSION_PAGE = 1000  # the service's largest page
+
+
 class SessionListHandler(FleetHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
         user = self.fleet.calls.user
-        got = await self.fleet.calls.service("GET", "sessions", query={"user": user})
-        if not got.ok:
-            self.fail(got, "cannot list the sessions")
+        # Only live sessions are shown, and the service answers pages, oldest first: ask for each live
+        # status, one page of up to 1,000 each (a user's policy keeps far fewer live), not every ended one.
+        answers = await asyncio.gather(
+            *(
+                self.fleet.calls.service(
+                    "GET", "sessions", query={"user": user, "status": status, "limit": str(SESSION_PAGE)}
+                )
+                for status in fleet.LIVE_STATUSES
+            )
+        )
+        failed = next((a for a in answers if not a.ok), None)
+        if failed is not None:
+            self.fail(failed, "cannot list the sessions")
             return
+        views = sorted(
+            (v for a in answers for v in (a.data or [])),
+            key=lambda v: (str(v.get("created_at") or ""), str(v.get("id"))),
+        )
         # The queue position is only in each session's own view: ask for the pending ones.
-        views = list(got.data or [])
         pending = [v for v in views if v.get("status") == "PENDING"]
         details = await asyncio.gather(
             *(self.fleet.calls.service("GET", f"sessions/{quoted(str(v['id']))}") for v in pending)

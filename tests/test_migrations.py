@@ -38,6 +38,8 @@ TABLES = {
     "vfolder_invitations",
     "vfolder_uploads",
     "vfolder_mounts",
+    "usage_ledger",
+    "state_versions",
 }
 
 

@@ -146,8 +146,9 @@ class FleetClient:
         return await self.request("GET", f"labfleet/api/users/{user}/launch-options")
 
     async def vfolders(self) -> list[dict[str, Any]]:
-        """My folders, those shared with me and my projects' folders (not the trashed ones)."""
-        return await self.request("GET", "labfleet/api/vfolders", query={"status": "READY"})
+        """My folders, those shared with me and my projects' folders (not the trashed ones): the
+        first 1,000 by name, the service's largest page (folder counts are capped by policy)."""
+        return await self.request("GET", "labfleet/api/vfolders", query={"status": "READY", "limit": "1000"})
 
     async def create_vfolder(self, name: str, **fields: Any) -> dict[str, Any]:
         return await self.request("POST", "labfleet/api/vfolders", {"name": name, **fields})

@@ -10,6 +10,7 @@ from hub_ext.cli.base import CliError, Group, dispatch, one_line
 from hub_ext.cli.compute import IMAGE
 from hub_ext.cli.init import Demo, Init
 from hub_ext.cli.keypairs import KEYPAIR
+from hub_ext.cli.maintenance import MAINTENANCE
 from hub_ext.cli.policies import POLICY
 from hub_ext.cli.storage import STORAGE_HOST
 from hub_ext.cli.tenancy import DOMAIN, PROJECT, USER
@@ -41,6 +42,7 @@ def root() -> Group:
             "keypair": KEYPAIR,
             "image": IMAGE,
             "storage-host": STORAGE_HOST,
+            "maintenance": MAINTENANCE,
             "demo": Demo,
         },
         examples=(
@@ -50,6 +52,7 @@ def root() -> Group:
             "labfleet project create acme/vision --slots gpu.shares=2.5",
             "labfleet user create alice --domain acme --project acme/vision",
             "labfleet keypair issue alice",
+            "labfleet maintenance recalc-usage --dry-run",
             "labfleet --db-url sqlite:////srv/labfleet/labfleet.sqlite domain list",
         ),
         version=version,

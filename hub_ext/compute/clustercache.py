@@ -168,6 +168,50 @@ def bump(db: Session, group_id: int) -> int:
 # ---------------------------------------------------------------- the cache
 
 
+def lock_for_decision(db: Session, group_id: int, *also: Any) -> tuple[Entry, int, tuple[Any, ...]]:
+    """Take the group's lock and its placement state in one statement: bump its alloc_version.
+
+    Returns the entry valid before the bump (cached, or built now and cached: the transaction has
+    changed nothing yet, so what it reads is what is committed), the new version, and the values
+    of the scalar subqueries ``also`` read in the same statement.  The entry is not claimed: call
+    :func:`settle` before changing it or before commit, so that it carries the new version; a
+    rollback without it leaves the entry valid (the version it carries is the committed one).
+    """
+    groups = ResourceGroup.__table__
+    stmt = (
+        update(groups)
+        .where(groups.c.id == group_id)
+        .values(alloc_version=groups.c.alloc_version + 1)
+        .returning(groups.c.alloc_version, *also)
+    )
+    new, *values = db.connection().execute(stmt).one()  # Core, not the ORM's bulk update path
+    new = int(new)
+    _tx(db).bumped.add(group_id)
+    entry = lookup(db, group_id, new - 1)
+    if entry is None:
+        entry = build(db, group_id, new - 1)
+        with _lock:
+            _per_engine_unlocked(db)[group_id] = entry
+            _stats["rebuilds"] += 1
+    else:
+        _stats["hits"] += 1
+    return entry, new, tuple(values)
+
+
+def settle(db: Session, group_id: int, entry: Entry, new: int) -> None:
+    """This transaction keeps its bump of the group: ``entry`` (changed or not) is its state at ``new``."""
+    claim(db, group_id, entry)
+    entry.version = new
+
+
+def _per_engine_unlocked(db: Session) -> dict[int, Entry]:
+    engine = _engine(db)
+    per = _caches.get(engine)
+    if per is None:
+        per = _caches[engine] = {}
+    return per
+
+
 def build(db: Session, group_id: int, version: int) -> Entry:
     """The group's ALIVE nodes with what their allocations hold, read from the DB."""
     node_rows = db.execute(

@@ -9,29 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload, selectinload
 
-from hub_ext.core.models import HOLDING_STATUSES, ComputeSession, User
-from hub_ext.core.slots import ResourceSlots, charged
+from hub_ext.core import ledger
+from hub_ext.core.models import Keypair, Project, User
+from hub_ext.core.slots import ResourceSlots
 from hub_ext.tenancy.policies import policy_view
 
 
 def allocated(db: Session, **scope: Any) -> ResourceSlots:
-    """Slots charged to live sessions in one scope: keypair=, user=, project= or domain= (an id)."""
-    column = {
-        "keypair": ComputeSession.keypair_id,
-        "user": ComputeSession.user_id,
-        "project": ComputeSession.project_id,
-        "domain": ComputeSession.domain_id,
-    }
+    """Slots charged to live sessions in one scope: keypair=, user=, project= or domain= (an id),
+    as the usage ledger holds them."""
     ((kind, ident),) = scope.items()
-    q = select(ComputeSession.requested_slots).where(
-        column[kind] == ident, ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING"))
-    )
-    total = ResourceSlots()
-    for slots in db.scalars(q):
-        total = total + charged(ResourceSlots.parse(slots))
-    return total
+    return ledger.used(ledger.read(db, [(kind, ident)])[(kind, ident)])
 
 
 def _left(limit: ResourceSlots, used: ResourceSlots, unlimited_unspecified: bool) -> dict[str, Any]:
@@ -53,6 +43,19 @@ def scope_report(limit: ResourceSlots, used: ResourceSlots, *, unlimited_unspeci
         "left": _left(limit, used, unlimited_unspecified),
         "unspecified": "UNLIMITED" if unlimited_unspecified else "LIMITED",
     }
+
+
+# What me_view reads of a user, loaded with it in a few statements.
+ME_LOADS = (
+    joinedload(User.domain),
+    joinedload(User.resource_policy),
+    selectinload(User.keypairs).joinedload(Keypair.resource_policy),
+    selectinload(User.projects).joinedload(Project.domain),
+)
+
+
+def me_of(db: Session, username: str) -> User | None:
+    return db.scalar(select(User).where(User.username == username).options(*ME_LOADS))
 
 
 def me_view(db: Session, user: User) -> dict[str, Any]:
@@ -81,18 +84,22 @@ def me_view(db: Session, user: User) -> dict[str, Any]:
             "user": policy_view("user", user.resource_policy) if user.resource_policy else None,
         },
     }
-    # Domain and project caps: slots they do not name are unlimited.
+    # Domain and project caps: slots they do not name are unlimited.  One ledger read for all scopes.
+    scopes = [("domain", domain.id), *(("project", p.id) for p in user.projects)]
+    if kp_policy and kp is not None:
+        scopes.append(("keypair", kp.id))
+    held = {scope: ledger.used(row) for scope, row in ledger.read(db, scopes).items()}
     quota: dict[str, Any] = {
-        "domain": scope_report(domain.slots, allocated(db, domain=domain.id), unlimited_unspecified=True),
+        "domain": scope_report(domain.slots, held[("domain", domain.id)], unlimited_unspecified=True),
         "projects": {
-            p.full_name: scope_report(p.slots, allocated(db, project=p.id), unlimited_unspecified=True)
+            p.full_name: scope_report(p.slots, held[("project", p.id)], unlimited_unspecified=True)
             for p in user.projects
         },
     }
-    if kp_policy:
+    if kp_policy and kp is not None:
         quota["keypair"] = scope_report(
             kp_policy.slots,
-            allocated(db, keypair=kp.id),
+            held[("keypair", kp.id)],
             unlimited_unspecified=kp_policy.default_for_unspecified == "UNLIMITED",
         )
     report["quota"] = quota

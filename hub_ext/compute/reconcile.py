@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hub_ext.compute.sessions import release, schedule_group, set_status
+from hub_ext.compute.sessions import lock_current, release, schedule_group, set_status
 from hub_ext.core import audit
 from hub_ext.core.authz import Actor
 from hub_ext.core.models import (
@@ -151,6 +151,8 @@ def reconcile(
         if fix.releases and release_users is not None and fix.user not in release_users:
             continue
         s = db.get(ComputeSession, fix.session_id)
+        if s is not None:
+            lock_current(db, s)  # read again under its group's lock: a concurrent stop wins
         if s is None or s.status != fix.old:
             continue
         done.append(fix)

@@ -13,21 +13,21 @@ import re
 import secrets
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
-from functools import lru_cache
 from typing import Any, NamedTuple
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Table, func, insert, select
+from sqlalchemy.orm import Session, make_transient_to_detached, object_session
 
-from hub_ext.compute import clustercache, images
+from hub_ext.compute import clustercache, tenants
 from hub_ext.compute.nodes import DEFAULT_GROUP, SESSION_TYPES
 from hub_ext.compute.scheduler import admission, queueing
 from hub_ext.compute.scheduler.placement import Placement, PlacementError, Request
-from hub_ext.core import audit, authz
+from hub_ext.core import audit, authz, quanta, versions
+from hub_ext.core import ledger as usage_ledger
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
 from hub_ext.core.models import (
@@ -36,11 +36,8 @@ from hub_ext.core.models import (
     Allocation,
     ComputeSession,
     Device,
-    Domain,
     Image,
-    Keypair,
     Node,
-    Project,
     ResourceGroup,
     User,
     VFolderMount,
@@ -54,9 +51,9 @@ from hub_ext.core.validate import (
     check_string_list,
     check_text,
     check_username,
-    parse_project_ref,
 )
 from hub_ext.storage import folders as vfolders
+from hub_ext.tenancy import snapshot
 
 REQUEST_SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 # Where the spawner may move a session; the scheduler alone makes SCHEDULED and CANCELLED.
@@ -94,7 +91,9 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def set_status(s: ComputeSession, status: str, reason: str = "") -> None:
+def set_status(s: ComputeSession, status: str, reason: str = "", *, ledger: bool = True) -> None:
+    """Change a session's status; the usage ledger follows (``ledger=False``: the caller charged it)."""
+    old = s.status
     s.status = status
     s.status_reason = reason
     s.status_changed_at = _now()
@@ -102,70 +101,10 @@ def set_status(s: ComputeSession, status: str, reason: str = "") -> None:
         *(s.status_history or []),
         {"status": status, "at": s.status_changed_at.isoformat(), "reason": reason},
     ]
-
-
-def _lock(db: Session, domain_id: int, group_id: int) -> None:
-    """Row locks on PostgreSQL, domain first then group: one order everywhere, so no deadlock."""
-    if db.get_bind().dialect.name == "postgresql":
-        db.execute(select(Domain.id).where(Domain.id == domain_id).with_for_update())
-        db.execute(select(ResourceGroup.id).where(ResourceGroup.id == group_id).with_for_update())
-
-
-class _Use(NamedTuple):
-    """One live session as quotas see it: who it charges and its charged slots."""
-
-    id: str
-    keypair_id: int
-    user_id: int
-    project_id: int
-    status: str
-    charged: ResourceSlots
-
-
-@lru_cache(maxsize=4096)
-def _charged(stored: tuple[tuple[str, Any], ...]) -> ResourceSlots:
-    # Sessions ask for a few distinct sizes: parse each once, not once per decision.
-    return charged(ResourceSlots.parse(dict(stored)))
-
-
-def _sum(uses) -> ResourceSlots:
-    total = ResourceSlots()
-    for u in uses:
-        total = total + u.charged
-    return total
-
-
-def _in_quota(db: Session, domain_id: int) -> list[_Use]:
-    """The domain's sessions that count against quotas: admitted and not ended.
-
-    Plain rows, not ORM objects: admission reads every live session of the domain each time.
-    """
-    rows = db.execute(
-        select(
-            ComputeSession.id,
-            ComputeSession.keypair_id,
-            ComputeSession.user_id,
-            ComputeSession.project_id,
-            ComputeSession.status,
-            ComputeSession.requested_slots,
-        ).where(
-            ComputeSession.domain_id == domain_id,
-            ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")),
-        )
-    )
-    return [
-        _Use(sid, kp, user, project, status, _charged(tuple(sorted((slots or {}).items()))))
-        for sid, kp, user, project, status, slots in rows
-    ]
-
-
-def _cluster(db: Session, group: ResourceGroup) -> clustercache.Entry:
-    """The group's ALIVE nodes with what their allocations hold, as a placement Cluster.
-
-    Cached per process and checked against the group's alloc_version (see hub_ext.compute.clustercache);
-    call it holding the group lock.
-    """
-    return clustercache.get(db, group.id)
+    if ledger and old != status:
+        db = object_session(s)
+        if db is not None:
+            usage_ledger.on_transition(db, s, old, status)
 
 
 def _fits_empty(entry: clustercache.Entry, req: Request) -> bool:
@@ -240,220 +179,268 @@ def admit(
     :func:`prepare_launch`); the session takes that request's exact slots and GPU models and is
     charged to the keypair that signed it.  ``dry_run``: every check (the capacity that could ever
     hold it included) but no placement; the session returned is not added, and the caller rolls back.
+
+    In the common case five statements (plus SQLite's BEGIN): the group's lock with its
+    alloc_version and the tenancy and folder versions (one UPDATE ... RETURNING), the ledger's
+    rows changed and read back (one upsert), and the inserts of the session, its allocations
+    and the audit entry.  Tenancy comes from the per-process cache of that version.
     """
     if launch is not None and isinstance(body, Mapping):
         body = {**body, "slots": launch.slots, "gpu_models": list(launch.gpu_models)}
     req = parse_request(body)
     username = _requested_user(actor, req)
-    user = db.scalar(select(User).where(User.username == username))
-    if user is None or not user.is_active:
-        raise NotFound(f"no active user {username!r}")
-    dname, pname = parse_project_ref(req["project_ref"], user.domain.name)
-    project = db.scalar(select(Project).join(Domain).where(Domain.name == dname, Project.name == pname))
-    if project is None or user not in project.members:
-        raise Forbidden(f"{username} is not a member of project {dname}/{pname}")
-    if not project.is_active or not user.domain.is_active:
-        raise Forbidden(f"project {dname}/{pname} or its domain is inactive")
-    group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == req["resource_group"]))
-    if group is None:
-        raise NotFound(f"no resource group {req['resource_group']!r}")
-    keypair = _charged_keypair(db, actor, user, launch.keypair if launch is not None else None)
-    # The folders to mount (named ones and the user's dot-folders), refused before anything is held.
-    mounts = vfolders.resolve_mounts(db, user, req["vfolders"])
+    access_key = launch.keypair if launch is not None else None
+    guess = snapshot.latest(db)
+    try:
+        t = tenants.resolve(
+            db, guess if guess is not None else snapshot.current(db), actor, username, req, access_key
+        )
+    except LabfleetError:
+        if guess is None:
+            raise
+        t = tenants.resolve(db, snapshot.current(db), actor, username, req, access_key)  # say why, as of now
+    # Named folders are checked (and refused) before anything is held.
+    named_mounts = None
+    if req["vfolders"]:
+        owner = db.get(User, t.user.id)
+        assert owner is not None  # resolve() found them in this transaction
+        named_mounts = vfolders.resolve_mounts(db, owner, req["vfolders"])
 
-    _lock(db, user.domain_id, group.id)
-    session = ComputeSession(
-        id=str(uuid.uuid4()),
-        name=req["name"],
-        user=user,
-        keypair=keypair,
-        project=project,
-        domain=user.domain,
-        resource_group=group,
-        type=req["type"],
-        image=req["image"],
-        requested_slots=req["slots"].to_db(),
-        gpu_models=req["gpu_models"],
-        status_history=[],
-        mounts=[VFolderMount(vfolder_id=v.id, permission=perm) for v, perm in mounts],
+    entry, alloc_version, (tenancy_v, folders_v) = clustercache.lock_for_decision(
+        db, t.group.id, versions.subquery(versions.TENANCY), versions.subquery(versions.FOLDERS)
     )
-    refusal = check(db, session)
+    if tenancy_v != t.version:
+        t2 = tenants.resolve(db, int(tenancy_v), actor, username, req, access_key)
+        if t2.group.id != t.group.id:  # the group was renamed or replaced meanwhile: lock the right one
+            entry, alloc_version, _ = clustercache.lock_for_decision(db, t2.group.id)
+        t = t2
+    slots = req["slots"]
+    request = _session_request(t, "", req["type"], req["image"], slots, req["gpu_models"])
+    scopes = tenants.scopes(t)
+    delta = quanta.session_delta(slots, live=1, pending=0, keys=quanta.request_keys(slots))
+    rows = usage_ledger.charge(db, scopes, delta)
+    before = {scope: {k: v - delta.get(k, 0) for k, v in row.items()} for scope, row in rows.items()}
+    refusal = admission.check_admission(tenants.context(t, request, before))
     if refusal is not None:
         audit.record(
             db,
             actor,
             "session.refuse",
             username,
-            target_domain=user.domain.name,
-            details={"reason": refusal.message, "code": refusal.code, "project": project.full_name},
+            target_domain=t.user.domain,
+            details={"reason": refusal.message, "code": refusal.code, "project": t.project.full_name},
             success=False,
         )
         raise Refused(refusal, REFUSAL_STATUS.get(refusal.code, 409))
+    wanted = Request.from_slots(slots, req["gpu_models"])
+    if named_mounts is not None:
+        mounts = [(v.id, perm) for v, perm in named_mounts]
+    else:
+        mounts = tenants.dot_folder_mounts(db, int(tenancy_v), int(folders_v), t.user.id)
+    now = _now()
+    session = ComputeSession(
+        id=str(uuid.uuid4()),
+        name=req["name"],
+        user_id=t.user.id,
+        keypair_id=t.keypair.id,
+        project_id=t.project.id,
+        domain_id=t.user.domain_id,
+        resource_group_id=t.group.id,
+        type=req["type"],
+        image=req["image"],
+        requested_slots=slots.to_db(),
+        gpu_models=req["gpu_models"],
+        status=None,
+        status_reason="",
+        status_history=[],
+        node_id=None,
+        exit_code=None,
+        created_at=now,
+        status_changed_at=now,
+    )
     if dry_run:
-        _check_could_fit(db, group, session)
+        session.mounts = [VFolderMount(vfolder_id=vid, permission=perm) for vid, perm in mounts]
+        _check_could_fit(entry, t.group.name, session)
         return session
-    db.add(session)
-    set_status(session, "PENDING", "waiting for the scheduler")
-    db.flush()
-    placed = _try_place(db, session)
-    if not placed:
-        try:
-            _check_could_fit(db, group, session)
-        except Refused:
-            db.delete(session)
-            db.flush()
-            raise
-        set_status(session, "PENDING", f"waiting for free capacity in resource group {group.name}")
+    placement = entry.cluster.place(wanted, t.group.placement, None)
+    allocations: list[dict[str, Any]] = []
+    if placement is not None:
+        allocations, taken, where = _allocation_rows(entry, placement, session.id)
+        session.node_id = allocations[0]["node_id"]
+        set_status(session, "SCHEDULED", where, ledger=False)
+    else:
+        _check_could_fit(entry, t.group.name, session)  # raises: the caller rolls back
+        set_status(
+            session, "PENDING", f"waiting for free capacity in resource group {t.group.name}", ledger=False
+        )
+        usage_ledger.charge(db, scopes, {quanta.PENDING: 1})
+    # Plain inserts, not the ORM's unit of work: an admission is a hot path.
+    conn = db.connection()
+    conn.execute(insert(_table(ComputeSession)), _column_values(session))
+    if allocations:
+        conn.execute(insert(_table(Allocation)), allocations)
+    if mounts:
+        mount_rows = [
+            {"session_id": session.id, "vfolder_id": vid, "permission": perm} for vid, perm in mounts
+        ]
+        conn.execute(insert(_table(VFolderMount)), mount_rows)
+    clustercache.settle(db, t.group.id, entry, alloc_version)
+    if placement is not None:
+        entry.cluster.apply(taken)  # the cached cluster takes exactly what the rows say
     audit.record(
         db,
         actor,
         "session.create",
         session.id,
-        target_domain=user.domain.name,
-        details={"project": project.full_name, "slots": session.slots.to_json(), "status": session.status},
+        target_domain=t.user.domain,
+        details={"project": t.project.full_name, "slots": slots.to_json(), "status": session.status},
+    )
+    # The row is written: the object joins the transaction as loaded, its relations load on first use.
+    make_transient_to_detached(session)
+    db.add(session)
+    db.expire(
+        session, ["user", "keypair", "project", "domain", "resource_group", "node", "allocations", "mounts"]
     )
     return session
 
 
-def _check_could_fit(db: Session, group: ResourceGroup, session: ComputeSession) -> None:
+def _table(model: type) -> Table:
+    return model.__table__  # type: ignore[attr-defined,no-any-return]
+
+
+def _column_values(s: ComputeSession) -> dict[str, Any]:
+    return {c.key: getattr(s, c.key) for c in ComputeSession.__table__.columns}
+
+
+def _allocation_rows(
+    entry: clustercache.Entry, placement: Placement, session_id: str
+) -> tuple[list[dict[str, Any]], Placement, str]:
+    """A placement as allocation rows (amounts in quanta), the exact placement they hold (for the
+    cached cluster), and the status reason that says where it runs."""
+    node_id = entry.nodes[placement.node]
+    cpu_milli = int(placement.cpu * 1000)
+    rows: list[dict[str, Any]] = []
+    taken = []
+    for i, (dev_uuid, shares) in enumerate(placement.devices):
+        centi = int(shares * 100)
+        rows.append(
+            {
+                "session_id": session_id,
+                "node_id": node_id,
+                "device_id": entry.devices[dev_uuid].id,
+                "shares_centi": centi,
+                "cpu_milli": cpu_milli if i == 0 else 0,
+                "mem": placement.mem if i == 0 else 0,
+            }
+        )
+        taken.append((dev_uuid, Decimal(centi) / 100))
+    if not placement.devices:
+        rows.append(
+            {
+                "session_id": session_id,
+                "node_id": node_id,
+                "device_id": None,
+                "shares_centi": 0,
+                "cpu_milli": cpu_milli,
+                "mem": placement.mem,
+            }
+        )
+    where = ", ".join(
+        f"{shares} of {entry.devices[u].model} #{entry.devices[u].index}" for u, shares in placement.devices
+    )
+    exact = Placement(
+        node=placement.node, devices=tuple(taken), cpu=Decimal(cpu_milli) / 1000, mem=placement.mem
+    )
+    return rows, exact, f"on {placement.node}" + (f": {where}" if where else "")
+
+
+def _session_request(
+    t: tenants.Tenants,
+    session_id: str,
+    session_type: str,
+    image: str | None,
+    slots: ResourceSlots,
+    gpu_models: Iterable[str],
+) -> admission.SessionRequest:
+    return admission.SessionRequest(
+        session_id=session_id,
+        user=t.user.username,
+        keypair=t.keypair.access_key,
+        project=t.project.full_name,
+        domain=t.user.domain,
+        resource_group=t.group.name,
+        session_type=session_type,
+        image=image,
+        slots=charged(slots),
+        gpu_models=tuple(gpu_models),
+    )
+
+
+def _check_could_fit(entry: clustercache.Entry, group: str, session: ComputeSession) -> None:
     """Refuse (409) a request that no node of the group could hold even empty: it would wait for ever."""
-    if not _fits_empty(_cluster(db, group), _request_of(session)):
-        message = f"no node of resource group {group.name} could ever hold {session.slots.to_cli() or 'this request'}"
+    if not _fits_empty(entry, _request_of(session)):
+        message = (
+            f"no node of resource group {group} could ever hold {session.slots.to_cli() or 'this request'}"
+        )
         raise Refused(admission.Refusal(code="capacity", message=message, retryable=False), 409)
-
-
-def _charged_keypair(db: Session, actor: Actor, user: User, access_key: str | None = None) -> Keypair:
-    """The keypair a new session is charged to: the one that signed the request (or, for the Hub's
-    admission of an API session, ``access_key``, the one that signed that request), else the main one."""
-    if access_key is None and actor.keypair is not None and actor.name == user.username:
-        access_key = actor.keypair
-    if access_key is not None:
-        kp = db.scalar(select(Keypair).where(Keypair.access_key == access_key))
-        if kp is None or kp.user_id != user.id:
-            raise Forbidden(f"keypair {access_key} does not belong to {user.username}")
-        if not kp.is_active:
-            raise Forbidden(f"keypair {access_key} is not active")
-        return kp
-    keypair = user.main_keypair
-    if keypair is None:
-        raise Conflict(f"{user.username} has no active main keypair")
-    return keypair
 
 
 def _request_of(s: ComputeSession) -> Request:
     return Request.from_slots(s.slots, s.gpu_models or ())
 
 
-def check(db: Session, s: ComputeSession) -> admission.Refusal | None:
-    """Run the pure admission checks for session ``s`` against current usage."""
-    user, project, domain, kp = s.user, s.project, s.domain, s.keypair
-    # Quotas count every admitted session that has not ended, queued ones included, so a
-    # request over quota is refused now instead of waiting for ever.
-    scope = [x for x in _in_quota(db, domain.id) if x.id != s.id]
-    holding = [x for x in scope if x.status in HOLDING_STATUSES]
-    pending_kp = sum(1 for x in scope if x.status == "PENDING" and x.keypair_id == kp.id)
-    policy = kp.resource_policy
-    group = s.resource_group
-    ctx = admission.AdmissionContext(
-        request=admission.SessionRequest(
-            session_id=s.id,
-            user=user.username,
-            keypair=kp.access_key,
-            project=project.full_name,
-            domain=domain.name,
-            resource_group=group.name,
-            session_type=s.type,
-            image=s.image,
-            slots=charged(s.slots),
-            gpu_models=tuple(s.gpu_models or ()),
-        ),
-        keypair_policy=admission.KeypairPolicySnapshot(
-            total_slots=policy.slots,
-            unlimited_unspecified=policy.default_for_unspecified == "UNLIMITED",
-            max_concurrent_sessions=policy.max_concurrent_sessions,
-            max_pending_sessions=policy.max_pending_sessions,
-        ),
-        keypair_used=_sum(x for x in scope if x.keypair_id == kp.id),
-        keypair_active_sessions=sum(1 for x in holding if x.keypair_id == kp.id),
-        keypair_pending_sessions=int(pending_kp),
-        user_limit=None,
-        user_used=_sum(x for x in scope if x.user_id == user.id),
-        project_limit=project.slots,
-        project_used=_sum(x for x in scope if x.project_id == project.id),
-        domain_limit=domain.slots,
-        domain_used=_sum(scope),
-        group=admission.GroupSnapshot(
-            name=group.name,
-            allowed_session_types=tuple(group.allowed_session_types or ()),
-            domains=frozenset(g.target for g in group.grants if g.kind == "domain"),
-            projects=frozenset(g.target for g in group.grants if g.kind == "project"),
-            users=frozenset(g.target for g in group.grants if g.kind == "user"),
-            is_public=group.is_public,
-        ),
-        image=_image_snapshot(db, s.image, project.full_name),
-    )
-    return admission.check_admission(ctx)
-
-
-def _image_snapshot(db: Session, name: str | None, project: str) -> admission.ImageSnapshot | None:
-    image = images.find(db, name)
-    if image is None or not image.is_active:
-        return None  # with a name asked, admission refuses it as not registered
-    allowed = None if images.allowed_for(image, project) else frozenset(image.projects or ())
-    return admission.ImageSnapshot(name=image.name, min_slots=image.min_slots, allowed_projects=allowed)
+def check(db: Session, s: ComputeSession, version: int | None = None) -> admission.Refusal | None:
+    """Run the pure admission checks for the queued session ``s`` against the ledger (which holds
+    ``s`` itself: it is taken out).  ``version``: the tenancy version, when the caller read it."""
+    version = snapshot.current(db) if version is None else version
+    actor = Actor.hub()
+    req = {
+        "project_ref": s.project.full_name,
+        "resource_group": s.resource_group.name,
+        "image": s.image,
+    }
+    try:
+        t = tenants.resolve(db, version, actor, s.user.username, req, s.keypair.access_key)
+    except LabfleetError as e:
+        return admission.Refusal(code="tenancy", message=e.message, retryable=False)
+    request = _session_request(t, s.id, s.type, s.image, s.slots, s.gpu_models or ())
+    own = quanta.session_delta(s.slots, live=1, pending=int(s.status == "PENDING"))
+    rows = usage_ledger.read(db, usage_ledger.scopes_of(s))
+    before = {scope: {k: v - own.get(k, 0) for k, v in row.items()} for scope, row in rows.items()}
+    return admission.check_admission(tenants.context(t, request, before))
 
 
 def _try_place(db: Session, s: ComputeSession) -> bool:
-    """Place ``s`` on its group's nodes; on success write allocations and mark it SCHEDULED."""
+    """Place the queued session ``s`` on its group's nodes (the caller holds the group's lock)."""
     group = s.resource_group
-    entry = _cluster(db, group)
-    placement = entry.cluster.place(_request_of(s), group.placement, None)
+    return _place(db, s, group.id, group.placement, clustercache.get(db, group.id), None, _request_of(s))
+
+
+def _place(
+    db: Session,
+    s: ComputeSession,
+    group_id: int,
+    policy: str,
+    entry: clustercache.Entry,
+    version: int | None,
+    wanted: Request,
+) -> bool:
+    """Place the queued ``s`` with ``entry``, its group's state before this transaction's bump to
+    ``version`` (None: not bumped yet; bumped here if it places); on success write its allocations
+    and mark it SCHEDULED."""
+    placement = entry.cluster.place(wanted, policy, None)
     if placement is None:
         return False
-    version = clustercache.bump(db, group.id)
-    node_id = entry.nodes[placement.node]
-    node = db.get(Node, node_id)
-    s.node = node
-    cpu_milli = int(placement.cpu * 1000)
-    taken = []
-    rows = []
-    for i, (dev_uuid, shares) in enumerate(placement.devices):
-        centi = int(shares * 100)
-        rows.append(
-            Allocation(
-                session=s,
-                node_id=node_id,
-                device_id=entry.devices[dev_uuid].id,
-                shares_centi=centi,
-                cpu_milli=cpu_milli if i == 0 else 0,
-                mem=placement.mem if i == 0 else 0,
-            )
-        )
-        taken.append((dev_uuid, Decimal(centi) / 100))
-    if not placement.devices:
-        rows.append(
-            Allocation(
-                session=s,
-                node_id=node_id,
-                device_id=None,
-                shares_centi=0,
-                cpu_milli=cpu_milli,
-                mem=placement.mem,
-            )
-        )
-    clustercache.expect(db, rows)
-    db.add_all(rows)
-    where = ", ".join(
-        f"{shares} of {entry.devices[u].model} #{entry.devices[u].index}" for u, shares in placement.devices
-    )
-    set_status(s, "SCHEDULED", f"on {placement.node}" + (f": {where}" if where else ""))
-    db.flush()
-    # The cached cluster takes exactly what the rows say, so a rebuild from the DB equals it.
-    clustercache.claim(db, group.id, entry)
-    entry.cluster.apply(
-        Placement(node=placement.node, devices=tuple(taken), cpu=Decimal(cpu_milli) / 1000, mem=placement.mem)
-    )
-    entry.version = version
+    if version is None:
+        version = clustercache.bump(db, group_id)
+    rows, taken, where = _allocation_rows(entry, placement, s.id)
+    s.node_id = rows[0]["node_id"]
+    allocations = [Allocation(**{k: v for k, v in r.items() if k != "session_id"}, session=s) for r in rows]
+    clustercache.expect(db, allocations)
+    db.add_all(allocations)
+    set_status(s, "SCHEDULED", where)
+    clustercache.settle(db, group_id, entry, version)
+    entry.cluster.apply(taken)  # the cached cluster takes exactly what the rows say
     return True
 
 
@@ -596,9 +583,10 @@ def schedule_group(db: Session, group: ResourceGroup) -> Served:
     by_id = {s.id: s for s in live}
     ordered = _ordered_queue(db, group, live)
     scheduled = []
+    version = snapshot.current(db)
     for item in ordered:
         s = by_id[item.session_id]
-        if check(db, s) is not None:
+        if check(db, s, version) is not None:
             continue  # still over a quota: it waits, and its reason says so at the next look
         if _try_place(db, s):
             scheduled.append(s.id)
@@ -701,11 +689,27 @@ def position_of(db: Session, s: ComputeSession) -> int | None:
 # ---------------------------------------------------------------- release, status, reconcile
 
 
-def release(db: Session, s: ComputeSession, status: str, reason: str) -> None:
-    """Give back what ``s`` holds (the cached cluster kept in step) and set its final ``status``."""
-    group_id = s.resource_group_id
+def lock_current(db: Session, s: ComputeSession) -> None:
+    """Take the lock of ``s``'s group (PostgreSQL; SQLite's transactions hold the database's) and
+    read its status again under it: every status change and release takes this lock, so what
+    the caller then decides from ``s.status`` cannot be overwritten by a concurrent stop."""
     if db.get_bind().dialect.name == "postgresql":
+        group_id = s.resource_group_id
         db.execute(select(ResourceGroup.id).where(ResourceGroup.id == group_id).with_for_update())
+        db.refresh(s, ["status", "status_reason", "status_history", "status_changed_at"])
+
+
+def release(db: Session, s: ComputeSession, status: str, reason: str) -> bool:
+    """Give back what ``s`` holds (the cached cluster kept in step) and set its final ``status``.
+
+    False (and nothing changed) when ``s`` had already ended: a concurrent stop got there first.
+    """
+    group_id = s.resource_group_id
+    lock_current(db, s)  # its status as of now: the ledger takes it out once, not once per stop
+    if s.status in FINAL_STATUSES:
+        return False
+    if status == "CANCELLED" and s.status != "PENDING":
+        status = "TERMINATED"  # placed meanwhile: it ran (or was about to)
     # Read them again under the group lock: a concurrent stop or placement may have changed them.
     allocations = list(db.scalars(select(Allocation).where(Allocation.session_id == s.id)))
     if allocations:
@@ -726,6 +730,7 @@ def release(db: Session, s: ComputeSession, status: str, reason: str) -> None:
     set_status(s, status, reason)
     db.flush()
     db.expire(s, ["allocations"])
+    return True
 
 
 def _placement_of(entry: clustercache.Entry, allocations: list[Allocation]) -> Placement | None:
@@ -774,7 +779,10 @@ def terminate(db: Session, actor: Actor, session_id: str, reason: str = "stopped
         raise Forbidden("you cannot stop this session")
     if s.status in FINAL_STATUSES:
         return s
-    release(db, s, "CANCELLED" if s.status == "PENDING" else "TERMINATED", f"{reason} by {actor.name}")
+    if not release(
+        db, s, "CANCELLED" if s.status == "PENDING" else "TERMINATED", f"{reason} by {actor.name}"
+    ):
+        return s  # a concurrent stop ended it first
     audit.record(
         db, actor, "session.terminate", s.id, target_domain=s.domain.name, details={"reason": reason}
     )
@@ -791,6 +799,7 @@ def update_status(db: Session, actor: Actor, session_id: str, body: Any) -> Comp
     status = check_choice(
         body["status"], "status", ("PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "ERROR", "CANCELLED")
     )
+    lock_current(db, s)  # a concurrent stop may have ended it since it was read
     if status not in SPAWNER_TRANSITIONS.get(s.status, set()):
         raise Conflict(f"session {s.id} is {s.status}; it cannot become {status}")
     reason = check_text(body.get("reason", ""), "reason", 1000)
@@ -805,20 +814,11 @@ def update_status(db: Session, actor: Actor, session_id: str, body: Any) -> Comp
 
 
 def list_sessions(db: Session, actor: Actor, filters: dict[str, str | None]) -> list[ComputeSession]:
-    q = select(ComputeSession).order_by(ComputeSession.created_at)
-    if filters.get("status"):
-        q = q.where(ComputeSession.status == filters["status"])
-    if filters.get("user"):
-        q = q.join(User, ComputeSession.user_id == User.id).where(User.username == filters["user"])
-    if filters.get("domain"):
-        q = q.where(ComputeSession.domain_id.in_(select(Domain.id).where(Domain.name == filters["domain"])))
-    out = []
-    for s in db.scalars(q):
-        if filters.get("project") and s.project.full_name != filters["project"]:
-            continue
-        if actor.kind in ("hub", "cli") or authz.can_read_user(actor, s.user.username, s.domain.name):
-            out.append(s)
-    return out
+    """Every session ``actor`` may read that matches ``filters``, oldest first; the REST API
+    answers pages of the same query (hub_ext.compute.sessionlist.page_sessions)."""
+    from hub_ext.compute.sessionlist import all_sessions  # authz and filters in SQL
+
+    return all_sessions(db, actor, filters)
 
 
 def session_view(s: ComputeSession) -> dict[str, Any]:

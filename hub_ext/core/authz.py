@@ -106,3 +106,9 @@ def can_read_audit_entry(
     if actor.role == "admin" and actor.domain in (actor_domain, target_domain):
         return True
     return actor.name == actor_name
+
+
+def can_run_maintenance(actor: Actor) -> bool:
+    """Fleet-wide repairs (recalculating the usage ledger): a superadmin or the CLI; not the Hub's
+    own token (its spawners and authenticator never need them), not monitors."""
+    return actor.is_superadmin and actor.kind in ("user", "cli")

@@ -13,6 +13,10 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
+# Flush hooks every process that writes must have: state versions (caches learn of changes) and
+# the usage ledger's part in deletions. Imported here, where every session factory comes from.
+from hub_ext.core import ledger as _ledger  # noqa: E402,F401
+from hub_ext.core import versions as _versions  # noqa: E402,F401
 from hub_ext.core.dburl import default_db_url, normalize_url
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"

@@ -357,7 +357,10 @@ class Device(Base):
 
 class ComputeSession(Base):
     __tablename__ = "sessions"
-    __table_args__ = (Index("ix_sessions_status_group", "status", "resource_group_id"),)
+    __table_args__ = (
+        Index("ix_sessions_status_group", "status", "resource_group_id"),
+        Index("ix_sessions_created_id", "created_at", "id"),  # the order of GET /api/sessions pages
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)  # a UUID
     name: Mapped[str] = mapped_column(String(255), default="")  # the Hub server name
@@ -576,3 +579,38 @@ class VFolderMount(Base):
     permission: Mapped[str] = mapped_column(String(_ENUM_LEN))
 
     vfolder: Mapped[VFolder] = relationship()
+
+
+# ---------------------------------------------------------------- usage ledger, state versions
+
+# Scopes a quota names, in the one order every ledger write takes their rows (no deadlock).
+LEDGER_SCOPES = ("domain", "project", "user", "keypair", "resource_group")
+
+
+class UsageLedger(Base):
+    """What the live sessions of one scope hold: one row per (scope, slot), in integer quanta.
+
+    ``slot`` is a slot name (``cpu``: milli-cores, ``mem``: bytes, ``gpu``: devices, ``gpu.shares``:
+    hundredths, ``gpu:A100``: its base slot's quantum), ``gpu:*`` the sum of a base slot's per-model
+    slots, ``@sessions`` the live sessions (admitted, not ended) and ``@pending`` the queued ones.
+    Changed by :mod:`hub_ext.compute.ledger` in the transaction that admits, places or ends a session.
+    """
+
+    __tablename__ = "usage_ledger"
+    __table_args__ = (UniqueConstraint("scope_kind", "scope_id", "slot", name="uq_usage_ledger_scope_slot"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scope_kind: Mapped[str] = mapped_column(String(16))  # one of LEDGER_SCOPES
+    scope_id: Mapped[int] = mapped_column(Integer)
+    slot: Mapped[str] = mapped_column(String(96))
+    amount: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class StateVersion(Base):
+    """A counter bumped by every transaction that changes one kind of state (``tenancy``, ``folders``),
+    so each process can cache what it read and know when it went stale (see hub_ext.core.versions)."""
+
+    __tablename__ = "state_versions"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)

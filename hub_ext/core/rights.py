@@ -23,8 +23,8 @@ RIGHTS = (
 
 
 def check_rights(value: Any, field: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InvalidInput(f"{field} must be a list of rights: {', '.join(RIGHTS)}")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 1000:
+        raise InvalidInput(f"{field} must be a list of rights (at most 1000): {', '.join(RIGHTS)}")
     unknown = sorted(set(value) - set(RIGHTS))
     if unknown:
         raise InvalidInput(f"{field}: unknown right(s) {', '.join(unknown)}; known: {', '.join(RIGHTS)}")

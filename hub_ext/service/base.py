@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
+from urllib.parse import parse_qs, urlencode
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
@@ -24,10 +25,11 @@ from hub_ext.core import signing
 from hub_ext.core.authz import Actor
 from hub_ext.core.db import session_scope
 from hub_ext.core.errors import Forbidden, InvalidInput, LabfleetError, RateLimited, Unauthorized
+from hub_ext.core.pages import DEFAULT_LIMIT, MAX_LIMIT, Page
 from hub_ext.core.secretbox import SecretKeyMissing
 from hub_ext.core.validate import check_int
-from hub_ext.tenancy import keypairs
-from hub_ext.tenancy.directory import actor_for, get_user
+from hub_ext.tenancy import keypairs, snapshot
+from hub_ext.tenancy.directory import actor_for
 
 MAX_BODY = 1 << 20  # JSON bodies; file uploads (vfolders) have their own streaming handlers
 MAX_JSON_DEPTH = 64  # nesting levels of a JSON body; no API body needs more than a few
@@ -169,19 +171,20 @@ class APIHandler(BaseHandler):
             raise Unauthorized("authentication required: a Hub token, a Hub login or a signed request")
         if model.get("kind") != "user":
             raise Forbidden(f"{model.get('kind')} {model.get('name')} is not a labfleet user")
-        with self.db() as db:
-            user = get_user(db, model["name"])
-            if user is None:
-                raise Forbidden(f"{model['name']} is not a labfleet user")
-            if not user.is_active:
-                raise Forbidden(f"user {user.username} is inactive")
-            actor = actor_for(user, remote)
-            main = user.main_keypair
-            # Browser and token requests count against the user's main keypair.
-            self._rate_limit(
-                main.access_key if main else f"user:{user.username}", main.rate_limit if main else 10000
-            )
-        return actor
+        # From the tenancy cache: one statement (its version) when the user is known.
+        user = snapshot.user_now(self.lf.engine, self.lf.session_factory, model["name"])
+        if user is None:
+            raise Forbidden(f"{model['name']} is not a labfleet user")
+        if not user.is_active:
+            raise Forbidden(f"user {user.username} is inactive")
+        main = user.main_keypair
+        # Browser and token requests count against the user's main keypair.
+        self._rate_limit(
+            main.access_key if main else f"user:{user.username}", main.rate_limit if main else 10000
+        )
+        return Actor(
+            name=user.username, role=user.role, domain=user.domain, user_id=user.id, remote_addr=remote
+        )
 
     def _authenticate_signed(self, header: str, remote: str) -> Actor:
         parsed = signing.parse_auth_header(header)
@@ -387,3 +390,55 @@ def whole_number_arg(handler: APIHandler, name: str, *, default: int, minimum: i
     if not re.fullmatch(r"[0-9]{1,18}", raw):
         raise InvalidInput(f"{name} must be a whole number from {minimum} to {maximum}")
     return check_int(int(raw), name, minimum=minimum, maximum=maximum)
+
+
+# ---------------------------------------------------------------- pages of the list endpoints
+
+# Like the Hub's REST API (jupyterhub/apihandlers/base.py): a client that sends this media type in
+# Accept gets {"items": [...], "_pagination": {...}}; any other gets the page's items as an array.
+PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
+MAX_OFFSET = 2**31 - 1
+
+
+def page_args(handler: APIHandler) -> tuple[int, int]:
+    """``(offset, limit)`` from the query: offset 0.. (default 0), limit 1..1000 (default 200);
+    InvalidInput (400) for anything else."""
+    offset = whole_number_arg(handler, "offset", default=0, minimum=0, maximum=MAX_OFFSET)
+    limit = whole_number_arg(handler, "limit", default=DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
+    return offset, limit
+
+
+def accepts_pagination(handler: APIHandler) -> bool:
+    """Whether the request's Accept header names the pagination media type."""
+    accept = handler.request.headers.get("Accept", "")
+    return PAGINATION_MEDIA_TYPE in {part.split(";")[0].strip().lower() for part in accept.split(",")}
+
+
+def page_url(handler: APIHandler, offset: int, limit: int) -> str:
+    """The path and query of the page at ``offset``: this request's, with offset and limit set
+    (the Hub's ``next.url`` keeps the other query arguments the same way)."""
+    query = parse_qs(handler.request.query, keep_blank_values=True)
+    query["offset"] = [str(offset)]
+    query["limit"] = [str(limit)]
+    return f"{handler.request.path}?{urlencode(query, doseq=True)}"
+
+
+def page_answer(handler: APIHandler, page: Page[Any]) -> Any:
+    """The body for one page of a list endpoint (its items already rendered); sets the ``Link``
+    header to the next page, when there is one, and the pagination media type when asked for."""
+    nxt = page.next_offset
+    url = page_url(handler, nxt, page.limit) if nxt is not None else None
+    if url is not None:
+        handler.set_header("Link", f'<{url}>; rel="next"')
+    if not accepts_pagination(handler):
+        return page.items
+    handler.set_header("Content-Type", f"{PAGINATION_MEDIA_TYPE}; charset=utf-8")
+    return {
+        "items": page.items,
+        "_pagination": {
+            "offset": page.offset,
+            "limit": page.limit,
+            "total": page.total,
+            "next": None if url is None else {"offset": nxt, "limit": page.limit, "url": url},
+        },
+    }

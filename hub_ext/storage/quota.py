@@ -170,9 +170,29 @@ def set_usage(db: Session, folder_id: str, usage: Usage) -> None:
     v.usage_scanned_at = datetime.now(timezone.utc)
 
 
-def usage_view(db: Session, v: VFolder) -> dict[str, Any]:
+def scope_key(v: VFolder) -> tuple[str, int | None]:
+    """Which quota scope the folder counts against: ("user", user id) or ("project", project id)."""
+    return (v.owner_kind, v.user_id if v.owner_kind == "user" else v.project_id)
+
+
+def scope_totals(db: Session, folders: list[VFolder]) -> dict[tuple[str, int | None], tuple[int, int]]:
+    """{scope_key: (bytes used, folders)} of the folders' scopes, in at most two statements."""
+    out: dict[tuple[str, int | None], tuple[int, int]] = {scope_key(v): (0, 0) for v in folders}
+    for kind, col in (("user", VFolder.user_id), ("project", VFolder.project_id)):
+        ids = {i for k, i in out if k == kind and i is not None}
+        if ids:
+            q = select(col, func.coalesce(func.sum(VFolder.usage_bytes), 0), func.count())
+            for owner_id, used, count in db.execute(q.where(col.in_(ids)).group_by(col)):
+                out[(kind, owner_id)] = (int(used), int(count))
+    return out
+
+
+def usage_view(db: Session, v: VFolder, totals: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The folder's usage and limits; ``totals``: its scope's (bytes used, folders) when already
+    counted (``scope_totals``), else counted now."""
     scope = _scope_col(v)
     pol = _policy(v)
+    used, folders = totals if totals is not None else (None, None)
     return {
         "usage": {
             "bytes": v.usage_bytes,
@@ -185,9 +205,11 @@ def usage_view(db: Session, v: VFolder) -> dict[str, Any]:
             "scope": {
                 "kind": v.owner_kind,
                 "name": scope_name(v),
-                "used": _used(db, scope),
+                "used": _used(db, scope) if used is None else used,
                 "limit": scope_limit(v),
-                "folders": db.scalar(select(func.count()).select_from(VFolder).where(scope)) or 0,
+                "folders": (db.scalar(select(func.count()).select_from(VFolder).where(scope)) or 0)
+                if folders is None
+                else folders,
                 "max_folders": pol.max_vfolder_count if pol else 0,
             },
         },

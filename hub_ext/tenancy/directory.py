@@ -419,11 +419,11 @@ def delete_user(db: Session, actor: Actor, username: str) -> None:
 
 
 def list_users(db: Session, actor: Actor, domain: str | None = None) -> list[User]:
-    q = select(User).join(Domain).order_by(User.username)
-    if domain is not None:
-        readable_domain(db, actor, domain)
-        q = q.where(Domain.name == domain)
-    return [u for u in db.scalars(q) if authz.can_read_user(actor, u.username, u.domain.name)]
+    """Every user ``actor`` may read (of ``domain``), by name; the REST API answers pages of the
+    same query (hub_ext.tenancy.userlist.page_users)."""
+    from hub_ext.tenancy.userlist import all_users  # authz in SQL
+
+    return all_users(db, actor, domain)
 
 
 def actor_for(user: User, remote_addr: str = "") -> Actor:

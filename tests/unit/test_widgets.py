@@ -202,7 +202,7 @@ async def test_client_speaks_the_endpoints_contract(server):
     ]
     assert all(s["auth"] == "token secret" for s in _Recorder.seen)
     assert json.loads(_Recorder.seen[3]["body"]) == {"project": "ml", "gpu": 0.5}
-    assert _Recorder.seen[5]["query"] == "status=READY"
+    assert _Recorder.seen[5]["query"] == "status=READY&limit=1000"
     assert _Recorder.seen[6]["length"] == "5" and _Recorder.seen[6]["body"] == b"12345"
 
 

@@ -9,12 +9,11 @@ from pathlib import Path
 
 from tornado import web
 
-from hub_ext.compute.quota import me_view
+from hub_ext.compute.quota import me_of, me_view
 from hub_ext.core import audit
 from hub_ext.core.errors import NotFound
-from hub_ext.service.base import APIHandler, BaseHandler, whole_number_arg
-from hub_ext.service.handlers import auth, compute, storage, tenancy
-from hub_ext.tenancy import directory
+from hub_ext.service.base import APIHandler, BaseHandler, page_answer, page_args
+from hub_ext.service.handlers import auth, compute, maintenance, storage, tenancy
 
 SPEC_FILE = Path(__file__).parent.parent / "openapi.yaml"
 
@@ -27,7 +26,7 @@ class MeHandler(APIHandler):
         def op(db, actor):
             if actor.kind != "user":
                 raise NotFound("/api/me answers for users; the Hub has no labfleet account")
-            return me_view(db, directory.get_user(db, actor.name)), None
+            return me_view(db, me_of(db, actor.name)), None
 
         await self.run(op)
 
@@ -35,11 +34,9 @@ class MeHandler(APIHandler):
 class AuditHandler(APIHandler):
     async def get(self):
         def op(db, actor):
-            limit = whole_number_arg(self, "limit", default=100, minimum=1, maximum=1000)
-            action = self.query_arg("action")
-            return [
-                audit.entry_view(e) for e in audit.list_entries(db, actor, limit=limit, action=action)
-            ], None
+            offset, limit = page_args(self)
+            page = audit.page_entries(db, actor, offset=offset, limit=limit, action=self.query_arg("action"))
+            return page_answer(self, page.map(audit.entry_view)), None
 
         await self.run(op)
 
@@ -86,4 +83,5 @@ def routes(prefix: str) -> list[tuple]:
         *compute.routes(api),
         *storage.routes(api),
         *auth.routes(api),
+        *maintenance.routes(api),
     ]

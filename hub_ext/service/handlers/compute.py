@@ -6,13 +6,20 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from hub_ext.compute import images, nodes, sessions
+from hub_ext.compute import images, nodes, sessionlist, sessions
 from hub_ext.compute.launchoptions import launch_options
 from hub_ext.core import authz
 from hub_ext.core.errors import Forbidden, LabfleetError, NotFound
 from hub_ext.core.models import SESSION_STATUSES
 from hub_ext.core.validate import check_bool, check_choice
-from hub_ext.service.base import APIHandler, request_json, required_body, whole_number_arg
+from hub_ext.service.base import (
+    APIHandler,
+    page_answer,
+    page_args,
+    request_json,
+    required_body,
+    whole_number_arg,
+)
 from hub_ext.tenancy import directory
 
 # ---------------------------------------------------------------- resource groups, nodes, sessions
@@ -39,7 +46,11 @@ class ResourceGroupHandler(APIHandler):
 
 class NodeListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: ([nodes.node_view(db, n) for n in nodes.list_nodes(db, a)], None))
+        def op(db, actor):
+            offset, limit = page_args(self)
+            return page_answer(self, nodes.page_node_views(db, actor, offset=offset, limit=limit)), None
+
+        await self.run(op)
 
 
 class SessionListHandler(APIHandler):
@@ -48,7 +59,9 @@ class SessionListHandler(APIHandler):
             filters = {k: self.query_arg(k) for k in ("user", "project", "domain", "status")}
             if filters["status"] is not None:  # ?status= (empty) too: a filter that matches nothing is a typo
                 check_choice(filters["status"], "status", SESSION_STATUSES)
-            return [sessions.session_view(s) for s in sessions.list_sessions(db, actor, filters)], None
+            offset, limit = page_args(self)
+            page = sessionlist.page_sessions(db, actor, filters, offset=offset, limit=limit)
+            return page_answer(self, page.map(sessions.session_view)), None
 
         await self.run(op)
 
@@ -136,7 +149,7 @@ class QueueHandler(APIHandler):
     async def get(self):
         def op(db, actor):
             group = nodes.get_group(db, actor, self.query_arg("resource_group") or nodes.DEFAULT_GROUP)
-            readable = {s.id for s in sessions.list_sessions(db, actor, {"status": "PENDING"})}
+            readable = sessionlist.readable_ids(db, actor, {"status": "PENDING"})
             # Positions count everyone's sessions; only the caller's own (or their domain's) are shown.
             return [row for row in sessions.queue_view(db, group) if row["id"] in readable], None
 

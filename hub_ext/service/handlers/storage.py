@@ -14,7 +14,7 @@ from tornado import web
 
 from hub_ext.core.errors import InvalidInput, LabfleetError
 from hub_ext.core.validate import check_bool, check_fields, check_int
-from hub_ext.service.base import APIHandler, request_json, required_body
+from hub_ext.service.base import APIHandler, page_answer, page_args, request_json, required_body
 from hub_ext.storage import files as vffiles
 from hub_ext.storage import folders as vfolders
 from hub_ext.storage import hosts, uploads
@@ -77,9 +77,10 @@ class VFolderListHandler(VFolderAPIHandler):
             for name in ("scope", "status"):
                 if filters[name] == "":  # not "the default": an empty choice is a mistake
                     raise InvalidInput(f"{name} must not be empty: leave it out for the default")
-            return [
-                vfolders.view_for(db, actor, v, acc) for v, acc in vfolders.list_folders(db, actor, filters)
-            ]
+            offset, limit = page_args(self)
+            return page_answer(
+                self, vfolders.page_folder_views(db, actor, filters, offset=offset, limit=limit)
+            )
 
         await self.do(op)
 

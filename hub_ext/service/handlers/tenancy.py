@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hub_ext.core import hubmap
-from hub_ext.service.base import APIHandler, request_json, required_body
+from hub_ext.service.base import APIHandler, page_answer, page_args, request_json, required_body
 from hub_ext.service.hubsync import SyncPlan
-from hub_ext.tenancy import directory, keypairs, policies
+from hub_ext.tenancy import directory, keypairs, policies, userlist
 
 # ---------------------------------------------------------------- request helpers (every handler module)
 
@@ -103,9 +103,8 @@ class MemberListHandler(APIHandler):
     async def get(self, domain, name):
         def op(db, actor):
             p = directory.readable_project(db, actor, domain, name)
-            return [
-                directory.user_view(u) for u in p.members if u in directory.list_users(db, actor, domain)
-            ], None
+            readable = set(directory.list_users(db, actor, domain))
+            return [directory.user_view(u) for u in p.members if u in readable], None
 
         await self.run(op)
 
@@ -133,12 +132,13 @@ class MemberHandler(APIHandler):
 
 class UserListHandler(APIHandler):
     async def get(self):
-        await self.run(
-            lambda db, a: (
-                [directory.user_view(u) for u in directory.list_users(db, a, self.query_arg("domain"))],
-                None,
-            )
-        )
+        def op(db, actor):
+            domain = self.query_arg("domain")
+            offset, limit = page_args(self)
+            page = userlist.page_users(db, actor, domain, offset=offset, limit=limit)
+            return page_answer(self, page.map(directory.user_view)), None
+
+        await self.run(op)
 
     async def post(self):
         body = request_json(self)

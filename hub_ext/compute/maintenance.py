@@ -1,0 +1,110 @@
+"""Maintenance of the fleet's bookkeeping: rebuilding the usage ledger from the sessions.
+
+Used by ``labfleet maintenance recalc-usage`` and ``POST /api/maintenance/recalculate-usage``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from hub_ext.core import audit, authz
+from hub_ext.core import ledger as usage_ledger
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import Forbidden
+from hub_ext.core.models import Domain, Keypair, Project, ResourceGroup, User
+from hub_ext.core.slots import quantum_of
+
+ACTION = "maintenance.recalculate-usage"
+
+
+def amount_of(slot: str, quanta: int) -> Decimal:
+    """A ledger amount (``quanta`` of ``slot``) in the slot's own unit: cpu in cores, mem in bytes,
+    gpu in devices, gpu.shares in devices; ``@sessions`` and ``@pending`` are counts."""
+    if slot.startswith("@"):
+        return Decimal(quanta)
+    return (quantum_of(slot) * quanta).normalize()
+
+
+def _number(amount: Decimal) -> int | float:
+    return int(amount) if amount == amount.to_integral_value() else float(amount)
+
+
+def scope_names(db: Session, scopes: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    """Readable names of ledger scopes: domain ``acme``, project ``acme/ml``, user ``alice``,
+    keypair ``AK...``, resource group ``default``; ``#ID (gone)`` for one that no longer exists."""
+    ids: dict[str, set[int]] = defaultdict(set)
+    for kind, ident in scopes:
+        ids[kind].add(ident)
+    names: dict[tuple[str, int], str] = {}
+    queries = {
+        "domain": lambda wanted: select(Domain.id, Domain.name).where(Domain.id.in_(wanted)),
+        "project": lambda wanted: (
+            select(Project.id, Domain.name + "/" + Project.name)
+            .join(Domain, Project.domain_id == Domain.id)
+            .where(Project.id.in_(wanted))
+        ),
+        "user": lambda wanted: select(User.id, User.username).where(User.id.in_(wanted)),
+        "keypair": lambda wanted: select(Keypair.id, Keypair.access_key).where(Keypair.id.in_(wanted)),
+        "resource_group": lambda wanted: select(ResourceGroup.id, ResourceGroup.name).where(
+            ResourceGroup.id.in_(wanted)
+        ),
+    }
+    for kind, wanted in ids.items():
+        query = queries.get(kind)
+        if query is None:
+            continue
+        for ident, name in db.execute(query(sorted(wanted))):
+            names[(kind, ident)] = name
+    return {scope: names.get(scope, f"#{scope[1]} (gone)") for scope in scopes}
+
+
+def drift_view(db: Session, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ledger.drift()'s rows with a readable scope, and the amounts in the slot's unit too
+    (``stored`` and ``true`` stay the ledger's integer quanta)."""
+    names = scope_names(db, {(d["scope_kind"], d["scope_id"]) for d in found})
+    return [
+        {
+            "scope_kind": d["scope_kind"],
+            "scope_id": d["scope_id"],
+            "scope": names[(d["scope_kind"], d["scope_id"])],
+            "slot": d["slot"],
+            "stored": d["stored"],
+            "true": d["true"],
+            "stored_amount": _number(amount_of(d["slot"], d["stored"])),
+            "true_amount": _number(amount_of(d["slot"], d["true"])),
+        }
+        for d in found
+    ]
+
+
+def recalculate_usage(db: Session, actor: Actor, dry_run: bool = False) -> dict[str, Any]:
+    """Rebuild the usage ledger from the live sessions (``dry_run``: only say what differs).
+
+    Answers ``{"drift": [...], "repaired": n, "dry_run": b}``: each row where the ledger differed
+    from the sessions (see :func:`drift_view`), and how many were repaired.  Audited.
+    """
+    if not authz.can_run_maintenance(actor):
+        raise Forbidden("only a superadmin may recalculate usage")
+    if dry_run:
+        # The same locked, consistent look as a repair, rolled back: nothing changes.
+        nested = db.begin_nested()
+        try:
+            found = usage_ledger.recalculate(db)
+        finally:
+            nested.rollback()
+    else:
+        found = usage_ledger.recalculate(db)
+    view = drift_view(db, found)
+    audit.record(
+        db,
+        actor,
+        ACTION,
+        "usage_ledger",
+        details={"drift": len(found), "dry_run": dry_run},
+    )
+    return {"drift": view, "repaired": 0 if dry_run else len(found), "dry_run": dry_run}
