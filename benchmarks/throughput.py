@@ -376,6 +376,7 @@ def summary(r: Run, world: World, args: argparse.Namespace, db_kind: str) -> dic
         "db_mean_ms": sum(dbc) / len(dbc) if dbc else 0.0,
         "statements_per_admission": {
             "mean": round(sum(r.statements) / len(r.statements), 2) if r.statements else 0.0,
+            "p50": sorted(r.statements)[len(r.statements) // 2] if r.statements else 0,
             "max": max(r.statements, default=0),
         },
         "releases": len(rel),
@@ -415,7 +416,7 @@ def print_table(s: dict[str, Any]) -> None:
     )
     print(
         f"SQL statements per admission (inside the decision): mean {s['statements_per_admission']['mean']:.1f}, "
-        f"max {s['statements_per_admission']['max']}"
+        f"median {s['statements_per_admission']['p50']}, max {s['statements_per_admission']['max']}"
     )
     print(
         f"decisions/s (end to end): {s['decisions_per_s']:.0f}   cluster cache hit rate: "

@@ -29,6 +29,7 @@ from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import Forbidden, NotFound
 from hub_ext.core.models import (
+    HOLDING_STATUSES,
     Allocation,
     AuditEntry,
     ComputeSession,
@@ -131,7 +132,7 @@ def world(tmp_path, monkeypatch):
         db.add(VFolderPermission(vfolder_id=made["pm"].id, user_id=a["bob"].user_id, permission="ro"))
         db.add(VFolderPermission(vfolder_id=made["g1"].id, user_id=a["dave"].user_id, permission="ro"))
         made["b2"].status = "DELETE_PENDING"
-        # Sessions: created out of order, statuses cycling; every third holds half a GPU and mounts a folder.
+        # Sessions: created out of order, statuses cycling; every third mounts a folder, and holds a share of a GPU while live.
         group = db.scalar(select(ResourceGroup))
         dev = db.scalar(select(Device))
         start = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -157,11 +158,16 @@ def world(tmp_path, monkeypatch):
                 )
                 db.add(s)
                 if i % 3 == 0:
-                    db.add(
-                        Allocation(
-                            session=s, node_id=dev.node_id, device_id=dev.id, cpu_milli=100, shares_centi=5
+                    if s.status in HOLDING_STATUSES:  # an ended session has given its allocation back
+                        db.add(
+                            Allocation(
+                                session=s,
+                                node_id=dev.node_id,
+                                device_id=dev.id,
+                                cpu_milli=100,
+                                shares_centi=5,
+                            )
                         )
-                    )
                     mount = made["b1"] if who == "bob" else made["g1"] if who == "gina" else made["a1"]
                     db.add(VFolderMount(session_id=s.id, vfolder_id=mount.id, permission="rw"))
         # Audit entries the rule tells apart: no actor domain, no target domain, both, neither.
@@ -718,3 +724,20 @@ def test_bad_page_arguments_change_nothing(hub_world):
         for args in ("offset=-1", "limit=0", "limit=5000", "offset=x&limit=2"):
             assert _get(hub, path + ("&" if "?" in path else "?") + args, tokens["root"]).status_code == 400
     assert totals() == before
+
+
+def test_a_page_shows_each_session_as_its_own_view_does(world):
+    """The page loads allocations and mounts its own way: every view equals the one a session
+    read alone gives (devices of holding sessions, mounts of every session)."""
+    from hub_ext.compute import sessions
+
+    with lfdb.session_scope(world) as db:
+        a = _actors(db)
+        paged = [
+            sessions.session_view(s)
+            for s in sessionlist.page_sessions(db, a["root"], {}, offset=0, limit=1000).items
+        ]
+    assert any(v["devices"] for v in paged) and any(v["mounts"] for v in paged)
+    with lfdb.session_scope(world) as db:
+        alone = [sessions.session_view(db.get(ComputeSession, v["id"])) for v in paged]
+    assert paged == alone
