@@ -25,6 +25,7 @@ Usage::
 
     python benchmarks/throughput.py [--admissions 2000] [--fill 0.5] [--placement fgd] [--json]
     python benchmarks/throughput.py --db-url postgresql://user@host/emptydb
+    python benchmarks/throughput.py --postgres     # a throwaway server (Debian's PostgreSQL binaries)
 
 Default data: as ``benchmarks/packing.py`` (``<repo>/../shared/data/openb-2023/``).
 """
@@ -32,6 +33,7 @@ Default data: as ``benchmarks/packing.py`` (``<repo>/../shared/data/openb-2023/`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -432,6 +434,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pods", type=Path, default=d / "openb_pod_list_default.csv")
     ap.add_argument("--db-url", default=None, help="an empty database (default: SQLite in a temp folder)")
     ap.add_argument(
+        "--postgres",
+        action="store_true",
+        help="start a throwaway PostgreSQL server (tests/postgres_server.py) and run on it",
+    )
+    ap.add_argument(
         "--admissions", type=int, default=2000, help=f"admissions timed (at most {MAX_ADMISSIONS})"
     )
     ap.add_argument("--fill", type=float, default=0.5, help="GPU fill level kept during the run (0..0.95)")
@@ -446,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--fill must be in 0..0.95")
     if not 1 <= args.domains <= 100:
         ap.error("--domains must be 1..100")
+    if args.postgres and args.db_url:
+        ap.error("--postgres starts its own server: give it or --db-url, not both")
     for path in (args.nodes, args.pods):
         if not path.exists():
             ap.error(f"{path} not found (set LABFLEET_SHARED_DATA or pass --nodes/--pods)")
@@ -453,6 +462,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks = load_tasks(args.pods)
     args.n_nodes = len(node_list)
 
+    with contextlib.ExitStack() as stack:
+        if args.postgres:
+            from tests.postgres_server import fresh_database, running_postgres
+
+            server = stack.enter_context(running_postgres())
+            args.db_url = fresh_database(server.url(), "throughput")
+        return _measure(args, node_list, tasks)
+
+
+def _measure(args: argparse.Namespace, node_list: list[Node], tasks: list[Task]) -> int:
     with tempfile.TemporaryDirectory(prefix="lf-throughput-") as tmp:
         key = Path(tmp) / "secret.key"
         os.environ["LABFLEET_SECRET_KEY_FILE"] = str(key)

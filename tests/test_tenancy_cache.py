@@ -119,3 +119,28 @@ def test_admissions_read_tenancy_from_the_cache(two_processes):
         event.remove(engine, "before_cursor_execute", statement)
     assert snapshot.stats()["hits"] > hits
     assert not any(" FROM users" in sql or " FROM projects" in sql for sql in seen), seen
+
+
+def test_the_me_view_follows_tenancy_and_the_ledger(two_processes):
+    """/api/me's tenancy part is cached by version, its quota read from the ledger every time."""
+    from hub_ext.compute import quota
+
+    service, other = two_processes
+    with lfdb.session_scope(service) as db:
+        first = quota.me_view(db, "alice")
+    assert first["quota"]["domain"]["used"] == {}
+    _admit(service, cpu=2)
+    with lfdb.session_scope(other) as db:
+        directory.update_domain(db, CLI, "acme", {"total_resource_slots": {"cpu": 8}})
+        directory.update_user(db, CLI, "alice", {"full_name": "Alice A."})
+    with lfdb.session_scope(service) as db:
+        now = quota.me_view(db, "alice")
+        assert quota.me_view(db, "nobody") is None
+    assert now["full_name"] == "Alice A."
+    assert now["quota"]["domain"] == {
+        "limit": {"cpu": 8},
+        "used": {"cpu": 2},
+        "left": {"cpu": 6},
+        "unspecified": "UNLIMITED",
+    }
+    assert now["quota"]["projects"]["acme/ml"]["used"] == {"cpu": 2}

@@ -6,6 +6,7 @@ has not ended (queued ones included), whole devices counted as shares too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from hub_ext.core import ledger
 from hub_ext.core.models import Keypair, Project, User
 from hub_ext.core.slots import ResourceSlots
+from hub_ext.tenancy import snapshot
 from hub_ext.tenancy.policies import policy_view
 
 
@@ -58,7 +60,19 @@ def me_of(db: Session, username: str) -> User | None:
     return db.scalar(select(User).where(User.username == username).options(*ME_LOADS))
 
 
-def me_view(db: Session, user: User) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _MeStatic:
+    """What /api/me shows that only tenancy changes (cached per tenancy version), and the scopes
+    whose use it adds from the ledger: (section, name, scope, limit, unspecified is unlimited)."""
+
+    report: dict[str, Any]
+    limits: tuple[tuple[str, str, tuple[str, int], ResourceSlots, bool], ...]
+
+
+def _me_static(db: Session, username: str) -> _MeStatic | None:
+    user = me_of(db, username)
+    if user is None:
+        return None
     kp = user.main_keypair
     kp_policy = kp.resource_policy if kp else None
     domain = user.domain
@@ -84,23 +98,27 @@ def me_view(db: Session, user: User) -> dict[str, Any]:
             "user": policy_view("user", user.resource_policy) if user.resource_policy else None,
         },
     }
-    # Domain and project caps: slots they do not name are unlimited.  One ledger read for all scopes.
-    scopes = [("domain", domain.id), *(("project", p.id) for p in user.projects)]
+    # Domain and project caps: slots they do not name are unlimited.
+    limits = [("domain", "", ("domain", domain.id), domain.slots, True)]
+    limits += [("projects", p.full_name, ("project", p.id), p.slots, True) for p in user.projects]
     if kp_policy and kp is not None:
-        scopes.append(("keypair", kp.id))
-    held = {scope: ledger.used(row) for scope, row in ledger.read(db, scopes).items()}
-    quota: dict[str, Any] = {
-        "domain": scope_report(domain.slots, held[("domain", domain.id)], unlimited_unspecified=True),
-        "projects": {
-            p.full_name: scope_report(p.slots, held[("project", p.id)], unlimited_unspecified=True)
-            for p in user.projects
-        },
-    }
-    if kp_policy and kp is not None:
-        quota["keypair"] = scope_report(
-            kp_policy.slots,
-            held[("keypair", kp.id)],
-            unlimited_unspecified=kp_policy.default_for_unspecified == "UNLIMITED",
-        )
-    report["quota"] = quota
-    return report
+        unlimited = kp_policy.default_for_unspecified == "UNLIMITED"
+        limits.append(("keypair", "", ("keypair", kp.id), kp_policy.slots, unlimited))
+    return _MeStatic(report, tuple(limits))
+
+
+def me_view(db: Session, username: str) -> dict[str, Any] | None:
+    """``/api/me``: who the user is, their domain, projects and policies (from the tenancy cache)
+    and what each of their quotas has left (one read of the ledger); None for no such user."""
+    static = snapshot.cached(db, snapshot.current(db), ("me", username), lambda db: _me_static(db, username))
+    if static is None:
+        return None
+    held = ledger.read(db, [scope for _, _, scope, _, _ in static.limits])
+    quota: dict[str, Any] = {"projects": {}}
+    for section, name, scope, limit, unlimited in static.limits:
+        report = scope_report(limit, ledger.used(held[scope]), unlimited_unspecified=unlimited)
+        if section == "projects":
+            quota["projects"][name] = report
+        else:
+            quota[section] = report
+    return {**static.report, "quota": quota}

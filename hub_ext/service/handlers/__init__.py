@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tornado import web
 
-from hub_ext.compute.quota import me_of, me_view
+from hub_ext.compute.quota import me_view
 from hub_ext.core import audit
 from hub_ext.core.errors import NotFound
 from hub_ext.service.base import APIHandler, BaseHandler, page_answer, page_args
@@ -26,7 +26,10 @@ class MeHandler(APIHandler):
         def op(db, actor):
             if actor.kind != "user":
                 raise NotFound("/api/me answers for users; the Hub has no labfleet account")
-            return me_view(db, me_of(db, actor.name)), None
+            view = me_view(db, actor.name)
+            if view is None:
+                raise NotFound(f"no labfleet user {actor.name!r}")
+            return view, None
 
         await self.run(op)
 
