@@ -4,7 +4,7 @@ migrations match the models (no autogenerate diff)."""
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, select
+from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
 from hub_ext.core import db as lfdb
@@ -86,3 +86,74 @@ def test_upgrade_sqlite(tmp_path, monkeypatch):
 @pytest.mark.postgres
 def test_upgrade_postgres(postgres_url, tmp_path, monkeypatch):
     _check_upgrade(fresh_database(postgres_url, "migrations_test"), monkeypatch, tmp_path)
+
+
+def test_upgrade_to_0006_builds_the_ledger_from_the_live_sessions(tmp_path):
+    """A database at 0005 with sessions (live and ended) gets a ledger that equals them."""
+    from sqlalchemy import insert
+
+    from hub_ext.core import ledger
+    from hub_ext.core.models import (
+        ComputeSession,
+        Domain,
+        KeypairResourcePolicy,
+        Project,
+        ResourceGroup,
+        UsageLedger,
+        User,
+    )
+
+    engine = lfdb.make_engine(f"sqlite:///{tmp_path / 'old.sqlite'}")
+    lfdb.upgrade(engine, "0005")
+    with engine.begin() as conn:  # plain inserts: the ORM's flush hooks need tables 0006 makes
+        conn.execute(insert(Domain.__table__), {"id": 1, "name": "acme"})
+        conn.execute(insert(Project.__table__), {"id": 1, "domain_id": 1, "name": "ml"})
+        conn.execute(insert(User.__table__), {"id": 1, "username": "ann", "domain_id": 1})
+        conn.execute(insert(KeypairResourcePolicy.__table__), {"id": 1, "name": "default"})
+        conn.execute(
+            insert(Keypair.__table__),
+            {
+                "id": 1,
+                "access_key": "A" * 20,
+                "secret_key_encrypted": "x",
+                "user_id": 1,
+                "resource_policy_id": 1,
+            },
+        )
+        conn.execute(insert(ResourceGroup.__table__), {"id": 1, "name": "default"})
+        for i, (status, slots) in enumerate(
+            (
+                ("RUNNING", {"cpu": "2", "gpu": "1"}),
+                ("PENDING", {"gpu.shares:A100": "0.5"}),
+                ("TERMINATED", {"cpu": "64"}),
+            )
+        ):
+            conn.execute(
+                insert(ComputeSession.__table__),
+                {
+                    "id": f"s{i}",
+                    "user_id": 1,
+                    "keypair_id": 1,
+                    "project_id": 1,
+                    "domain_id": 1,
+                    "resource_group_id": 1,
+                    "requested_slots": slots,
+                    "status": status,
+                },
+            )
+    lfdb.upgrade(engine)
+    factory = lfdb.make_session_factory(engine)
+    with lfdb.session_scope(factory) as db:
+        assert ledger.drift(db) == []
+        rows = ledger.read(db, [("domain", 1)])[("domain", 1)]
+        assert rows == {
+            "cpu": 2000,
+            "gpu": 1,
+            "gpu.shares": 100,  # the whole device counts as a share
+            "gpu.shares:A100": 50,
+            "gpu.shares:*": 50,
+            "@sessions": 2,
+            "@pending": 1,
+        }
+        assert db.scalar(select(func.count()).select_from(UsageLedger)) == 5 * len(rows)
+    engine.dispose()
