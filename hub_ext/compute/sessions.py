@@ -550,6 +550,19 @@ class Served(NamedTuple):
     cancelled: list[str]  # ids whose wait passed the group's pending timeout
 
 
+# Key in a unit of work's ``Session.info``: (resource group name, seconds waited) of each session that
+# ``schedule_group`` placed from a queue in it, for whoever commits the unit (the service's queue-wait
+# metric). Kept on the unit, not returned, because a release serves its group's queue deep inside
+# ``terminate``, ``update_status`` and ``reconcile``.
+QUEUE_WAITS = "labfleet.queue_waits"
+
+
+def take_queue_waits(db: Session) -> list[tuple[str, float]]:
+    """The waits ``schedule_group`` recorded in the unit of work ``db`` (once: they are taken out)."""
+    waits: list[tuple[str, float]] = db.info.pop(QUEUE_WAITS, [])
+    return waits
+
+
 def groups_with_queue(db: Session) -> list[int]:
     """Ids of the groups where a session waits."""
     return list(
@@ -590,6 +603,8 @@ def schedule_group(db: Session, group: ResourceGroup) -> Served:
             continue  # still over a quota: it waits, and its reason says so at the next look
         if _try_place(db, s):
             scheduled.append(s.id)
+            waited = (now - s.created_at).total_seconds()
+            db.info.setdefault(QUEUE_WAITS, []).append((group.name, max(0.0, waited)))
     return Served(scheduled, cancelled)
 
 

@@ -21,7 +21,8 @@ class Actor:
     user_id: int | None = None
     remote_addr: str = ""
     # "user" (a person), "cli" (the labfleet command, trusted like a superadmin),
-    # "hub" (the Hub process, through the service's own token: authenticator and spawners).
+    # "hub" (the Hub process, through the service's own token: authenticator and spawners),
+    # "metrics" (a Prometheus server with the metrics token: reads /metrics only, as a monitor).
     kind: str = "user"
     # The access key of the keypair that signed the request; None for tokens and logins
     # (those count against the user's main keypair).

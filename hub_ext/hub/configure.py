@@ -19,7 +19,8 @@ from hub_ext.core.rights import RIGHTS
 from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
-# Passed to the service, which describes this node with them (see hub_ext.service.app).
+# Passed to the service, which describes this node with them and takes its clocks and the metrics
+# token from them (see hub_ext.service.app).
 NODE_ENV = (
     "LABFLEET_NODE_NAME",
     "LABFLEET_DEVICE_PLUGINS",
@@ -29,6 +30,7 @@ NODE_ENV = (
     "LABFLEET_SCHEDULE_INTERVAL",
     "LABFLEET_RECONCILE_INTERVAL",
     "LABFLEET_RECONCILE_GRACE",
+    "LABFLEET_METRICS_TOKEN",
 )
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
 BACKEND_ENV = "LABFLEET_BACKEND"

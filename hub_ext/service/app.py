@@ -46,6 +46,7 @@ from hub_ext.service.hubsync import HubSync
 from hub_ext.storage import hosts
 from hub_ext.storage.hosts import RIGHTS
 from hub_ext.storage.usage import FolderUsage
+from hub_ext.usage.metrics import Metrics
 
 
 class OAuthCallbackHandler(PathOnlyLogs, HubOAuthCallbackHandler):
@@ -327,6 +328,17 @@ class LabfleetService(Application):
         help="Seconds an unfinished resumable upload may stay idle before it is cancelled and its room freed.",
     ).tag(config=True)
 
+    metrics_token = Unicode(
+        help="""A token a Prometheus server presents as `Authorization: Bearer <token>` to read
+        /services/labfleet/metrics (monitors and superadmins read it with their Hub token or login too).
+        Empty: no such token. Keep it secret: it is compared in constant time and never logged.
+        Default: $LABFLEET_METRICS_TOKEN, else empty.""",
+    ).tag(config=True)
+
+    @default("metrics_token")
+    def _metrics_token(self):
+        return os.environ.get("LABFLEET_METRICS_TOKEN", "")
+
     register_local_node = Bool(
         True, help="Register this machine as a node of the 'default' resource group."
     ).tag(config=True)
@@ -383,6 +395,7 @@ class LabfleetService(Application):
         self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
         self.jobs = jobs.JobLoop(self.log)
         self.launches = Launches()
+        self.metrics = Metrics(self.session_factory)
         self._background: set[asyncio.Future] = set()
         self.folder_usage = FolderUsage(
             self.session_factory,
@@ -428,7 +441,11 @@ class LabfleetService(Application):
     async def reconcile_with_hub(self) -> list[reconcile.Fix] | None:
         """Make sessions agree with the Hub's servers (see ``jobs.reconcile_sessions``)."""
         return await jobs.reconcile_sessions(
-            self.session_factory, self.hub_sync, self.log, self.reconcile_grace
+            self.session_factory,
+            self.hub_sync,
+            self.log,
+            self.reconcile_grace,
+            observe_waits=self.metrics.observe_queue_waits,
         )
 
     async def watch_parent(self) -> None:
@@ -507,7 +524,7 @@ class LabfleetService(Application):
         return 202, {**view, "server": launch.server}
 
     async def serve_queues(self) -> list[str]:
-        return jobs.serve_queues(self.session_factory, self.log)
+        return jobs.serve_queues(self.session_factory, self.log, self.metrics.observe_queue_waits)
 
     async def stop_expired_sessions(self) -> list[str]:
         return await jobs.stop_expired_sessions(self.session_factory, self.hub_sync.stop_server, self.log)

@@ -21,6 +21,7 @@ from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
 from tornado.httputil import HTTPServerRequest
 
+from hub_ext.compute.sessions import take_queue_waits
 from hub_ext.core import signing
 from hub_ext.core.authz import Actor
 from hub_ext.core.db import session_scope
@@ -320,6 +321,8 @@ class APIHandler(BaseHandler):
         except LabfleetError as e:
             self.send_error_json(e.status, e.message)
             return
+        # Committed: a release may have placed queued sessions (it serves its group's queue).
+        self.lf.metrics.observe_queue_waits(take_queue_waits(db))
         if self.request.method != "GET":
             # Any committed write may have made room (a limit raised, a node, a release): serve the queues.
             self.lf.jobs.poke("schedule")

@@ -38,10 +38,17 @@ from hub_ext.core.models import ResourceGroup
 # ---------------------------------------------------------------- the jobs
 
 
-def serve_queues(session_factory: sessionmaker[Session], log: logging.Logger) -> list[str]:
+# Told (resource group, seconds waited) of the sessions a committed unit of work placed from a queue.
+QueueWaits = Callable[[list[tuple[str, float]]], None]
+
+
+def serve_queues(
+    session_factory: sessionmaker[Session], log: logging.Logger, observe_waits: QueueWaits | None = None
+) -> list[str]:
     """Serve the queue of every group where a session waits, one transaction per group.
 
-    Returns the ids of the sessions scheduled; cancellations (pending timeouts) are logged."""
+    Returns the ids of the sessions scheduled; cancellations (pending timeouts) are logged; once
+    each group's transaction has committed, ``observe_waits`` hears how long its placed sessions waited."""
     with lfdb.session_scope(session_factory) as db:
         group_ids = sessions.groups_with_queue(db)
     scheduled: list[str] = []
@@ -52,6 +59,9 @@ def serve_queues(session_factory: sessionmaker[Session], log: logging.Logger) ->
                 continue
             served = sessions.schedule_group(db, group)
             name = group.name
+        waits = sessions.take_queue_waits(db)
+        if observe_waits is not None and waits:
+            observe_waits(waits)
         scheduled += served.scheduled
         if served.scheduled:
             log.info("Queue of %s: scheduled %s", name, ", ".join(served.scheduled))
@@ -99,12 +109,15 @@ async def reconcile_sessions(
     log: logging.Logger,
     grace: float = reconcile.RECONCILE_GRACE,
     now: datetime | None = None,
+    observe_waits: QueueWaits | None = None,
 ) -> list[reconcile.Fix] | None:
     """Make labfleet's sessions agree with the Hub's servers (:func:`reconcile.plan_reconcile`).
 
     Before slots go back, the Hub is asked again about each user whose session would lose them (a
     user may have moved between pages of the list while it was read); a user it cannot tell about
     keeps everything.  Returns the changes made; None if the Hub could not be read (nothing changes).
+    Slots given back serve their group's queue: ``observe_waits`` hears how long the sessions placed
+    then waited.
     """
     servers = await hub.servers()
     if servers is None:
@@ -123,6 +136,9 @@ async def reconcile_sessions(
             confirmed.add(user)
     with lfdb.session_scope(session_factory) as db:
         fixes = reconcile.reconcile(db, servers, grace, now, release_users=confirmed)
+    waits = sessions.take_queue_waits(db)
+    if observe_waits is not None and waits:
+        observe_waits(waits)
     for f in fixes:
         log.info(
             "Reconciled session %s (%s/%s) with the Hub: %s -> %s: %s",

@@ -13,7 +13,7 @@ from hub_ext.compute.quota import me_view
 from hub_ext.core import audit
 from hub_ext.core.errors import NotFound
 from hub_ext.service.base import APIHandler, BaseHandler, page_answer, page_args
-from hub_ext.service.handlers import auth, compute, maintenance, storage, tenancy
+from hub_ext.service.handlers import auth, compute, maintenance, metrics, storage, tenancy
 
 SPEC_FILE = Path(__file__).parent.parent / "openapi.yaml"
 
@@ -82,6 +82,7 @@ def routes(prefix: str) -> list[tuple]:
         (api + r"/openapi\.yaml", SpecHandler),
         (api + r"/me", MeHandler),
         (api + r"/audit", AuditHandler),
+        *metrics.routes(prefix),
         *tenancy.routes(api),
         *compute.routes(api),
         *storage.routes(api),

@@ -91,7 +91,10 @@ class SessionListHandler(APIHandler):
             outcome["view"] = view
             return view, None
 
-        await self.run(op, status=201)
+        with self.lf.metrics.timing_admission() as timed:  # refused unless admitted
+            await self.run(op, status=201)
+            if self.get_status() == 201 and "view" in outcome:  # admitted and committed
+                timed["outcome"] = "queued" if outcome["view"]["status"] == "PENDING" else "scheduled"
         if waiting is not None:
             waiting.settle(outcome.get("view"), outcome.get("error"))
 

@@ -1,0 +1,429 @@
+"""Prometheus metrics of the fleet, answered at ``/services/labfleet/metrics``.
+
+Two kinds of series:
+
+- **read from the DB at each scrape** by :class:`FleetCollector`: the fleet as it is now, in seven
+  statements whatever its size (:func:`read_fleet`; no query per node, group or tenant), turned
+  into metric families by plain functions (:func:`session_families`, :func:`capacity_families`,
+  :func:`quota_families`) that take plain rows and can be tested without a server;
+- **observed by the service** as it works (:class:`Metrics`): admission latency and queue wait,
+  histograms of this service process since it started (``rate()`` and ``histogram_quantile()``
+  take restarts in their stride).
+
+Every amount is a float in base units: ``cpu`` in cores, ``mem`` in bytes, ``gpu`` in devices,
+``gpu.shares`` in devices' worth of shares (a whole device is 1); per-model slots (``gpu:A100``)
+appear in the quota series as they are named in caps and charged. Series (all ``labfleet_``), with
+their labels:
+
+- gauges: ``sessions`` (status: PENDING .. TERMINATING, type, resource_group); ``queue_length``
+  (resource_group); ``nodes`` (resource_group, status); ``node_capacity`` and ``node_allocated``
+  (node, resource_group, slot); ``resource_group_capacity`` and ``resource_group_allocated``
+  (resource_group, slot); ``domain_quota_used`` and ``domain_quota_limit`` (domain, slot);
+  ``project_quota_used`` and ``project_quota_limit`` (domain, project, slot);
+- histograms: ``admission_duration_seconds`` (outcome: scheduled, queued, refused);
+  ``queue_wait_seconds`` (resource_group).
+
+Left out, and why:
+
+- sessions that ended (TERMINATED, ERROR, CANCELLED): their number only grows, and counting it
+  would read the whole session history at every scrape; the usage records will count them;
+- per-session utilisation (CPU, memory and GPU really used, with domain, project and user
+  labels): it needs the trusted sampler of the usage issue (4/8, item 1), not there yet;
+- sessions reclaimed for idleness: they come with idle reclamation (issue 5/8).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from sqlalchemy import distinct, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hub_ext.core import ledger
+from hub_ext.core.bootstrap import SESSION_TYPES
+from hub_ext.core.models import (
+    HOLDING_STATUSES,
+    Allocation,
+    ComputeSession,
+    Device,
+    Domain,
+    Node,
+    Project,
+    ResourceGroup,
+)
+from hub_ext.core.slots import ResourceSlots, SlotError
+
+# Live sessions, in the order a session goes through them.
+LIVE_STATUSES = ("PENDING", *HOLDING_STATUSES)
+NODE_STATUSES = ("ALIVE", "LOST", "DISABLED")
+# The slots of nodes and groups: cores, bytes, devices, devices' worth of shares.
+SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
+ADMISSION_OUTCOMES = ("scheduled", "queued", "refused")
+# Seconds: an admission is a few milliseconds; a wait in a queue, seconds to days.
+ADMISSION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+QUEUE_WAIT_BUCKETS = tuple(
+    float(s) for s in (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 3 * 3600, 12 * 3600, 24 * 3600)
+)
+
+_SLOT_UNITS = "cpu in cores, mem in bytes, gpu in devices, gpu.shares in devices' worth of shares"
+
+# name -> (HELP, labels) of every gauge read from the DB.
+GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "labfleet_sessions": (
+        "Live sessions (queued or holding slots) by status, session type and resource group; ended "
+        "sessions are not counted",
+        ("status", "type", "resource_group"),
+    ),
+    "labfleet_queue_length": (
+        "Sessions waiting in the resource group's queue (status PENDING)",
+        ("resource_group",),
+    ),
+    "labfleet_nodes": ("Nodes of the resource group by node status", ("resource_group", "status")),
+    "labfleet_node_capacity": (
+        f"What the node has, per slot ({_SLOT_UNITS}; a device is one share)",
+        ("node", "resource_group", "slot"),
+    ),
+    "labfleet_node_allocated": (
+        f"What sessions hold on the node, per slot ({_SLOT_UNITS}; gpu counts the devices of which "
+        "any share is held)",
+        ("node", "resource_group", "slot"),
+    ),
+    "labfleet_resource_group_capacity": (
+        f"What the resource group's nodes have together, whatever their status, per slot ({_SLOT_UNITS})",
+        ("resource_group", "slot"),
+    ),
+    "labfleet_resource_group_allocated": (
+        f"What sessions hold on the resource group's nodes, per slot ({_SLOT_UNITS}; gpu counts the "
+        "devices of which any share is held)",
+        ("resource_group", "slot"),
+    ),
+    "labfleet_domain_quota_used": (
+        "What the domain's live sessions are charged against its cap, per slot, as admission counts "
+        f"it: queued sessions included, a whole device counting as one gpu.shares too ({_SLOT_UNITS})",
+        ("domain", "slot"),
+    ),
+    "labfleet_domain_quota_limit": (
+        "The domain's total resource cap, per slot it names (a slot it does not name is unlimited)",
+        ("domain", "slot"),
+    ),
+    "labfleet_project_quota_used": (
+        "What the project's live sessions are charged against its cap, per slot, as admission counts "
+        f"it: queued sessions included, a whole device counting as one gpu.shares too ({_SLOT_UNITS})",
+        ("domain", "project", "slot"),
+    ),
+    "labfleet_project_quota_limit": (
+        "The project's total resource cap, per slot it names (a slot it does not name is unlimited)",
+        ("domain", "project", "slot"),
+    ),
+}
+HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "labfleet_admission_duration_seconds": (
+        "Seconds the service took to answer the Hub's admission requests (checks, placement, commit), "
+        "by outcome: scheduled (placed), queued (PENDING) or refused (anything that admitted nothing)",
+        ("outcome",),
+    ),
+    "labfleet_queue_wait_seconds": (
+        "Seconds sessions waited in a resource group's queue before they were placed (from the "
+        "session's creation to its placement; sessions placed at admission do not wait)",
+        ("resource_group",),
+    ),
+}
+
+
+def gauge(name: str) -> GaugeMetricFamily:
+    """An empty gauge family of :data:`GAUGES`, with its HELP and labels."""
+    doc, labels = GAUGES[name]
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+# ---------------------------------------------------------------- what a scrape reads
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    id: int
+    name: str
+    group_id: int
+    status: str
+    cpu: str  # cores, a decimal string
+    mem: int  # bytes
+    devices: int
+
+
+@dataclass(frozen=True)
+class Held:
+    """What sessions hold on one node (sums of its allocations)."""
+
+    cpu_milli: int = 0
+    mem: int = 0
+    shares_centi: int = 0
+    devices: int = 0  # devices of which any share is held
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A domain or a project: its ledger id, names and cap (stored slots)."""
+
+    id: int
+    domain: str
+    name: str
+    cap: Mapping[str, Any]
+
+
+@dataclass
+class Fleet:
+    """The rows of one scrape."""
+
+    groups: dict[int, str] = field(default_factory=dict)  # id -> name
+    sessions: list[tuple[str, str, int, int]] = field(default_factory=list)  # status, type, group id, n
+    nodes: list[NodeRow] = field(default_factory=list)
+    held: dict[int, Held] = field(default_factory=dict)  # node id -> held
+    domains: list[Tenant] = field(default_factory=list)
+    projects: list[Tenant] = field(default_factory=list)
+    ledger: ledger.Rows = field(default_factory=dict)
+
+
+def read_fleet(db: Session) -> Fleet:
+    """Everything a scrape shows, in seven statements (no lock; one read transaction)."""
+    fleet = Fleet()
+    fleet.groups = {gid: name for gid, name in db.execute(select(ResourceGroup.id, ResourceGroup.name))}
+    s = ComputeSession
+    fleet.sessions = [
+        (status, type_, gid, int(n))
+        for status, type_, gid, n in db.execute(
+            select(s.status, s.type, s.resource_group_id, func.count())
+            .where(s.status.in_(LIVE_STATUSES))
+            .group_by(s.status, s.type, s.resource_group_id)
+        )
+    ]
+    fleet.nodes = [
+        NodeRow(nid, name, gid, status, cpu, int(mem), int(n))
+        for nid, name, gid, status, cpu, mem, n in db.execute(
+            select(
+                Node.id,
+                Node.name,
+                Node.resource_group_id,
+                Node.status,
+                Node.cpu,
+                Node.mem,
+                func.count(Device.id),
+            )
+            .outerjoin(Device, Device.node_id == Node.id)
+            .group_by(Node.id, Node.name, Node.resource_group_id, Node.status, Node.cpu, Node.mem)
+        )
+    ]
+    a = Allocation
+    fleet.held = {
+        nid: Held(int(cpu or 0), int(mem or 0), int(centi or 0), int(devices or 0))
+        for nid, cpu, mem, centi, devices in db.execute(
+            select(
+                a.node_id,
+                func.sum(a.cpu_milli),
+                func.sum(a.mem),
+                func.sum(a.shares_centi),
+                func.count(distinct(a.device_id)),
+            ).group_by(a.node_id)
+        )
+    }
+    fleet.domains = [
+        Tenant(did, name, name, cap or {})
+        for did, name, cap in db.execute(select(Domain.id, Domain.name, Domain.total_resource_slots))
+    ]
+    fleet.projects = [
+        Tenant(pid, domain, name, cap or {})
+        for pid, domain, name, cap in db.execute(
+            select(Project.id, Domain.name, Project.name, Project.total_resource_slots).join(
+                Domain, Domain.id == Project.domain_id
+            )
+        )
+    ]
+    fleet.ledger = ledger.read_kinds(db, ("domain", "project"))
+    return fleet
+
+
+# ---------------------------------------------------------------- rows -> families (pure)
+
+
+def session_families(
+    groups: Mapping[int, str],
+    counts: Iterable[tuple[str, str, int, int]],
+    types: Iterable[str] = SESSION_TYPES,
+) -> list[Metric]:
+    """``labfleet_sessions`` and ``labfleet_queue_length`` from (status, type, group id, count) rows:
+    every live status and known type of every group, 0 included (a series that vanishes at 0 would
+    leave graphs and alerts at its last value)."""
+    sessions, queue = gauge("labfleet_sessions"), gauge("labfleet_queue_length")
+    n: dict[tuple[str, str, int], int] = defaultdict(int)
+    for status, type_, gid, count in counts:
+        n[(status, type_, gid)] += count
+    kinds = sorted(set(types) | {t for _, t, _ in n})
+    for gid, group in sorted(groups.items(), key=lambda g: g[1]):
+        for status in LIVE_STATUSES:
+            for kind in kinds:
+                sessions.add_metric([status, kind, group], n.get((status, kind, gid), 0))
+        queue.add_metric([group], sum(n.get(("PENDING", kind, gid), 0) for kind in kinds))
+    return [sessions, queue]
+
+
+def node_capacity(node: NodeRow) -> dict[str, Decimal]:
+    return {
+        "cpu": Decimal(node.cpu),
+        "mem": Decimal(node.mem),
+        "gpu": Decimal(node.devices),
+        "gpu.shares": Decimal(node.devices),
+    }
+
+
+def held_slots(held: Held) -> dict[str, Decimal]:
+    return {
+        "cpu": Decimal(held.cpu_milli) / 1000,
+        "mem": Decimal(held.mem),
+        "gpu": Decimal(held.devices),
+        "gpu.shares": Decimal(held.shares_centi) / 100,
+    }
+
+
+def capacity_families(
+    groups: Mapping[int, str], nodes: Iterable[NodeRow], held: Mapping[int, Held]
+) -> list[Metric]:
+    """Node counts, and capacity and allocated per slot of each node and of each group (its nodes'
+    sums, exact until the float of the answer)."""
+    count = gauge("labfleet_nodes")
+    node_cap, node_alloc = gauge("labfleet_node_capacity"), gauge("labfleet_node_allocated")
+    group_cap, group_alloc = (
+        gauge("labfleet_resource_group_capacity"),
+        gauge("labfleet_resource_group_allocated"),
+    )
+    zero = dict.fromkeys(SLOTS, Decimal(0))
+    cap_sum = {gid: dict(zero) for gid in groups}
+    alloc_sum = {gid: dict(zero) for gid in groups}
+    statuses: dict[tuple[int, str], int] = defaultdict(int)
+    for node in sorted(nodes, key=lambda n: n.name):
+        group = groups.get(node.group_id)
+        if group is None:
+            continue  # a group made after the groups were read: the next scrape has both
+        statuses[(node.group_id, node.status)] += 1
+        cap, alloc = node_capacity(node), held_slots(held.get(node.id, Held()))
+        for slot in SLOTS:
+            node_cap.add_metric([node.name, group, slot], float(cap[slot]))
+            node_alloc.add_metric([node.name, group, slot], float(alloc[slot]))
+            cap_sum[node.group_id][slot] += cap[slot]
+            alloc_sum[node.group_id][slot] += alloc[slot]
+    for gid, group in sorted(groups.items(), key=lambda g: g[1]):
+        for status in sorted(set(NODE_STATUSES) | {st for g, st in statuses if g == gid}):
+            count.add_metric([group, status], statuses.get((gid, status), 0))
+        for slot in SLOTS:
+            group_cap.add_metric([group, slot], float(cap_sum[gid][slot]))
+            group_alloc.add_metric([group, slot], float(alloc_sum[gid][slot]))
+    return [count, node_cap, node_alloc, group_cap, group_alloc]
+
+
+def _cap(stored: Mapping[str, Any]) -> ResourceSlots:
+    try:
+        return ResourceSlots.parse(stored)
+    except SlotError:
+        return ResourceSlots()  # a cap the API would refuse: shown as none rather than failing the scrape
+
+
+def quota_families(
+    domains: Iterable[Tenant], projects: Iterable[Tenant], rows: Mapping[tuple[str, int], Mapping[str, int]]
+) -> list[Metric]:
+    """Quota used (from the usage ledger's ``rows``) and limit (the caps) of every domain and project:
+    used for every slot held or capped (0 where capped and unused), limit for every slot capped."""
+    out: list[Metric] = []
+    for kind, tenants, labels in (
+        ("domain", domains, lambda t: [t.name]),
+        ("project", projects, lambda t: [t.domain, t.name]),
+    ):
+        used_f, limit_f = gauge(f"labfleet_{kind}_quota_used"), gauge(f"labfleet_{kind}_quota_limit")
+        for t in sorted(tenants, key=lambda t: (t.domain, t.name)):
+            used = ledger.used(rows.get((kind, t.id), {}))
+            cap = _cap(t.cap)
+            for slot in sorted(set(used) | set(cap)):
+                used_f.add_metric([*labels(t), slot], float(used.get_amount(slot)))
+            for slot in sorted(cap):
+                limit_f.add_metric([*labels(t), slot], float(cap[slot]))
+        out += [used_f, limit_f]
+    return out
+
+
+def fleet_families(fleet: Fleet) -> list[Metric]:
+    """Every gauge of :data:`GAUGES`, from one scrape's rows."""
+    return [
+        *session_families(fleet.groups, fleet.sessions),
+        *capacity_families(fleet.groups, fleet.nodes, fleet.held),
+        *quota_families(fleet.domains, fleet.projects, fleet.ledger),
+    ]
+
+
+# ---------------------------------------------------------------- the collector and the service's metrics
+
+
+class FleetCollector:
+    """A custom collector: reads the fleet from the DB at each scrape (:func:`read_fleet`)."""
+
+    def __init__(self, session_factory: sessionmaker[Session]) -> None:
+        self.session_factory = session_factory
+
+    def describe(self) -> list[Metric]:
+        """The families' names, without reading the DB (the registry checks names for clashes)."""
+        return [gauge(name) for name in GAUGES]
+
+    def collect(self) -> list[Metric]:
+        with self.session_factory() as db:  # read only: closing rolls the read transaction back
+            fleet = read_fleet(db)
+        return fleet_families(fleet)
+
+
+class Metrics:
+    """The service's metrics: a private registry (never the process-wide one) with the fleet
+    collector and the histograms the service feeds (:meth:`observe_admission`,
+    :meth:`observe_queue_waits`)."""
+
+    def __init__(self, session_factory: sessionmaker[Session]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(FleetCollector(session_factory))
+        doc, labels = HISTOGRAMS["labfleet_admission_duration_seconds"]
+        self.admission = Histogram(
+            "labfleet_admission_duration_seconds",
+            doc,
+            labels,
+            buckets=ADMISSION_BUCKETS,
+            registry=self.registry,
+        )
+        for outcome in ADMISSION_OUTCOMES:
+            self.admission.labels(outcome)  # every outcome shows from the start, at 0
+        doc, labels = HISTOGRAMS["labfleet_queue_wait_seconds"]
+        self.queue_wait = Histogram(
+            "labfleet_queue_wait_seconds", doc, labels, buckets=QUEUE_WAIT_BUCKETS, registry=self.registry
+        )
+
+    def observe_admission(self, seconds: float, outcome: str) -> None:
+        self.admission.labels(outcome if outcome in ADMISSION_OUTCOMES else "refused").observe(seconds)
+
+    @contextmanager
+    def timing_admission(self) -> Iterator[dict[str, str]]:
+        """Times the block as one admission; the block sets ``["outcome"]`` (refused if it does not)."""
+        result: dict[str, str] = {}
+        start = time.perf_counter()
+        try:
+            yield result
+        finally:
+            self.observe_admission(time.perf_counter() - start, result.get("outcome", "refused"))
+
+    def observe_queue_waits(self, waits: Iterable[tuple[str, float]]) -> None:
+        """(resource group, seconds waited) of sessions placed from a queue, once their unit committed."""
+        for group, seconds in waits:
+            self.queue_wait.labels(group).observe(seconds)
+
+    def exposition(self) -> bytes:
+        """The text exposition format of every series (reads the DB)."""
+        return generate_latest(self.registry)
