@@ -122,6 +122,28 @@ def test_project_quota_refusal_has_a_clear_reason(tmp_path, monkeypatch):
     engine.dispose()
 
 
+def test_a_refusal_is_audited_and_holds_nothing(world):
+    """The refused admission's transaction rolls back (its ledger charge with it), and the refusal's
+    audit entry is written in a transaction of its own."""
+    from hub_ext.core import ledger
+
+    with lfdb.session_scope(world) as db:
+        alice = directory.get_user(db, "alice")
+        alice.main_keypair.resource_policy.max_concurrent_sessions = 1
+    assert _admit(world, cpu=1)[1] == "SCHEDULED"
+    with lfdb.session_scope(world) as db:
+        before = ledger.stored(db)
+    with pytest.raises(sessions.Refused) as e:
+        _admit(world, cpu=2)
+    assert e.value.code == "too-many-sessions"
+    with lfdb.session_scope(world) as db:
+        assert ledger.stored(db) == before and ledger.drift(db) == []
+        assert db.scalar(select(func.count()).select_from(ComputeSession)) == 1
+        (entry,) = db.scalars(select(AuditEntry).where(AuditEntry.action == "session.refuse"))
+        assert entry.target == "alice" and not entry.success
+        assert entry.details["code"] == "too-many-sessions" and entry.details["project"] == "acme/ml"
+
+
 def test_pending_timeout_cancels(tmp_path, monkeypatch):
     engine, factory = _world(f"sqlite:///{tmp_path / 't.sqlite'}", tmp_path, monkeypatch)
     with lfdb.session_scope(factory) as db:

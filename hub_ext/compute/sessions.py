@@ -222,16 +222,13 @@ def admit(
     before = {scope: {k: v - delta.get(k, 0) for k, v in row.items()} for scope, row in rows.items()}
     refusal = admission.check_admission(tenants.context(t, request, before))
     if refusal is not None:
-        audit.record(
-            db,
-            actor,
-            "session.refuse",
-            username,
-            target_domain=t.user.domain,
-            details={"reason": refusal.message, "code": refusal.code, "project": t.project.full_name},
-            success=False,
+        refused = Refused(refusal, REFUSAL_STATUS.get(refusal.code, 409))
+        details = {"reason": refusal.message, "code": refusal.code, "project": t.project.full_name}
+        # The transaction rolls back (the ledger's charge with it); the refusal is still audited.
+        refused.after_rollback = lambda db: audit.record(
+            db, actor, "session.refuse", username, target_domain=t.user.domain, details=details, success=False
         )
-        raise Refused(refusal, REFUSAL_STATUS.get(refusal.code, 409))
+        raise refused
     wanted = Request.from_slots(slots, req["gpu_models"])
     if named_mounts is not None:
         mounts = [(v.id, perm) for v, perm in named_mounts]
