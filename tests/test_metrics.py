@@ -25,12 +25,12 @@ from hub_ext.compute.devices.base import NodeInfo
 from hub_ext.compute.devices.mock import MockPlugin
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
-from hub_ext.core.secretbox import ensure_key_file
 from hub_ext.service.handlers.metrics import bearer_matches
 from hub_ext.tenancy import directory
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from hub_ext.usage import metrics
 from hub_ext.usage.metrics import Held, NodeRow, Tenant
+from tests.dbfixture import fresh_db
 from tests.hubfixture import start_hub
 
 CLI = Actor.cli()
@@ -69,11 +69,7 @@ def by_name(built) -> dict:
 
 
 def _world(tmp_path, monkeypatch, gpus=2, domain_cap=None, project_cap=None):
-    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
-    ensure_key_file(tmp_path / "key")
-    engine = lfdb.make_engine(f"sqlite:///{tmp_path / 'lf.sqlite'}")
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
+    engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
     with lfdb.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)

@@ -46,11 +46,11 @@ from hub_ext.core.models import (
 )
 from hub_ext.core.pages import Page, page_of
 from hub_ext.core.rights import RIGHTS
-from hub_ext.core.secretbox import ensure_key_file
 from hub_ext.service.handlers import SPEC_FILE
 from hub_ext.storage import folders, hosts
 from hub_ext.tenancy import directory, userlist
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from tests.dbfixture import fresh_db
 from tests.hubfixture import start_hub
 
 CLI = Actor.cli()
@@ -79,11 +79,7 @@ def world(tmp_path, monkeypatch):
     """acme (projects ml, viz): alice (ml), bob (ml, viz), erin, carol (admin); globex (x): dave (admin),
     gina (x); root: mona (monitor), root (superadmin).  Sessions of each, some holding a device share
     and mounting folders; folders of users and projects, shared in every way the rules tell apart."""
-    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
-    ensure_key_file(tmp_path / "key")
-    engine = lfdb.make_engine(f"sqlite:///{tmp_path / 'lf.sqlite'}")
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
+    engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
     with lfdb.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)

@@ -18,23 +18,18 @@ from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import LabfleetError
 from hub_ext.core.models import Allocation, AuditEntry, ComputeSession
-from hub_ext.core.secretbox import ensure_key_file
 from hub_ext.service import jobs
 from hub_ext.tenancy import directory, keypairs, policies
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from tests.dbfixture import fresh_db
 from tests.postgres_server import fresh_database
 
 CLI = Actor.cli()
 
 
 def _world(url, tmp_path, monkeypatch, gpus=1, project_cap=None):
-    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
-    ensure_key_file(tmp_path / "key")
-    engine = (
-        lfdb.make_engine(url, pool_size=40, max_overflow=10) if "postgresql" in url else lfdb.make_engine(url)
-    )
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
+    pool = {"pool_size": 40, "max_overflow": 10} if "postgresql" in url else {}
+    engine, factory = fresh_db(url, tmp_path, monkeypatch, **pool)
     with lfdb.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
