@@ -24,10 +24,20 @@ REPO = Path(__file__).parent.parent
 ADMIN_PASSWORD = "root-password-1"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port on 127.0.0.1, never one this process has handed out before: the kernel may
+    give a just-closed port again, and two of one Hub's ports alike (its own and the proxy's API)
+    make it fail to start."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def seed(db_url: str) -> None:
