@@ -52,6 +52,7 @@ from hub_ext.core.models import (
     ResourceGroup,
     User,
 )
+from hub_ext.core.versions import engine_of as _engine
 
 _INFO_KEY = "labfleet.clustercache"
 
@@ -117,11 +118,6 @@ class _Tx:
 _lock = threading.Lock()
 _caches: weakref.WeakKeyDictionary[Engine, dict[int, Entry]] = weakref.WeakKeyDictionary()
 _stats: Counter[str] = Counter()
-
-
-def _engine(db: Session) -> Engine:
-    bind = db.get_bind()
-    return bind if isinstance(bind, Engine) else bind.engine
 
 
 def _tx(db: Session) -> _Tx:
@@ -190,8 +186,9 @@ def lock_for_decision(db: Session, group_id: int, *also: Any) -> tuple[Entry, in
     entry = lookup(db, group_id, new - 1)
     if entry is None:
         entry = build(db, group_id, new - 1)
+        per = _per_engine(db)  # takes _lock itself: it is not reentrant
         with _lock:
-            _per_engine_unlocked(db)[group_id] = entry
+            per[group_id] = entry
             _stats["rebuilds"] += 1
     else:
         _stats["hits"] += 1
@@ -202,14 +199,6 @@ def settle(db: Session, group_id: int, entry: Entry, new: int) -> None:
     """This transaction keeps its bump of the group: ``entry`` (changed or not) is its state at ``new``."""
     claim(db, group_id, entry)
     entry.version = new
-
-
-def _per_engine_unlocked(db: Session) -> dict[int, Entry]:
-    engine = _engine(db)
-    per = _caches.get(engine)
-    if per is None:
-        per = _caches[engine] = {}
-    return per
 
 
 def build(db: Session, group_id: int, version: int) -> Entry:

@@ -162,7 +162,7 @@ class VersionedCache:
     def get(self, db: Session, version: int, key: Any, load: Callable[[Session], Any]) -> Any:
         if bumped_here(db, self.name):
             return load(db)
-        engine = _engine(db)
+        engine = engine_of(db)
         with self._lock:
             cached_version, values = self._per_engine.get(engine, (-1, {}))
             if version == cached_version and key in values:
@@ -189,7 +189,7 @@ class VersionedCache:
 
     def latest(self, db: Session) -> int | None:
         with self._lock:
-            got = self._per_engine.get(_engine(db))
+            got = self._per_engine.get(engine_of(db))
         return got[0] if got is not None else None
 
     def clear(self) -> None:
@@ -197,6 +197,7 @@ class VersionedCache:
             self._per_engine.clear()
 
 
-def _engine(db: Session) -> Engine:
+def engine_of(db: Session) -> Engine:
+    """The engine behind a session (caches are per engine: two databases never share one)."""
     bind = db.get_bind()
     return bind if isinstance(bind, Engine) else bind.engine
