@@ -216,6 +216,10 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
             return self.lf_launch.image
         return image
 
+    def lf_runtime(self) -> dict[str, Any] | None:
+        """The container: the sampler reads the engine's stats of it."""
+        return {"container": self.object_id} if self.object_id else None
+
     async def get_ip_and_port(self):
         if self.network_name == "host":
             ip = self.ip if self.ip not in ("", "0.0.0.0") else "127.0.0.1"

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Bool, List, Unicode
@@ -126,6 +127,10 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 for m in launch.mounts:
                     _link(Path(m.target), m.source, self.log)
                 self.log.warning("labfleet: no sandbox for %s; mounts are plain symlinks", self._log_name)
+
+    def lf_runtime(self) -> dict[str, Any] | None:
+        """The server's root process (bwrap's, when sandboxed): the sampler walks its tree."""
+        return {"pid": self.pid} if self.pid else None
 
     async def _signal(self, sig):
         """Signal the whole sandbox: bwrap, and the server in its own PID namespace.

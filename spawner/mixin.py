@@ -320,7 +320,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             await self._lf_release("ERROR", f"the server did not start: {e}"[:900])
             raise
         t_started = time.perf_counter()
-        await self._lf_report("RUNNING", "server started")
+        await self._lf_report("RUNNING", "server started", runtime=self.lf_runtime())
         # What labfleet adds to a spawn (queue wait and the backend's own start excluded);
         # benchmarks/spawn_overhead.py reads this line.
         self.lf_overhead_ms = 1000 * (
@@ -426,12 +426,21 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
 
     # ------------------------------------------------------------------ stop, poll, release
 
-    async def _lf_report(self, status: str, reason: str, exit_code: int | None = None) -> Reply | None:
+    def lf_runtime(self) -> dict[str, Any] | None:
+        """Where the started server runs on its node, for the service's usage sampler: ``{"pid": N}``
+        or ``{"container": ID}``; None when the backend cannot tell (nothing is sampled then)."""
+        return None
+
+    async def _lf_report(
+        self, status: str, reason: str, exit_code: int | None = None, runtime: dict[str, Any] | None = None
+    ) -> Reply | None:
         if not self.lf_session_id:
             return None
         body: dict[str, Any] = {"status": status, "reason": reason}
         if exit_code is not None:
             body["exit_code"] = max(-255, min(255, exit_code))
+        if runtime is not None:
+            body["runtime"] = runtime
         reply = await self.lf_call("PATCH", f"/sessions/{quote(self.lf_session_id, safe='')}", body)
         if reply.code not in (200, 409):
             self.log.warning(  # type: ignore[attr-defined]

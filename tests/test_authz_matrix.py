@@ -203,6 +203,10 @@ MATRIX = [
     ("GET", "/vfolders", None, _row(401, 200, 200, 200, 200, 200, 200)),
     ("POST", "/vfolders", {"name": "new-{a}"}, _row(401, 201, 201, 201, 201, 403, 201)),
     ("GET", "/vfolders/usage", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    # Usage statistics: everyone reads their own scope (rows scoped in tests/test_usage_hub.py)
+    ("GET", "/usage", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("GET", "/usage?group_by=nobody", None, _row(401, 400, 400, 400, 400, 400, 400)),
+    ("GET", "/usage/me", None, _row(401, 200, 200, 200, 200, 200, 200)),
     ("GET", "/vfolders/usage?user=alice", None, _row(401, 200, 404, 200, 404, 200, 200)),
     ("GET", "/vfolders/{shared}", None, _row(401, 200, 404, 200, 404, 200, 200)),
     ("GET", "/vfolders/{project_folder}", None, _row(401, 200, 404, 200, 404, 200, 200)),

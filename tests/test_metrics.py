@@ -178,7 +178,7 @@ def test_sessions_allocation_and_quota_follow_admissions(tmp_path, monkeypatch):
     engine.dispose()
 
 
-def test_a_scrape_is_seven_statements_whatever_the_fleet(tmp_path, monkeypatch):
+def test_a_scrape_is_eight_statements_whatever_the_fleet(tmp_path, monkeypatch):
     engine, factory = _world(tmp_path, monkeypatch)
     _admit(factory, **{"gpu.shares": 0.5})
     counted = []
@@ -208,7 +208,7 @@ def test_a_scrape_is_seven_statements_whatever_the_fleet(tmp_path, monkeypatch):
             )
     counted.clear()
     fams = families(m.exposition().decode())
-    assert len(counted) == small == 7
+    assert len(counted) == small == 8
     assert value(fams, "labfleet_resource_group_capacity", resource_group="cpu-only", slot="cpu") == 160
     assert value(fams, "labfleet_project_quota_limit", domain="d3", project="p", slot="cpu") == 5
     engine.dispose()

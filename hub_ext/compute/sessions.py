@@ -807,22 +807,43 @@ def update_status(db: Session, actor: Actor, session_id: str, body: Any) -> Comp
     s = readable(db, actor, session_id)
     if actor.kind not in ("hub", "cli"):
         raise Forbidden("only the Hub reports session status")
-    body = check_fields(body, required=["status"], optional=["reason", "exit_code"])
+    body = check_fields(body, required=["status"], optional=["reason", "exit_code", "runtime"])
     status = check_choice(
         body["status"], "status", ("PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "ERROR", "CANCELLED")
     )
+    runtime = check_runtime(body["runtime"]) if body.get("runtime") is not None else None
     lock_current(db, s)  # a concurrent stop may have ended it since it was read
     if status not in SPAWNER_TRANSITIONS.get(s.status, set()):
         raise Conflict(f"session {s.id} is {s.status}; it cannot become {status}")
     reason = check_text(body.get("reason", ""), "reason", 1000)
     if "exit_code" in body:
         s.exit_code = check_int(body["exit_code"], "exit_code", minimum=-255, maximum=255)
+    if runtime is not None:
+        s.runtime = runtime
     if status in FINAL_STATUSES:
         release(db, s, status, reason)
         schedule_group(db, s.resource_group)
     else:
         set_status(s, status, reason)
     return s
+
+
+_CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
+PID_MAX = 2**22  # the kernel's largest pid_max
+
+
+def check_runtime(value: Any) -> dict[str, Any]:
+    """Where a session runs, as the spawner reports it: ``{"pid": N}`` (a local server's root
+    process) or ``{"container": ID}`` (a Docker container); InvalidInput otherwise."""
+    body = check_fields(value, optional=["pid", "container"])
+    if len(body) != 1:
+        raise InvalidInput('runtime must be {"pid": N} or {"container": ID}')
+    if "pid" in body:
+        return {"pid": check_int(body["pid"], "runtime.pid", minimum=1, maximum=PID_MAX)}
+    container = body["container"]
+    if not isinstance(container, str) or not _CONTAINER_ID.match(container):
+        raise InvalidInput("runtime.container must be a Docker container id (12 to 64 hex digits)")
+    return {"container": container}
 
 
 def list_sessions(db: Session, actor: Actor, filters: dict[str, str | None]) -> list[ComputeSession]:

@@ -20,6 +20,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -380,6 +381,9 @@ class ComputeSession(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     status_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Where it runs on its node, as the Hub's spawner reported it: {"pid": N} or {"container": ID};
+    # the usage sampler measures it from outside (never what the session says of itself).
+    runtime: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     user: Mapped[User] = relationship()
     keypair: Mapped[Keypair] = relationship()
@@ -614,3 +618,89 @@ class StateVersion(Base):
 
     name: Mapped[str] = mapped_column(String(32), primary_key=True)
     version: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+# ---------------------------------------------------------------- usage records
+
+
+class UsageSessionState(Base):
+    """Where the usage accounting of one session stands (hub_ext.usage.records).
+
+    One row per session that held slots, from the first accrual on: its names (kept: the records
+    outlive the session, its user and its project), what it holds per second (``alloc_*``: cores,
+    bytes, devices' worth of shares), how far its allocation was accrued, and the sampler's last
+    reading of it (``cpu_total``: cumulative core-seconds; ``*_now``: the last figures, for the
+    metrics). ``finished``: it ended and everything up to its end is accrued.
+    """
+
+    __tablename__ = "usage_session_state"
+    __table_args__ = (Index("ix_usage_session_state_finished", "finished"),)
+
+    session_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255))
+    project: Mapped[str] = mapped_column(String(130))  # DOMAIN/PROJECT
+    domain: Mapped[str] = mapped_column(String(64))
+    resource_group: Mapped[str] = mapped_column(String(64))
+    alloc_cpu: Mapped[float] = mapped_column(Float, default=0.0)
+    alloc_mem: Mapped[float] = mapped_column(Float, default=0.0)
+    alloc_gpu: Mapped[float] = mapped_column(Float, default=0.0)
+    held_from: Mapped[datetime] = mapped_column(UTCDateTime())
+    held_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    accrued_until: Mapped[datetime] = mapped_column(UTCDateTime())
+    sampled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    cpu_total: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_now: Mapped[float | None] = mapped_column(Float, nullable=True)  # cores, over the last interval
+    mem_now: Mapped[float | None] = mapped_column(Float, nullable=True)  # bytes
+    gpu_now: Mapped[float | None] = mapped_column(Float, nullable=True)  # devices' worth of busy time
+    gpu_mem_now: Mapped[float | None] = mapped_column(Float, nullable=True)  # bytes
+    mem_peak: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_mem_peak: Mapped[float] = mapped_column(Float, default=0.0)
+    finished: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class _UsageAmounts:
+    """What one session held and used in one bucket: amounts in slot-seconds (``alloc_cpu``/``used_cpu``
+    core-seconds, ``alloc_mem``/``used_mem`` byte-seconds, ``alloc_gpu`` share-seconds: a whole device
+    is 1 a second; ``used_gpu`` the device's busy time its processes took, in device-seconds), peaks
+    in bytes. Names are copied, so a bucket outlives its session, user and project."""
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(36))
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    user: Mapped[str] = mapped_column(String(255))
+    project: Mapped[str] = mapped_column(String(130))
+    domain: Mapped[str] = mapped_column(String(64))
+    resource_group: Mapped[str] = mapped_column(String(64))
+    alloc_cpu: Mapped[float] = mapped_column(Float, default=0.0)
+    alloc_mem: Mapped[float] = mapped_column(Float, default=0.0)
+    alloc_gpu: Mapped[float] = mapped_column(Float, default=0.0)
+    used_cpu: Mapped[float] = mapped_column(Float, default=0.0)
+    used_mem: Mapped[float] = mapped_column(Float, default=0.0)
+    used_gpu: Mapped[float] = mapped_column(Float, default=0.0)
+    mem_peak: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_mem_peak: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class UsageBucket(_UsageAmounts, Base):
+    """One session in one 15-minute bucket (``bucket_start``, UTC); retention deletes old ones."""
+
+    __tablename__ = "usage_buckets"
+    __table_args__ = (
+        UniqueConstraint("session_id", "bucket_start", name="uq_usage_buckets_session_bucket"),
+        Index("ix_usage_buckets_bucket", "bucket_start"),
+        Index("ix_usage_buckets_user_bucket", "user", "bucket_start"),
+        Index("ix_usage_buckets_domain_bucket", "domain", "bucket_start"),
+    )
+
+
+class UsageDay(_UsageAmounts, Base):
+    """The same, per UTC day (``bucket_start`` at midnight): the sum of the day's 15-minute buckets,
+    written with them, so that a month's statistics read 96 times fewer rows."""
+
+    __tablename__ = "usage_days"
+    __table_args__ = (
+        UniqueConstraint("session_id", "bucket_start", name="uq_usage_days_session_bucket"),
+        Index("ix_usage_days_bucket", "bucket_start"),
+        Index("ix_usage_days_user_bucket", "user", "bucket_start"),
+        Index("ix_usage_days_domain_bucket", "domain", "bucket_start"),
+    )

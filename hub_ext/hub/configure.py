@@ -19,8 +19,8 @@ from hub_ext.core.rights import RIGHTS
 from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
-# Passed to the service, which describes this node with them and takes its clocks and the metrics
-# token from them (see hub_ext.service.app).
+# Passed to the service, which describes this node with them and takes its clocks, the metrics
+# token and the sampler's settings from them (see hub_ext.service.app).
 NODE_ENV = (
     "LABFLEET_NODE_NAME",
     "LABFLEET_DEVICE_PLUGINS",
@@ -31,6 +31,10 @@ NODE_ENV = (
     "LABFLEET_RECONCILE_INTERVAL",
     "LABFLEET_RECONCILE_GRACE",
     "LABFLEET_METRICS_TOKEN",
+    "LABFLEET_SAMPLE_INTERVAL",
+    "LABFLEET_USAGE_RETENTION_DAYS",
+    "LABFLEET_MOCK_GPU_USAGE",  # the mock devices' readings, for the usage sampler
+    "DOCKER_HOST",  # the engine whose containers the usage sampler reads
 )
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
 BACKEND_ENV = "LABFLEET_BACKEND"

@@ -26,11 +26,11 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from sqlalchemy import select
 from tornado import web
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Application, catch_config_error
 
 from hub_ext.compute import images, nodes, reconcile, sessions
-from hub_ext.compute.devices import describe_node, get_plugin
+from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
 from hub_ext.core import audit, bootstrap
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
@@ -46,7 +46,9 @@ from hub_ext.service.hubsync import HubSync
 from hub_ext.storage import hosts
 from hub_ext.storage.hosts import RIGHTS
 from hub_ext.storage.usage import FolderUsage
+from hub_ext.usage import records
 from hub_ext.usage.metrics import Metrics
+from hub_ext.usage.sampler import Sampler, sample_interval
 
 
 class OAuthCallbackHandler(PathOnlyLogs, HubOAuthCallbackHandler):
@@ -339,6 +341,31 @@ class LabfleetService(Application):
     def _metrics_token(self):
         return os.environ.get("LABFLEET_METRICS_TOKEN", "")
 
+    sample_interval = Float(
+        help="""Seconds between two usage samples of the sessions on this node (CPU, memory, GPU, read
+        from outside the sessions) and two accruals of the usage records; 0 turns both off.
+        Default: $LABFLEET_SAMPLE_INTERVAL, else 15.""",
+    ).tag(config=True)
+
+    @default("sample_interval")
+    def _sample_interval(self):
+        return sample_interval()
+
+    usage_retention_days = Integer(
+        help="""Days the usage records (15-minute buckets) are kept. Default: $LABFLEET_USAGE_RETENTION_DAYS,
+        else 400.""",
+    ).tag(config=True)
+
+    @default("usage_retention_days")
+    def _usage_retention_days(self):
+        return int(os.environ.get("LABFLEET_USAGE_RETENTION_DAYS") or records.DEFAULT_RETENTION_DAYS)
+
+    @validate("usage_retention_days")
+    def _check_retention(self, proposal):
+        if proposal["value"] < 1:
+            raise TraitError(f"usage_retention_days must be 1 or more, not {proposal['value']}")
+        return proposal["value"]
+
     register_local_node = Bool(
         True, help="Register this machine as a node of the 'default' resource group."
     ).tag(config=True)
@@ -368,6 +395,8 @@ class LabfleetService(Application):
     @catch_config_error
     def initialize(self, argv=None) -> None:
         self.parent_pid = os.getppid()  # first: the parent may die while this starts
+        self.plugins: list[DevicePlugin] = []  # this node's device plugins (register_node)
+        self.sampler: Sampler | None = None  # made on the first usage tick
         self.parse_command_line(argv)  # --help-all and the like print and exit here
         cli_config = deepcopy(self.config)
         path = Path(self.config_file)
@@ -405,7 +434,7 @@ class LabfleetService(Application):
         )
 
     def register_node(self) -> None:
-        plugins = [
+        self.plugins = plugins = [
             get_plugin(name, devices=self.mock_devices, node=self.node_name)
             if name == "mock"
             else get_plugin(name)
@@ -523,6 +552,19 @@ class LabfleetService(Application):
             }
         return 202, {**view, "server": launch.server}
 
+    async def account_usage(self) -> records.Accrued:
+        """Sample this node's sessions (in a worker thread) and accrue every session's usage."""
+        if self.sampler is None:
+            self.sampler = Sampler(self.plugins)
+        return await jobs.account_usage(
+            self.session_factory,
+            self.sampler,
+            self.node_name,
+            self.log,
+            max_gap=2 * self.sample_interval,
+            retention_days=self.usage_retention_days,
+        )
+
     async def serve_queues(self) -> list[str]:
         return jobs.serve_queues(self.session_factory, self.log, self.metrics.observe_queue_waits)
 
@@ -578,6 +620,8 @@ class LabfleetService(Application):
             self.jobs.add("lifetime", self.lifetime_check_interval, self.stop_expired_sessions)
         if self.vfolder_scan_interval > 0:
             self.jobs.add("housekeeping", self.vfolder_scan_interval, self.folder_usage.housekeeping)
+        if self.sample_interval > 0:
+            self.jobs.add("usage", self.sample_interval, self.account_usage, first_in=0)
         loop_task = asyncio.ensure_future(self.jobs.run_forever())
         # The Hub stops its managed services with SIGTERM (and a dead Hub's parent-death signal is
         # SIGTERM too): finish cleanly, no traceback.

@@ -9,6 +9,8 @@ Jobs (see ``LabfleetService.start_async``):
 - ``housekeeping``: expire idle uploads, purge old trash, rescan the folders.
 - ``reconcile``: make sessions agree with the Hub's servers (at start, then on a clock): statuses
   follow what the Hub reports, and slots held with no server go back after a grace period.
+- ``usage``: sample this node's sessions from outside them (in a worker thread) and accrue every
+  session's usage records (hub_ext.usage.records).
 - ``parent``: stop the service when the Hub that started it is gone (a killed Hub's service must
   not keep the port from the next Hub's).
 
@@ -34,6 +36,8 @@ from hub_ext.core import audit
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.models import ResourceGroup
+from hub_ext.usage import records
+from hub_ext.usage.sampler import Sampler
 
 # ---------------------------------------------------------------- the jobs
 
@@ -68,6 +72,37 @@ def serve_queues(
         if served.cancelled:
             log.info("Queue of %s: cancelled %s (pending timeout)", name, ", ".join(served.cancelled))
     return scheduled
+
+
+async def account_usage(
+    session_factory: sessionmaker[Session],
+    sampler: Sampler,
+    node_name: str,
+    log: logging.Logger,
+    *,
+    max_gap: float,
+    retention_days: int,
+) -> records.Accrued:
+    """One usage tick: read what runs on ``node_name``, sample it off the event loop, accrue."""
+    with lfdb.session_scope(session_factory) as db:
+        targets = records.targets_on(db, node_name)
+    readings = (
+        await asyncio.get_running_loop().run_in_executor(None, sampler.sample, targets) if targets else []
+    )
+    for r in readings:
+        if not r.alive and r.error:
+            log.debug("Usage: session %s not sampled: %s", r.session_id, r.error)
+    with lfdb.session_scope(session_factory) as db:
+        done = records.accrue(db, readings, max_gap=max_gap, retention_days=retention_days)
+    if done.started or done.finished or done.purged:
+        log.info(
+            "Usage: %d session(s) accounted from now on, %d finished, %d bucket(s) written, %d purged",
+            len(done.started),
+            len(done.finished),
+            done.buckets,
+            done.purged,
+        )
+    return done
 
 
 async def stop_expired_sessions(

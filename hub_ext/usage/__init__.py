@@ -1,9 +1,13 @@
 """Usage accounting: what the fleet holds and how it is used, for people and for monitoring.
 
-Owns the Prometheus metrics (``metrics``: the series ``/services/labfleet/metrics`` answers, read
-from the DB at each scrape, and the service's own histograms of admission latency and queue wait).
-Later parts of the usage issue live here too: trusted samples, usage records and their rollups,
-and the usage statistics API's queries.
+- ``sampler``: what each session on a node uses, measured outside it (its process tree, its
+  container's engine stats, the device plugins' per-process GPU figures); no DB, so a node agent
+  can run it too;
+- ``accrual``: the arithmetic (hold intervals, rates, 15-minute buckets), plain values only;
+- ``records``: the usage records in the DB (per-session state, 15-minute and daily buckets),
+  accrued by the service's ``usage`` job;
+- ``stats``: the queries of ``GET /api/usage`` and ``/api/usage/me``;
+- ``metrics``: the Prometheus series ``/services/labfleet/metrics`` answers.
 
 Imports from ``core``, ``tenancy``, ``storage`` and ``compute``; ``service`` and ``cli`` import it.
 """

@@ -2,7 +2,7 @@
 
 Two kinds of series:
 
-- **read from the DB at each scrape** by :class:`FleetCollector`: the fleet as it is now, in seven
+- **read from the DB at each scrape** by :class:`FleetCollector`: the fleet as it is now, in eight
   statements whatever its size (:func:`read_fleet`; no query per node, group or tenant), turned
   into metric families by plain functions (:func:`session_families`, :func:`capacity_families`,
   :func:`quota_families`) that take plain rows and can be tested without a server;
@@ -19,7 +19,10 @@ their labels:
   (resource_group); ``nodes`` (resource_group, status); ``node_capacity`` and ``node_allocated``
   (node, resource_group, slot); ``resource_group_capacity`` and ``resource_group_allocated``
   (resource_group, slot); ``domain_quota_used`` and ``domain_quota_limit`` (domain, slot);
-  ``project_quota_used`` and ``project_quota_limit`` (domain, project, slot);
+  ``project_quota_used`` and ``project_quota_limit`` (domain, project, slot); per live session
+  (session, domain, project, user), its last reading by the trusted sampler:
+  ``session_cpu_used_cores``, ``session_memory_used_bytes``, ``session_gpu_used_devices``,
+  ``session_gpu_memory_used_bytes``;
 - histograms: ``admission_duration_seconds`` (outcome: scheduled, queued, refused);
   ``queue_wait_seconds`` (resource_group).
 
@@ -27,8 +30,7 @@ Left out, and why:
 
 - sessions that ended (TERMINATED, ERROR, CANCELLED): their number only grows, and counting it
   would read the whole session history at every scrape; the usage records will count them;
-- per-session utilisation (CPU, memory and GPU really used, with domain, project and user
-  labels): it needs the trusted sampler of the usage issue (4/8, item 1), not there yet;
+- ended sessions' utilisation: what they used is in the usage records (``GET /api/usage``);
 - sessions reclaimed for idleness: they come with idle reclamation (issue 5/8).
 """
 
@@ -60,6 +62,7 @@ from hub_ext.core.models import (
     ResourceGroup,
 )
 from hub_ext.core.slots import ResourceSlots, SlotError
+from hub_ext.usage import records
 
 # Live sessions, in the order a session goes through them.
 LIVE_STATUSES = ("PENDING", *HOLDING_STATUSES)
@@ -124,6 +127,29 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("domain", "project", "slot"),
     ),
 }
+_SESSION_LABELS = ("session", "domain", "project", "user")
+GAUGES.update(
+    {
+        "labfleet_session_cpu_used_cores": (
+            "CPU the live session's processes used over the sampler's last interval, in cores, measured "
+            "outside the session (its process tree or its container)",
+            _SESSION_LABELS,
+        ),
+        "labfleet_session_memory_used_bytes": (
+            "Resident memory of the live session's processes at the sampler's last reading",
+            _SESSION_LABELS,
+        ),
+        "labfleet_session_gpu_used_devices": (
+            "GPU busy time the live session's processes took at the last reading, in devices' worth "
+            "(0.3: 30 % of one device), from the device plugin's per-process figures",
+            _SESSION_LABELS,
+        ),
+        "labfleet_session_gpu_memory_used_bytes": (
+            "Device memory the live session's processes used at the last reading",
+            _SESSION_LABELS,
+        ),
+    }
+)
 HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "labfleet_admission_duration_seconds": (
         "Seconds the service took to answer the Hub's admission requests (checks, placement, commit), "
@@ -178,6 +204,20 @@ class Tenant:
     cap: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class SessionFigures:
+    """A live session's last sampled figures (None: not measured)."""
+
+    session: str
+    domain: str
+    project: str
+    user: str
+    cpu: float | None
+    mem: float | None
+    gpu: float | None
+    gpu_mem: float | None
+
+
 @dataclass
 class Fleet:
     """The rows of one scrape."""
@@ -189,10 +229,11 @@ class Fleet:
     domains: list[Tenant] = field(default_factory=list)
     projects: list[Tenant] = field(default_factory=list)
     ledger: ledger.Rows = field(default_factory=dict)
+    utilisation: list[SessionFigures] = field(default_factory=list)
 
 
 def read_fleet(db: Session) -> Fleet:
-    """Everything a scrape shows, in seven statements (no lock; one read transaction)."""
+    """Everything a scrape shows, in eight statements (no lock; one read transaction)."""
     fleet = Fleet()
     fleet.groups = {gid: name for gid, name in db.execute(select(ResourceGroup.id, ResourceGroup.name))}
     s = ComputeSession
@@ -246,6 +287,12 @@ def read_fleet(db: Session) -> Fleet:
         )
     ]
     fleet.ledger = ledger.read_kinds(db, ("domain", "project"))
+    fleet.utilisation = [
+        SessionFigures(
+            st.session_id, st.domain, st.project, st.user, st.cpu_now, st.mem_now, st.gpu_now, st.gpu_mem_now
+        )
+        for st in records.live_figures(db)
+    ]
     return fleet
 
 
@@ -355,12 +402,30 @@ def quota_families(
     return out
 
 
+def utilisation_families(rows: Iterable[SessionFigures]) -> list[Metric]:
+    """The per-session gauges, one sample per live session and figure it has."""
+    families = {
+        "cpu": gauge("labfleet_session_cpu_used_cores"),
+        "mem": gauge("labfleet_session_memory_used_bytes"),
+        "gpu": gauge("labfleet_session_gpu_used_devices"),
+        "gpu_mem": gauge("labfleet_session_gpu_memory_used_bytes"),
+    }
+    for r in rows:
+        labels = [r.session, r.domain, r.project, r.user]
+        for figure, family in families.items():
+            v = getattr(r, figure)
+            if v is not None:
+                family.add_metric(labels, float(v))
+    return list(families.values())
+
+
 def fleet_families(fleet: Fleet) -> list[Metric]:
     """Every gauge of :data:`GAUGES`, from one scrape's rows."""
     return [
         *session_families(fleet.groups, fleet.sessions),
         *capacity_families(fleet.groups, fleet.nodes, fleet.held),
         *quota_families(fleet.domains, fleet.projects, fleet.ledger),
+        *utilisation_families(fleet.utilisation),
     ]
 
 

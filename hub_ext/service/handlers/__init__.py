@@ -13,7 +13,7 @@ from hub_ext.compute.quota import me_view
 from hub_ext.core import audit
 from hub_ext.core.errors import NotFound
 from hub_ext.service.base import APIHandler, BaseHandler, page_answer, page_args
-from hub_ext.service.handlers import auth, compute, maintenance, metrics, storage, tenancy
+from hub_ext.service.handlers import auth, compute, maintenance, metrics, storage, tenancy, usage
 
 SPEC_FILE = Path(__file__).parent.parent / "openapi.yaml"
 
@@ -88,4 +88,5 @@ def routes(prefix: str) -> list[tuple]:
         *storage.routes(api),
         *auth.routes(api),
         *maintenance.routes(api),
+        *usage.routes(api),
     ]

@@ -1,0 +1,39 @@
+"""REST handlers for usage statistics: ``GET /api/usage`` (JSON or CSV) and ``GET /api/usage/me``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from hub_ext.core.errors import LabfleetError
+from hub_ext.service.base import APIHandler
+from hub_ext.usage import stats
+
+
+class UsageHandler(APIHandler):
+    async def get(self):
+        try:
+            args = {name: self.query_arg(name) for name in self.request.query_arguments}
+            query = stats.parse_query(args, datetime.now(timezone.utc))
+            with self.db() as db:
+                answer = stats.report(db, self.actor, query)
+        except LabfleetError as e:
+            self.send_error_json(e.status, e.message)
+            return
+        if query.format == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header(
+                "Content-Disposition", f'attachment; filename="labfleet-usage-{query.group_by}.csv"'
+            )
+            self.finish(stats.as_csv(answer))
+            return
+        self.write_json(answer)
+
+
+class MyUsageHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, actor: (stats.me(db, actor), None))
+
+
+def routes(api: str) -> list[tuple]:
+    """Usage statistics under ``api``."""
+    return [(api + r"/usage", UsageHandler), (api + r"/usage/me", MyUsageHandler)]

@@ -1,0 +1,433 @@
+"""Usage records: what each session held and used, in 15-minute buckets that outlive it.
+
+:func:`accrue` runs on the service's clock (the ``usage`` job), in one transaction:
+
+1. every session that holds slots, or ended since the last run, gets a row in
+   ``usage_session_state`` (its names, what it holds per second, when it started holding), read
+   from its status history, so a session that started and ended between two runs, or while the
+   service was down, is accounted all the same;
+2. each unfinished state row accrues its allocation up to now (or up to its end), cut at bucket
+   boundaries, and the sampler's readings (:mod:`hub_ext.usage.sampler`, measured outside the
+   session) add what it used;
+3. buckets older than the retention go.
+
+Buckets are added to with ``INSERT ... ON CONFLICT DO UPDATE`` (one statement for all of them);
+only the service writes them. Between two runs, :func:`live_tail` tells the queries what the live
+sessions held since their last accrual, so a running session's usage always reaches now.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from hub_ext.core.models import (
+    FINAL_STATUSES,
+    HOLDING_STATUSES,
+    Allocation,
+    ComputeSession,
+    Device,
+    Domain,
+    Node,
+    Project,
+    ResourceGroup,
+    StateVersion,
+    UsageBucket,
+    UsageDay,
+    UsageSessionState,
+    User,
+)
+from hub_ext.usage import accrual
+from hub_ext.usage.sampler import Reading, Target
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION_DAYS = 400
+WATERMARK = "usage.accrued"  # a state_versions row: the last accrual's time, in epoch milliseconds
+# A session ended this long before the last run's start is still looked for (a commit that took long).
+_LATE = timedelta(minutes=5)
+_AMOUNTS = (*accrual.ALLOC_KEYS.values(), *accrual.USED_KEYS.values())
+_PEAKS = tuple(accrual.PEAK_KEYS.values())
+
+BucketKey = tuple[str, datetime]  # session id, bucket start
+
+
+@dataclass
+class Accrued:
+    """What one :func:`accrue` did, for the log and the tests."""
+
+    started: list[str] = field(default_factory=list)  # sessions accounted from now on
+    finished: list[str] = field(default_factory=list)  # sessions fully accounted
+    buckets: int = 0  # bucket rows written
+    purged: int = 0  # bucket rows past the retention
+
+
+def _epoch_ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+def _from_epoch(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def _watermark(db: Session) -> datetime | None:
+    ms = db.scalar(select(StateVersion.version).where(StateVersion.name == WATERMARK))
+    return _from_epoch(ms / 1000) if ms is not None else None
+
+
+def _set_watermark(db: Session, t: datetime) -> None:
+    row = db.get(StateVersion, WATERMARK)
+    if row is None:
+        db.add(StateVersion(name=WATERMARK, version=_epoch_ms(t)))
+    else:
+        row.version = _epoch_ms(t)
+
+
+def _start_states(db: Session, now: datetime, since: datetime, out: Accrued) -> None:
+    """A state row for each session that holds slots, or ended since ``since``, and has none yet."""
+    s = ComputeSession
+    rows = db.execute(
+        select(
+            s.id,
+            s.status,
+            s.status_history,
+            s.status_changed_at,
+            s.requested_slots,
+            User.username,
+            Domain.name,
+            Project.name,
+            ResourceGroup.name,
+        )
+        .join(User, User.id == s.user_id)
+        .join(Domain, Domain.id == s.domain_id)
+        .join(Project, Project.id == s.project_id)
+        .join(ResourceGroup, ResourceGroup.id == s.resource_group_id)
+        .outerjoin(UsageSessionState, UsageSessionState.session_id == s.id)
+        .where(
+            UsageSessionState.session_id.is_(None),
+            or_(
+                s.status.in_(HOLDING_STATUSES),
+                and_(s.status.in_(FINAL_STATUSES), s.status_changed_at >= since),
+            ),
+        )
+    ).all()
+    for sid, status, history, changed_at, requested, user, domain, project, group in rows:
+        held = accrual.held_interval(history, status, changed_at)
+        if held is None:
+            continue  # cancelled while queued: it never held anything
+        rates = accrual.alloc_rates(requested)
+        db.add(
+            UsageSessionState(
+                session_id=sid,
+                user=user,
+                project=f"{domain}/{project}",
+                domain=domain,
+                resource_group=group,
+                alloc_cpu=rates["cpu"],
+                alloc_mem=rates["mem"],
+                alloc_gpu=rates["gpu.shares"],
+                held_from=held[0],
+                held_until=held[1],
+                accrued_until=held[0],
+                mem_peak=0.0,
+                gpu_mem_peak=0.0,
+                finished=False,
+            )
+        )
+        out.started.append(sid)
+    db.flush()
+
+
+def _ends(db: Session, states: Sequence[UsageSessionState]) -> dict[str, datetime | None]:
+    """When each unfinished state's session stopped holding (None: it still holds); a session
+    deleted meanwhile (its user or project went) ends where its accounting stood."""
+    ids = [st.session_id for st in states if st.held_until is None]
+    found: dict[str, tuple[Any, str, datetime]] = {}
+    for chunk in range(0, len(ids), 500):
+        s = ComputeSession
+        for sid, status, history, changed_at in db.execute(
+            select(s.id, s.status, s.status_history, s.status_changed_at).where(
+                s.id.in_(ids[chunk : chunk + 500])
+            )
+        ):
+            found[sid] = (history, status, changed_at)
+    ends: dict[str, datetime | None] = {}
+    for st in states:
+        if st.held_until is not None:
+            ends[st.session_id] = st.held_until
+        elif st.session_id not in found:
+            ends[st.session_id] = max(st.accrued_until, st.sampled_at or st.accrued_until)
+        else:
+            held = accrual.held_interval(*found[st.session_id])
+            ends[st.session_id] = held[1] if held is not None else st.accrued_until
+    return ends
+
+
+def _add(
+    buckets: dict[BucketKey, dict[str, float]],
+    sid: str,
+    start: datetime,
+    end: datetime,
+    column: str,
+    total: float,
+) -> None:
+    """Spread ``total`` of ``column`` over [start, end) in proportion to each bucket's seconds."""
+    pieces = accrual.split(start, end)
+    seconds = sum(s for _, s in pieces)
+    if not pieces or not total:
+        return
+    for bucket, s in pieces:
+        row = buckets[(sid, bucket)]
+        row[column] = row.get(column, 0.0) + total * s / seconds
+
+
+def _accrue_allocation(
+    st: UsageSessionState, until: datetime, buckets: dict[BucketKey, dict[str, float]]
+) -> None:
+    if until <= st.accrued_until:
+        return
+    for bucket, seconds in accrual.split(st.accrued_until, until):
+        row = buckets[(st.session_id, bucket)]
+        row["alloc_cpu"] = row.get("alloc_cpu", 0.0) + st.alloc_cpu * seconds
+        row["alloc_mem"] = row.get("alloc_mem", 0.0) + st.alloc_mem * seconds
+        row["alloc_gpu"] = row.get("alloc_gpu", 0.0) + st.alloc_gpu * seconds
+    st.accrued_until = until
+
+
+def _accrue_reading(
+    st: UsageSessionState, reading: Reading, max_gap: float, buckets: dict[BucketKey, dict[str, float]]
+) -> None:
+    if not reading.alive:
+        st.cpu_now = st.mem_now = st.gpu_now = st.gpu_mem_now = None
+        return
+    at = _from_epoch(reading.at)
+    used = accrual.used_amounts(
+        at,
+        reading.cpu_seconds,
+        float(reading.mem_bytes) if reading.mem_bytes is not None else None,
+        [g.util_percent for g in reading.gpus],
+        [float(g.mem_bytes) if g.mem_bytes is not None else None for g in reading.gpus],
+        prev_at=st.sampled_at,
+        prev_cpu=st.cpu_total,
+        held_from=st.held_from,
+        max_gap=max_gap,
+    )
+    if used is None:
+        return
+    _add(buckets, st.session_id, used.cpu_from, at, "used_cpu", used.cpu)
+    _add(buckets, st.session_id, used.rect_from, at, "used_mem", used.mem)
+    _add(buckets, st.session_id, used.rect_from, at, "used_gpu", used.gpu)
+    row = buckets[(st.session_id, accrual.floor_bucket(at - timedelta(microseconds=1)))]
+    if used.mem_now is not None:
+        row["mem_peak"] = max(row.get("mem_peak", 0.0), used.mem_now)
+        st.mem_peak = max(st.mem_peak or 0.0, used.mem_now)
+    if used.gpu_mem_now is not None:
+        row["gpu_mem_peak"] = max(row.get("gpu_mem_peak", 0.0), used.gpu_mem_now)
+        st.gpu_mem_peak = max(st.gpu_mem_peak or 0.0, used.gpu_mem_now)
+    st.sampled_at = at
+    if used.cpu_total is not None:
+        st.cpu_total = used.cpu_total
+    st.cpu_now, st.mem_now, st.gpu_now, st.gpu_mem_now = (
+        used.cpu_now,
+        used.mem_now,
+        used.gpu_now,
+        used.gpu_mem_now,
+    )
+
+
+_UPSERTS: dict[tuple[str, str], Any] = {}
+
+
+def _upsert(dialect: str, model: type[UsageBucket] | type[UsageDay]) -> Any:
+    """Add to a bucket, creating it: sums add, peaks keep the larger."""
+    stmt = _UPSERTS.get((dialect, model.__tablename__))
+    if stmt is None:
+        table = model.__table__
+        ins = (postgresql if dialect == "postgresql" else sqlite).insert(table)
+        sets: dict[str, Any] = {c: table.c[c] + ins.excluded[c] for c in _AMOUNTS}
+        for c in _PEAKS:
+            sets[c] = (func.greatest if dialect == "postgresql" else func.max)(table.c[c], ins.excluded[c])
+        stmt = ins.on_conflict_do_update(index_elements=["session_id", "bucket_start"], set_=sets)
+        _UPSERTS[(dialect, model.__tablename__)] = stmt
+    return stmt
+
+
+def _by_day(buckets: Mapping[BucketKey, dict[str, float]]) -> dict[BucketKey, dict[str, float]]:
+    """The 15-minute amounts summed per UTC day (peaks: the largest)."""
+    days: dict[BucketKey, dict[str, float]] = defaultdict(dict)
+    for (sid, start), amounts in buckets.items():
+        day = days[(sid, accrual.floor_bucket(start, accrual.DAY_SECONDS))]
+        for c, v in amounts.items():
+            day[c] = max(day.get(c, 0.0), v) if c in _PEAKS else day.get(c, 0.0) + v
+    return days
+
+
+def write(db: Session, states: Mapping[str, Any], buckets: Mapping[BucketKey, dict[str, float]]) -> int:
+    """Add ``buckets`` (session id, bucket start -> column -> amount) to the 15-minute buckets and to
+    their days; ``states[session id]`` has the names (``user``, ``project``, ``domain``,
+    ``resource_group``). The number of 15-minute rows written."""
+    conn = db.connection()
+    for model, rows in ((UsageBucket, buckets), (UsageDay, _by_day(buckets))):
+        values = []
+        for (sid, start), amounts in sorted(rows.items()):
+            st = states[sid]
+            row: dict[str, Any] = {c: amounts.get(c, 0.0) for c in (*_AMOUNTS, *_PEAKS)}
+            row.update(
+                session_id=sid,
+                bucket_start=start,
+                user=st.user,
+                project=st.project,
+                domain=st.domain,
+                resource_group=st.resource_group,
+            )
+            values.append(row)
+        for chunk in range(0, len(values), 1000):
+            conn.execute(_upsert(conn.dialect.name, model), values[chunk : chunk + 1000])
+    return len(buckets)
+
+
+def accrue(
+    db: Session,
+    readings: Iterable[Reading] = (),
+    now: datetime | None = None,
+    *,
+    max_gap: float = 30.0,
+    retention_days: int = DEFAULT_RETENTION_DAYS,
+) -> Accrued:
+    """Account every session up to ``now`` with these sampler readings (see the module's doc).
+
+    ``max_gap``: the most seconds one memory or GPU reading stands for (twice the sampling interval:
+    a missed tick still counts, a service that was down does not invent use).
+    """
+    now = now or datetime.now(timezone.utc)
+    out = Accrued()
+    mark = _watermark(db)
+    since = (mark - _LATE) if mark is not None else now - timedelta(days=retention_days)
+    _start_states(db, now, since, out)
+    states = {
+        st.session_id: st
+        for st in db.scalars(select(UsageSessionState).where(UsageSessionState.finished.is_(False)))
+    }
+    ends = _ends(db, list(states.values()))
+    by_session = {r.session_id: r for r in readings}
+    buckets: dict[BucketKey, dict[str, float]] = defaultdict(dict)
+    for sid, st in states.items():
+        end = ends[sid]
+        reading = by_session.get(sid)
+        if reading is not None and (end is None or _from_epoch(reading.at) <= end):
+            _accrue_reading(st, reading, max_gap, buckets)
+        _accrue_allocation(st, min(now, end) if end is not None else now, buckets)
+        if end is not None:
+            st.held_until = end
+            if st.accrued_until >= end:
+                st.finished = True
+                st.cpu_now = st.mem_now = st.gpu_now = st.gpu_mem_now = None
+                out.finished.append(sid)
+    db.flush()
+    out.buckets = write(db, states, buckets)
+    out.purged = purge(db, now - timedelta(days=retention_days))
+    _set_watermark(db, now)
+    return out
+
+
+def purge(db: Session, before: datetime) -> int:
+    """Forget buckets that start before ``before`` (days: that end before it), and finished sessions
+    that ended before it; the number of 15-minute buckets forgotten."""
+    result: Any = db.execute(delete(UsageBucket).where(UsageBucket.bucket_start < before))
+    gone = result.rowcount or 0
+    db.execute(delete(UsageDay).where(UsageDay.bucket_start < before - accrual.DAY))
+    db.execute(
+        delete(UsageSessionState).where(
+            UsageSessionState.finished.is_(True), UsageSessionState.held_until < before
+        )
+    )
+    return int(gone)
+
+
+# ---------------------------------------------------------------- what the sampler measures
+
+
+def targets_on(db: Session, node_name: str) -> list[Target]:
+    """The sessions holding slots on ``node_name`` whose spawner said where they run, with the
+    UUIDs of the devices they hold, as the sampler takes them."""
+    s = ComputeSession
+    rows = db.execute(
+        select(s.id, s.runtime)
+        .join(Node, Node.id == s.node_id)
+        .where(Node.name == node_name, s.status.in_(HOLDING_STATUSES), s.runtime.is_not(None))
+    ).all()
+    if not rows:
+        return []
+    devices: dict[str, list[str]] = defaultdict(list)
+    for sid, uuid in db.execute(
+        select(Allocation.session_id, Device.uuid)
+        .join(Device, Device.id == Allocation.device_id)
+        .where(Allocation.session_id.in_([r[0] for r in rows]))
+    ):
+        devices[sid].append(uuid)
+    out = []
+    for sid, runtime in rows:
+        pid = runtime.get("pid") if isinstance(runtime, dict) else None
+        container = runtime.get("container") if isinstance(runtime, dict) else None
+        if isinstance(pid, int) or isinstance(container, str):
+            out.append(
+                Target(
+                    sid,
+                    pid=pid if isinstance(pid, int) else None,
+                    container=container if isinstance(container, str) else None,
+                    devices=tuple(sorted(devices[sid])),
+                )
+            )
+    return out
+
+
+# ---------------------------------------------------------------- what the queries add
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What a live session held since its last accrual: per-second rates from ``since``."""
+
+    session_id: str
+    user: str
+    project: str
+    domain: str
+    resource_group: str
+    since: datetime
+    rates: Mapping[str, float]
+
+
+def live_tail(db: Session, where: Iterable[Any] = ()) -> list[Tail]:
+    """Unfinished sessions still holding (no end known): their allocation since the last accrual."""
+    st = UsageSessionState
+    rows = db.scalars(select(st).where(st.finished.is_(False), st.held_until.is_(None), *where))
+    return [
+        Tail(
+            r.session_id,
+            r.user,
+            r.project,
+            r.domain,
+            r.resource_group,
+            r.accrued_until,
+            {"cpu": r.alloc_cpu, "mem": r.alloc_mem, "gpu.shares": r.alloc_gpu},
+        )
+        for r in rows
+    ]
+
+
+def live_figures(db: Session) -> list[UsageSessionState]:
+    """The last sampled figures of the sessions still holding (for the metrics)."""
+    st = UsageSessionState
+    return list(
+        db.scalars(
+            select(st).where(st.finished.is_(False), st.held_until.is_(None), st.sampled_at.is_not(None))
+        )
+    )
