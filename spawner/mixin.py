@@ -41,6 +41,7 @@ from .options import OptionsError, SessionOptions, options_from_form, parse_opti
 
 PENDING = "PENDING"
 LIVE = ("SCHEDULED", "PREPARING", "RUNNING")
+ACTIVITY_INTERVAL_ENV = "LABFLEET_ACTIVITY_INTERVAL"
 ENDED = ("TERMINATED", "ERROR", "CANCELLED")
 _EXIT = re.compile(r"ExitCode=(-?\d+)")
 
@@ -420,6 +421,9 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             pass
         if self.lf_own_pid_namespace():
             env["LABFLEET_PID_NAMESPACE"] = "own"
+        # How often the session reports its activity to the service (which reads the same variable).
+        if os.environ.get(ACTIVITY_INTERVAL_ENV):
+            env[ACTIVITY_INTERVAL_ENV] = os.environ[ACTIVITY_INTERVAL_ENV]
         if self.lf_launch is not None:
             env.update(self.lf_launch.env)
         return env

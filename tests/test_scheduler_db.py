@@ -18,6 +18,7 @@ from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import LabfleetError
 from hub_ext.core.models import Allocation, AuditEntry, ComputeSession
+from hub_ext.reclaim import engine as reclaim_engine
 from hub_ext.service import jobs
 from hub_ext.tenancy import directory, keypairs, policies
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
@@ -227,7 +228,7 @@ def test_serve_queues_starts_a_queued_session_when_a_node_joins(tmp_path, monkey
     engine.dispose()
 
 
-async def test_the_lifetime_job_audits_before_it_asks_the_hub(tmp_path, monkeypatch):
+async def test_the_lifetime_rule_audits_before_it_asks_the_hub_and_keeps_its_reason(tmp_path, monkeypatch):
     engine, factory = _world(f"sqlite:///{tmp_path / 'l.sqlite'}", tmp_path, monkeypatch)
     with lfdb.session_scope(factory) as db:
         policies.update_policy(db, CLI, "keypair", "default", {"max_session_lifetime": 10})
@@ -251,9 +252,15 @@ async def test_the_lifetime_job_audits_before_it_asks_the_hub(tmp_path, monkeypa
         return True
 
     log = logging.getLogger("test")
-    assert await jobs.stop_expired_sessions(factory, stop_server, log) == []  # not expired yet
+    settings = reclaim_engine.Settings()
+    assert await reclaim_engine.reclaim(factory, stop_server, settings, log) == []  # not expired yet
     later = datetime.now(timezone.utc) + timedelta(seconds=11)
-    assert await jobs.stop_expired_sessions(factory, stop_server, log, now=later) == [sid]
+    done = await reclaim_engine.reclaim(factory, stop_server, settings, log, now=later)
+    assert [d.subject.id for d in done] == [sid] and done[0].judgment.reason == "lifetime"
+    with factory() as db:
+        ended = db.get(ComputeSession, sid)
+        # The spawner's report of the stop keeps the reason the service gave
+        assert ended.status == "TERMINATED" and ended.status_reason.startswith("lifetime: ran ")
     assert seen == [[sid]]
     engine.dispose()
 

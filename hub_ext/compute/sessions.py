@@ -33,6 +33,7 @@ from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError
 from hub_ext.core.models import (
     FINAL_STATUSES,
     HOLDING_STATUSES,
+    RECLAIM_REASONS,
     Allocation,
     ComputeSession,
     Device,
@@ -646,6 +647,37 @@ def _drf_slots(slots: ResourceSlots) -> ResourceSlots:
     return ResourceSlots({k: v for k, v in c.items() if k in ("cpu", "mem", "gpu.shares")})
 
 
+def would_start_if_released(db: Session, s: ComputeSession) -> str | None:
+    """A session waiting in ``s``'s group's queue that could be placed if ``s`` gave its slots back
+    (capacity only; quotas are the waiting one's own business): its id, or None. Nothing changes:
+    the check runs on a private copy of the group's cluster (for idle reclamation's
+    ``only_when_queue_waiting``)."""
+    group = s.resource_group
+    pending = list(
+        db.scalars(
+            select(ComputeSession).where(
+                ComputeSession.resource_group_id == group.id, ComputeSession.status == "PENDING"
+            )
+        )
+    )
+    allocations = list(db.scalars(select(Allocation).where(Allocation.session_id == s.id)))
+    if not pending or not allocations:
+        return None
+    entry = clustercache.build(db, group.id, clustercache.version(db, group.id))  # a copy of our own
+    given_back = _placement_of(entry, allocations)
+    if given_back is None:
+        return None
+    try:
+        entry.cluster.release(given_back)
+    except PlacementError:
+        return None
+    by_id = {p.id: p for p in pending}
+    for item in _ordered_queue(db, group, pending):
+        if entry.cluster.place(_request_of(by_id[item.session_id]), group.placement, None) is not None:
+            return item.session_id
+    return None
+
+
 def queue_view(db: Session, group: ResourceGroup) -> list[dict[str, Any]]:
     pending = list(
         db.scalars(
@@ -681,12 +713,6 @@ def session_detail(db: Session, s: ComputeSession) -> dict[str, Any]:
     view["max_lifetime"] = lifetime
     view["expires_at"] = expires.isoformat() if expires else None
     return view
-
-
-def past_lifetime(db: Session, now: datetime) -> list[ComputeSession]:
-    """Running sessions that have outlived their keypair policy's ``max_session_lifetime``."""
-    running = db.scalars(select(ComputeSession).where(ComputeSession.status == "RUNNING"))
-    return [s for s in running if (expires := lifetime_of(s)[2]) is not None and expires <= now]
 
 
 def position_of(db: Session, s: ComputeSession) -> int | None:
@@ -816,6 +842,8 @@ def update_status(db: Session, actor: Actor, session_id: str, body: Any) -> Comp
     if status not in SPAWNER_TRANSITIONS.get(s.status, set()):
         raise Conflict(f"session {s.id} is {s.status}; it cannot become {status}")
     reason = check_text(body.get("reason", ""), "reason", 1000)
+    if s.status_reason.split(":", 1)[0] in RECLAIM_REASONS and status in ("TERMINATING", *FINAL_STATUSES):
+        reason = s.status_reason  # the service stopped it (idle, lifetime): the stop keeps saying why
     if "exit_code" in body:
         s.exit_code = check_int(body["exit_code"], "exit_code", minimum=-255, maximum=255)
     if runtime is not None:

@@ -283,6 +283,9 @@ SESSION_STATUSES = (
 # Sessions in these states hold their allocation (and count against quotas).
 HOLDING_STATUSES = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
 FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
+# Why the service itself stopped a running session (hub_ext.reclaim): the first word of its status
+# reason, which the spawner's later reports of the stop keep.
+RECLAIM_REASONS = ("idle-timeout", "idle-utilization", "lifetime")
 
 
 class ResourceGroup(Base):
@@ -704,3 +707,81 @@ class UsageDay(_UsageAmounts, Base):
         Index("ix_usage_days_user_bucket", "user", "bucket_start"),
         Index("ix_usage_days_domain_bucket", "domain", "bucket_start"),
     )
+
+
+class UsageSample(Base):
+    """One trusted reading of a live session (hub_ext.usage.sampler), kept a day for the idle
+    checkers' windows: ``cpu_total`` cumulative core-seconds, ``mem`` bytes, ``gpu`` devices' worth
+    of busy time, ``gpu_mem`` bytes (None: not measured)."""
+
+    __tablename__ = "usage_samples"
+    __table_args__ = (
+        Index("ix_usage_samples_session_at", "session_id", "at"),
+        Index("ix_usage_samples_at", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(36))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    cpu_total: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mem: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_mem: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+# ---------------------------------------------------------------- idle reclamation
+
+IDLE_CHECKER_KINDS = ("activity", "utilization")
+IDLE_BINDING_SCOPES = ("domain", "project", "resource_group")
+
+
+class IdleChecker(Base):
+    """A rule that reclaims idle sessions (hub_ext.reclaim): ``kind`` activity (no traffic, no busy
+    kernel for ``options.timeout`` seconds) or utilization (thresholds over a window); applies to the
+    sessions of the scopes it is bound to."""
+
+    __tablename__ = "idle_checkers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(_ENUM_LEN))
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    description: Mapped[str] = mapped_column(Text, default="")
+    # The domain whose admin made it (None: a superadmin's): a domain admin manages only theirs.
+    owner_domain: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    bindings: Mapped[list[IdleCheckerBinding]] = relationship(
+        back_populates="checker", cascade="all, delete-orphan"
+    )
+
+
+class IdleCheckerBinding(Base):
+    """A checker applies to the sessions of a domain, a project (``DOMAIN/PROJECT``) or a resource group."""
+
+    __tablename__ = "idle_checker_bindings"
+    __table_args__ = (
+        UniqueConstraint("checker_id", "scope_kind", "scope_name", name="uq_idle_checker_binding"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    checker_id: Mapped[int] = mapped_column(ForeignKey("idle_checkers.id", ondelete="CASCADE"), index=True)
+    scope_kind: Mapped[str] = mapped_column(String(_ENUM_LEN))
+    scope_name: Mapped[str] = mapped_column(String(130))
+
+    checker: Mapped[IdleChecker] = relationship(back_populates="bindings")
+
+
+class SessionActivity(Base):
+    """What the session's own server extension last reported of its activity (jupyter-server's last
+    activity and kernel states, as the Hub's activity reports), and when its user last said "I'm
+    still here". Self-reported: it can only keep a session alive, never reclaim another's, and the
+    utilization checkers and the max lifetime do not read it."""
+
+    __tablename__ = "session_activity"
+
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
+    last_activity: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    busy_kernels: Mapped[int] = mapped_column(Integer, default=0)
+    reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    still_here_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -19,23 +19,17 @@ from hub_ext.core.rights import RIGHTS
 from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
-# Passed to the service, which describes this node with them and takes its clocks, the metrics
-# token and the sampler's settings from them (see hub_ext.service.app).
-NODE_ENV = (
-    "LABFLEET_NODE_NAME",
-    "LABFLEET_DEVICE_PLUGINS",
-    "LABFLEET_MOCK_DEVICES",
-    "LABFLEET_VFOLDER_SCAN_INTERVAL",
-    "LABFLEET_LIFETIME_CHECK_INTERVAL",
-    "LABFLEET_SCHEDULE_INTERVAL",
-    "LABFLEET_RECONCILE_INTERVAL",
-    "LABFLEET_RECONCILE_GRACE",
-    "LABFLEET_METRICS_TOKEN",
-    "LABFLEET_SAMPLE_INTERVAL",
-    "LABFLEET_USAGE_RETENTION_DAYS",
-    "LABFLEET_MOCK_GPU_USAGE",  # the mock devices' readings, for the usage sampler
-    "DOCKER_HOST",  # the engine whose containers the usage sampler reads
-)
+# Every LABFLEET_* variable of the Hub's environment reaches the service (which describes this node
+# with them, takes its clocks, the metrics token, the sampler's and the idle engine's settings from
+# them; see hub_ext.service.app), and so do these:
+NODE_ENV = ("DOCKER_HOST",)  # the engine whose containers the usage sampler reads
+
+
+def service_environment(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """What of the Hub's environment the service gets: every ``LABFLEET_*`` variable and NODE_ENV."""
+    return {k: v for k, v in environ.items() if k.startswith("LABFLEET_") or k in NODE_ENV}
+
+
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
 BACKEND_ENV = "LABFLEET_BACKEND"
 SESSION_LOG_DIR_ENV = "LABFLEET_SESSION_LOG_DIR"
@@ -158,10 +152,10 @@ def configure(
             "api_token": token,
             "oauth_no_confirm": True,
             "environment": {
+                **service_environment(os.environ),  # first: what configure() was given wins
                 # In the environment, not on the command line: a PostgreSQL URL may carry a password.
                 DB_URL_ENV: db_url,
                 KEY_FILE_ENV: str(key_file),
-                **{k: v for k, v in os.environ.items() if k in NODE_ENV},
                 # So the service imports this checkout even when labfleet is not installed.
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
             },

@@ -39,6 +39,7 @@ from hub_ext.core.errors import LabfleetError
 from hub_ext.core.models import User
 from hub_ext.core.secretbox import SecretBox
 from hub_ext.core.signing import NonceCache, RateLimiter
+from hub_ext.reclaim import engine
 from hub_ext.service import jobs
 from hub_ext.service.base import NotFoundHandler, PathOnlyLogs
 from hub_ext.service.handlers import routes
@@ -269,15 +270,38 @@ class LabfleetService(Application):
     def _schedule_interval(self):
         return float(os.environ.get("LABFLEET_SCHEDULE_INTERVAL") or 5)
 
-    lifetime_check_interval = Integer(
-        help="""Seconds between checks for sessions past their keypair policy's max_session_lifetime (the
-        Hub is asked to stop them). 0 turns the check off. Default: $LABFLEET_LIFETIME_CHECK_INTERVAL,
-        else 60.""",
+    idle_check_interval = Float(
+        help="""Seconds between two runs of the idle reclamation engine, which also stops sessions past
+        their keypair policy's max_session_lifetime (the Hub is asked to stop them). 0 turns it off.
+        Default: $LABFLEET_IDLE_CHECK_INTERVAL, else $LABFLEET_LIFETIME_CHECK_INTERVAL (its former
+        name), else 30.""",
     ).tag(config=True)
 
-    @default("lifetime_check_interval")
-    def _lifetime_check_interval(self):
-        return int(os.environ.get("LABFLEET_LIFETIME_CHECK_INTERVAL") or 60)
+    @default("idle_check_interval")
+    def _idle_check_interval(self):
+        env = os.environ
+        return float(
+            env.get("LABFLEET_IDLE_CHECK_INTERVAL") or env.get("LABFLEET_LIFETIME_CHECK_INTERVAL") or 30
+        )
+
+    idle_timeout = Float(
+        help="""Seconds without activity after which a session is reclaimed, for keypair policies whose
+        idle_timeout is negative (the global default). 0: never. Default: $LABFLEET_IDLE_TIMEOUT, else 0.""",
+    ).tag(config=True)
+
+    @default("idle_timeout")
+    def _idle_timeout(self):
+        return float(os.environ.get("LABFLEET_IDLE_TIMEOUT") or 0)
+
+    activity_interval = Float(
+        help="""Seconds between two activity reports of a session's server extension (it reads
+        $LABFLEET_ACTIVITY_INTERVAL too); a report three intervals old no longer keeps a busy kernel's
+        session alive. Default: $LABFLEET_ACTIVITY_INTERVAL, else 60.""",
+    ).tag(config=True)
+
+    @default("activity_interval")
+    def _activity_interval(self):
+        return float(os.environ.get("LABFLEET_ACTIVITY_INTERVAL") or 60)
 
     reconcile_interval = Float(
         help="""Seconds between two reconciliations of the sessions with the Hub's servers (also done at
@@ -568,8 +592,23 @@ class LabfleetService(Application):
     async def serve_queues(self) -> list[str]:
         return jobs.serve_queues(self.session_factory, self.log, self.metrics.observe_queue_waits)
 
-    async def stop_expired_sessions(self) -> list[str]:
-        return await jobs.stop_expired_sessions(self.session_factory, self.hub_sync.stop_server, self.log)
+    @property
+    def idle_settings(self) -> engine.Settings:
+        return engine.Settings(
+            default_idle_timeout=self.idle_timeout,
+            interval=self.idle_check_interval or 30.0,
+            report_interval=self.activity_interval,
+        )
+
+    async def reclaim_idle(self) -> list[engine.Decision]:
+        """Reclaim idle sessions and those past their max lifetime (see ``hub_ext.reclaim.engine``)."""
+        return await engine.reclaim(
+            self.session_factory,
+            self.hub_sync.stop_server,
+            self.idle_settings,
+            self.log,
+            self.metrics.observe_reclaimed,
+        )
 
     def make_app(self) -> web.Application:
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
@@ -616,8 +655,8 @@ class LabfleetService(Application):
             # At start (after a restart of the Hub or of this service), then on a clock.
             self.jobs.add("reconcile", max(self.reconcile_interval, 0), self.reconcile_with_hub, first_in=0)
         self.jobs.add("schedule", self.schedule_interval, self.serve_queues)
-        if self.lifetime_check_interval > 0 and self.hub_sync.enabled:
-            self.jobs.add("lifetime", self.lifetime_check_interval, self.stop_expired_sessions)
+        if self.idle_check_interval > 0 and self.hub_sync.enabled:
+            self.jobs.add("idle", self.idle_check_interval, self.reclaim_idle)
         if self.vfolder_scan_interval > 0:
             self.jobs.add("housekeeping", self.vfolder_scan_interval, self.folder_usage.housekeeping)
         if self.sample_interval > 0:

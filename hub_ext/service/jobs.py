@@ -5,7 +5,6 @@ Jobs (see ``LabfleetService.start_async``):
 - ``schedule``: serve every resource group's queue, so a pending timeout fires on time and a
   session waits no longer than it must when capacity comes from outside a request (a node
   registered, a limit raised with the CLI). Poked at once after every committed write of the API.
-- ``lifetime``: ask the Hub to stop sessions past their max lifetime; the audit entry first.
 - ``housekeeping``: expire idle uploads, purge old trash, rescan the folders.
 - ``reconcile``: make sessions agree with the Hub's servers (at start, then on a clock): statuses
   follow what the Hub reports, and slots held with no server go back after a grace period.
@@ -26,15 +25,13 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from hub_ext.compute import reconcile, sessions
-from hub_ext.core import audit
 from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
 from hub_ext.core.models import ResourceGroup
 from hub_ext.usage import records
 from hub_ext.usage.sampler import Sampler
@@ -103,31 +100,6 @@ async def account_usage(
             done.purged,
         )
     return done
-
-
-async def stop_expired_sessions(
-    session_factory: sessionmaker[Session],
-    stop_server: Callable[[str, str], Awaitable[bool]],
-    log: logging.Logger,
-    now: datetime | None = None,
-) -> list[str]:
-    """Ask the Hub to stop every running session past its max lifetime; the ids asked for.
-
-    The audit entry is written before the Hub is asked: stopping ends the session (and may release
-    it) before the call returns."""
-    now = now or datetime.now(timezone.utc)
-    with lfdb.session_scope(session_factory) as db:
-        expired = [(s.id, s.user.username, s.name) for s in sessions.past_lifetime(db, now)]
-    stopped = []
-    for sid, user, server in expired:
-        with lfdb.session_scope(session_factory) as db:
-            audit.record(db, Actor.cli(), "session.lifetime", sid, details={"user": user, "server": server})
-        log.info("Session %s (%s/%s) reached its max lifetime: stopping it", sid, user, server)
-        if await stop_server(user, server):
-            stopped.append(sid)
-        else:
-            log.warning("Session %s reached its max lifetime, but the Hub did not stop it", sid)
-    return stopped
 
 
 class HubServers(Protocol):

@@ -24,14 +24,14 @@ their labels:
   ``session_cpu_used_cores``, ``session_memory_used_bytes``, ``session_gpu_used_devices``,
   ``session_gpu_memory_used_bytes``;
 - histograms: ``admission_duration_seconds`` (outcome: scheduled, queued, refused);
-  ``queue_wait_seconds`` (resource_group).
+  ``queue_wait_seconds`` (resource_group);
+- counter: ``sessions_reclaimed_total`` (reason: idle-timeout, idle-utilization, lifetime).
 
 Left out, and why:
 
 - sessions that ended (TERMINATED, ERROR, CANCELLED): their number only grows, and counting it
   would read the whole session history at every scrape; the usage records will count them;
 - ended sessions' utilisation: what they used is in the usage records (``GET /api/usage``);
-- sessions reclaimed for idleness: they come with idle reclamation (issue 5/8).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -53,6 +53,7 @@ from hub_ext.core import ledger
 from hub_ext.core.bootstrap import SESSION_TYPES
 from hub_ext.core.models import (
     HOLDING_STATUSES,
+    RECLAIM_REASONS,
     Allocation,
     ComputeSession,
     Device,
@@ -155,6 +156,11 @@ HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Seconds the service took to answer the Hub's admission requests (checks, placement, commit), "
         "by outcome: scheduled (placed), queued (PENDING) or refused (anything that admitted nothing)",
         ("outcome",),
+    ),
+    "labfleet_sessions_reclaimed": (
+        "Sessions this service stopped, by reason: idle-timeout (no activity), idle-utilization (under "
+        "the thresholds of a utilization checker), lifetime (past the max session lifetime)",
+        ("reason",),
     ),
     "labfleet_queue_wait_seconds": (
         "Seconds sessions waited in a resource group's queue before they were placed (from the "
@@ -466,10 +472,17 @@ class Metrics:
         )
         for outcome in ADMISSION_OUTCOMES:
             self.admission.labels(outcome)  # every outcome shows from the start, at 0
+        doc, labels = HISTOGRAMS["labfleet_sessions_reclaimed"]
+        self.reclaimed = Counter("labfleet_sessions_reclaimed", doc, labels, registry=self.registry)
+        for reason in RECLAIM_REASONS:
+            self.reclaimed.labels(reason)  # every reason shows from the start, at 0
         doc, labels = HISTOGRAMS["labfleet_queue_wait_seconds"]
         self.queue_wait = Histogram(
             "labfleet_queue_wait_seconds", doc, labels, buckets=QUEUE_WAIT_BUCKETS, registry=self.registry
         )
+
+    def observe_reclaimed(self, reason: str) -> None:
+        self.reclaimed.labels(reason if reason in RECLAIM_REASONS else "idle-timeout").inc()
 
     def observe_admission(self, seconds: float, outcome: str) -> None:
         self.admission.labels(outcome if outcome in ADMISSION_OUTCOMES else "refused").observe(seconds)

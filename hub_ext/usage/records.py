@@ -9,7 +9,8 @@
 2. each unfinished state row accrues its allocation up to now (or up to its end), cut at bucket
    boundaries, and the sampler's readings (:mod:`hub_ext.usage.sampler`, measured outside the
    session) add what it used;
-3. buckets older than the retention go.
+3. buckets older than the retention go; the raw readings are kept a day (``usage_samples``), for
+   the idle checkers' windows (hub_ext.reclaim).
 
 Buckets are added to with ``INSERT ... ON CONFLICT DO UPDATE`` (one statement for all of them);
 only the service writes them. Between two runs, :func:`live_tail` tells the queries what the live
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import and_, delete, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -42,6 +43,7 @@ from hub_ext.core.models import (
     StateVersion,
     UsageBucket,
     UsageDay,
+    UsageSample,
     UsageSessionState,
     User,
 )
@@ -51,6 +53,7 @@ from hub_ext.usage.sampler import Reading, Target
 log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_DAYS = 400
+SAMPLES_KEPT = timedelta(days=1)  # the raw readings, for the idle checkers' windows
 WATERMARK = "usage.accrued"  # a state_versions row: the last accrual's time, in epoch milliseconds
 # A session ended this long before the last run's start is still looked for (a commit that took long).
 _LATE = timedelta(minutes=5)
@@ -319,11 +322,14 @@ def accrue(
     ends = _ends(db, list(states.values()))
     by_session = {r.session_id: r for r in readings}
     buckets: dict[BucketKey, dict[str, float]] = defaultdict(dict)
+    samples = []
     for sid, st in states.items():
         end = ends[sid]
         reading = by_session.get(sid)
         if reading is not None and (end is None or _from_epoch(reading.at) <= end):
             _accrue_reading(st, reading, max_gap, buckets)
+            if reading.alive:
+                samples.append(_sample_row(reading))
         _accrue_allocation(st, min(now, end) if end is not None else now, buckets)
         if end is not None:
             st.held_until = end
@@ -333,9 +339,25 @@ def accrue(
                 out.finished.append(sid)
     db.flush()
     out.buckets = write(db, states, buckets)
+    if samples:
+        db.execute(insert(UsageSample), samples)
+    db.execute(delete(UsageSample).where(UsageSample.at < now - SAMPLES_KEPT))
     out.purged = purge(db, now - timedelta(days=retention_days))
     _set_watermark(db, now)
     return out
+
+
+def _sample_row(r: Reading) -> dict[str, Any]:
+    utils = [g.util_percent for g in r.gpus if g.util_percent is not None]
+    mems = [g.mem_bytes for g in r.gpus if g.mem_bytes is not None]
+    return {
+        "session_id": r.session_id,
+        "at": _from_epoch(r.at),
+        "cpu_total": r.cpu_seconds,
+        "mem": float(r.mem_bytes) if r.mem_bytes is not None else None,
+        "gpu": sum(utils) / 100 if utils else None,
+        "gpu_mem": float(sum(mems)) if mems else None,
+    }
 
 
 def purge(db: Session, before: datetime) -> int:

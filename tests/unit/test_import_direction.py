@@ -1,6 +1,6 @@
 """Imports inside hub_ext run one way (../shared/DESIGN.md, "The house").
 
-    core  <-  tenancy  <-  storage  <-  compute  <-  usage  <-  service, cli
+    core  <-  tenancy  <-  storage  <-  compute  <-  usage  <-  reclaim  <-  service, cli
 
 A context imports only from contexts below it (and from itself); ``hub/`` (the Hub process)
 imports only the pure parts of ``core``, never SQLAlchemy or the DB layer. Read from the source
@@ -17,7 +17,16 @@ import pytest
 HUB_EXT = Path(__file__).resolve().parents[2] / "hub_ext"
 
 # A context's rank: it may import contexts of a lower or equal rank only.
-RANKS = {"core": 0, "tenancy": 1, "storage": 2, "compute": 3, "usage": 4, "service": 5, "cli": 5}
+RANKS = {
+    "core": 0,
+    "tenancy": 1,
+    "storage": 2,
+    "compute": 3,
+    "usage": 4,
+    "reclaim": 5,
+    "service": 6,
+    "cli": 6,
+}
 # What the Hub process may import of hub_ext: modules that touch neither SQLAlchemy nor the DB.
 HUB_MAY_IMPORT = {
     "hub_ext.hub",

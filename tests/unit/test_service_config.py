@@ -47,7 +47,7 @@ def test_configure_passes_settings_to_the_service_and_leaves_the_environment_alo
         db_url="postgresql://lf:secret@db/lf",
         device_plugins=["mock"],
         mock_devices=MOCK,
-        service_config={"schedule_interval": 2, "lifetime_check_interval": 7},
+        service_config={"schedule_interval": 2, "idle_check_interval": 7},
     )
     assert dict(os.environ) == before
     (service,) = c.JupyterHub.services
@@ -59,7 +59,7 @@ def test_configure_passes_settings_to_the_service_and_leaves_the_environment_alo
     # The command line the Hub runs is one the service understands: parse it back.
     app = LabfleetService()
     app.parse_command_line(command[3:])
-    assert app.schedule_interval == 2 and app.lifetime_check_interval == 7
+    assert app.schedule_interval == 2 and app.idle_check_interval == 7
     assert app.device_plugins == ["mock"] and app.mock_devices == MOCK
     assert app.session_log_dir == str(tmp_path / "session-logs")
     assert [h["name"] for h in app.storage_hosts] == ["local"]
@@ -75,17 +75,17 @@ def test_the_service_reads_its_config_file_and_the_command_line_wins(tmp_path, m
     monkeypatch.delenv("JUPYTERHUB_API_URL", raising=False)
     (tmp_path / "labfleet_service_config.py").write_text(
         "c.LabfleetService.schedule_interval = 3\n"
-        "c.LabfleetService.lifetime_check_interval = 11\n"
+        "c.LabfleetService.idle_check_interval = 11\n"
         "c.LabfleetService.register_local_node = False\n"
         f"c.LabfleetService.storage_hosts = [{{'name': 'here', 'path': {str(tmp_path / 'vf')!r}}}]\n"
     )
     app = LabfleetService()
     app.initialize(
-        [f"--db-url=sqlite:///{tmp_path / 'lf.sqlite'}", "--LabfleetService.lifetime_check_interval=5"]
+        [f"--db-url=sqlite:///{tmp_path / 'lf.sqlite'}", "--LabfleetService.idle_check_interval=5"]
     )
     try:
         assert app.schedule_interval == 3  # from the file
-        assert app.lifetime_check_interval == 5  # the command line wins
+        assert app.idle_check_interval == 5  # the command line wins
         assert app.vfolder_default_host == "here"
     finally:
         app.engine.dispose()

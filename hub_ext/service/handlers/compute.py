@@ -4,6 +4,7 @@ launch options."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 from pathlib import Path
 
 from hub_ext.compute import images, nodes, sessionlist, sessions
@@ -12,6 +13,7 @@ from hub_ext.core import authz
 from hub_ext.core.errors import Forbidden, LabfleetError, NotFound
 from hub_ext.core.models import SESSION_STATUSES
 from hub_ext.core.validate import check_bool, check_choice
+from hub_ext.reclaim import engine
 from hub_ext.service.base import (
     APIHandler,
     page_answer,
@@ -101,9 +103,14 @@ class SessionListHandler(APIHandler):
 
 class SessionHandler(APIHandler):
     async def get(self, session_id):
-        await self.run(
-            lambda db, a: (sessions.session_detail(db, sessions.readable(db, a, session_id)), None)
-        )
+        def op(db, a):
+            s = sessions.readable(db, a, session_id)
+            detail = sessions.session_detail(db, s)
+            if s.status == "RUNNING":  # how long it has been idle, and when it would be reclaimed
+                detail["idle"] = engine.idle_of(db, s.id, datetime.now(timezone.utc), self.lf.idle_settings)
+            return detail, None
+
+        await self.run(op)
 
     async def patch(self, session_id):
         body = request_json(self)

@@ -1,0 +1,76 @@
+"""REST handlers for idle reclamation: checker definitions, the preview, a session's idle object,
+its activity reports and "I'm still here"."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from hub_ext.reclaim import engine, rules
+from hub_ext.service.base import APIHandler, request_json, required_body
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class IdleCheckerListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([rules.view(c) for c in rules.list_checkers(db, a)], None))
+
+    async def post(self):
+        await self.run(lambda db, a: (rules.view(rules.create(db, a, required_body(self))), None), status=201)
+
+
+class IdleCheckerHandler(APIHandler):
+    async def get(self, name):
+        await self.run(lambda db, a: (rules.view(rules.get_checker(db, a, name)), None))
+
+    async def patch(self, name):
+        await self.run(lambda db, a: (rules.view(rules.update(db, a, name, required_body(self))), None))
+
+    async def delete(self, name):
+        def op(db, a):
+            rules.delete(db, a, name)
+            return {"deleted": name}, None
+
+        await self.run(op)
+
+
+class IdlePreviewHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: (engine.preview(db, a, _now(), self.lf.idle_settings), None))
+
+
+class SessionIdleHandler(APIHandler):
+    async def get(self, session_id):
+        def op(db, a):
+            s = engine.sessions.readable(db, a, session_id)
+            return engine.idle_of(db, s.id, _now(), self.lf.idle_settings), None
+
+        await self.run(op)
+
+
+class SessionActivityHandler(APIHandler):
+    async def post(self, session_id):
+        body = request_json(self)
+        await self.run(lambda db, a: (engine.report_activity(db, a, session_id, body, _now()), None))
+
+
+class StillHereHandler(APIHandler):
+    async def post(self, session_id):
+        await self.run(
+            lambda db, a: (engine.still_here(db, a, session_id, _now(), self.lf.idle_settings), None)
+        )
+
+
+def routes(api: str) -> list[tuple]:
+    """Idle reclamation under ``api``."""
+    name = r"([^/]+)"
+    return [
+        (api + r"/idle-checkers", IdleCheckerListHandler),
+        (api + r"/idle-checkers/preview", IdlePreviewHandler),
+        (api + rf"/idle-checkers/{name}", IdleCheckerHandler),
+        (api + rf"/sessions/{name}/idle", SessionIdleHandler),
+        (api + rf"/sessions/{name}/activity", SessionActivityHandler),
+        (api + rf"/sessions/{name}/still-here", StillHereHandler),
+    ]
