@@ -1,7 +1,9 @@
 """The Fleet sidebar in a real browser: Debian's Chromium driven by Playwright, against the real Hub.
 
 alice logs in on the Hub's login page, starts a session with 0.5 of a mock GPU from the spawn form, opens
-the Fleet sidebar in JupyterLab and sees her session's resources and the quota bars, opens a mounted folder
+the Fleet sidebar in JupyterLab and sees her session's resources and the quota bars, her usage plotted (the
+service's own numbers for the session that runs; then a month of sample numbers, a refusal and an empty
+history, answered by the browser in the service's place), opens a mounted folder
 in the file browser, creates a folder, starts a second session from the sidebar (with the new folder, which
 its own file browser then shows) and stops it, opens TensorBoard from the Apps list, and reads the status
 bar, which opens the Fleet panel when clicked (or with Enter or Space). The new-session and new-folder
@@ -11,10 +13,12 @@ arrow). Screenshots of the sidebar and the forms (light and dark themes) go to t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -26,6 +30,18 @@ pytestmark = pytest.mark.hub
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("LABFLEET_TEST_ARTIFACTS", REPO / "test-artifacts")) / "browser"
 CHROMIUM = "/usr/bin/chromium"
+# Debian's Chromium, headless, with nothing that phones home (NOTES.md); tests/test_widgets_voila.py too.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 APPS_BIN = REPO / ".labfleet-tools" / "apps" / "bin"
 PASSWORD = "alice-password-1"
 WAIT_MS = 60_000
@@ -34,7 +50,8 @@ WAIT_MS = 60_000
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     state = tmp_path_factory.mktemp("browser")
-    env = {}
+    # The service accrues the sessions' usage every 2 s (15 by default): the Usage section has numbers soon.
+    env = {"LABFLEET_SAMPLE_INTERVAL": "2"}
     if APPS_BIN.is_dir():  # the app launchers find TensorBoard on the session's PATH
         env["PATH"] = f"{APPS_BIN}{os.pathsep}{os.environ['PATH']}"
     hub = start_hub(state, env=env)
@@ -64,20 +81,7 @@ def browser():
 
     assert shutil.which(CHROMIUM), "Chromium is missing: bash scripts/setup.sh --test installs it"
     with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--headless",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-dev-shm-usage",
-            ],
-        )
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
 
@@ -184,6 +188,85 @@ def assert_fits(page, form_selector: str):
     assert problems == [], f"{form_selector} does not fit the panel: {problems}"
 
 
+def usage_sample(now: datetime) -> dict:
+    """A month of `GET /api/usage/me` for the screenshots: half a GPU most working days, one whole-GPU run."""
+    hour = 3600.0
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+    def figures(sessions, gpu, gpu_used, cpu, cpu_used):
+        eff = lambda a, u: round(u / a, 4) if a else None  # noqa: E731
+        return {
+            "sessions": sessions,
+            "allocated": {"cpu": cpu * hour, "mem": cpu * 4 * 2**30 * hour, "gpu.shares": gpu * hour},
+            "used": {
+                "cpu": cpu_used * hour,
+                "mem": cpu_used * 3 * 2**30 * hour,
+                "mem_peak": 3 * 2**30 if sessions else 0,
+                "gpu.shares": gpu_used * hour,
+                "gpu_mem_peak": 20 * 2**30 if gpu else 0,
+            },
+            "efficiency": {
+                "cpu": eff(cpu, cpu_used),
+                "mem": eff(cpu, cpu_used),
+                "gpu.shares": eff(gpu, gpu_used),
+            },
+        }
+
+    daily = []
+    for i in range(30):
+        day = today - timedelta(days=29 - i)
+        if i == 12:
+            f = figures(1, 8, 7.2, 16, 12)  # a whole GPU for a day's training run
+        elif day.weekday() < 5 and i % 3:
+            f = figures(1, 0.5 * (2 + i % 4), 0.25 * (1 + i % 5), 2 + i % 4, 0.8 + 0.3 * (i % 5))
+        else:
+            f = figures(0, 0, 0, 0, 0)
+        daily.append({"bucket": day.isoformat(), **f})
+
+    def period(key, label, days):
+        part = daily[-days:]
+        tot = {k: sum(d["allocated"][k] for d in part) / hour for k in ("cpu", "gpu.shares")}
+        used = {k: sum(d["used"][k] for d in part) / hour for k in ("cpu", "gpu.shares")}
+        return {
+            "key": key,
+            "label": label,
+            "start": (now - timedelta(days=days)).isoformat(),
+            "end": now.isoformat(),
+            **figures(
+                sum(d["sessions"] for d in part),
+                tot["gpu.shares"],
+                used["gpu.shares"],
+                tot["cpu"],
+                used["cpu"],
+            ),
+        }
+
+    periods = [
+        period("7d", "last 7 days", 7),
+        period("30d", "last 30 days", 30),
+        period("month", now.strftime("%B %Y"), now.day),
+    ]
+    return {"user": "alice", "now": now.isoformat(), "periods": periods, "daily": daily}
+
+
+def answer_usage(page, status: int, body: dict) -> None:
+    """The browser answers `labfleet/api/usage/me` itself from now on (until `page.unroute`)."""
+    page.route(
+        "**/labfleet/api/usage/me*",
+        lambda route: route.fulfill(status=status, content_type="application/json", body=json.dumps(body)),
+    )
+
+
+def refresh_until(page, selector: str, timeout: float = 60.0):
+    """Press the panel's refresh button until `selector` shows (the usage poll waits a minute otherwise)."""
+    deadline = time.monotonic() + timeout
+    while not page.locator(selector).count():
+        assert time.monotonic() < deadline, f"{selector} did not show within {timeout}s"
+        page.locator(tid("lf-refresh")).click()
+        time.sleep(1)
+    return page.locator(selector)
+
+
 def fleet_panel_closed(page):
     """Collapse the left area if the Fleet panel is open there (a click on its tab toggles it)."""
     tab = page.locator('li[data-id="labfleet-sidebar"]')
@@ -228,6 +311,52 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     expect(page.locator(tid("lf-quota-domain"))).to_be_visible()
     expect(page.locator(tid("lf-quota-keypair"))).to_be_visible()
     shot(page, "sidebar-session-quota-light", sidebar)
+
+    # Usage: the service's own numbers for the session that runs (it accrues every 2 s here): a pair of bars
+    # (allocated, used) per period for GPU-hours and CPU-hours, and a bar a day for the last 30 days.
+    expand(page, "usage")
+    gpu_week = refresh_until(page, tid("lf-usage-gpu-7d"))
+    assert float(gpu_week.get_attribute("data-allocated")) > 0
+    expect(page.locator(tid("lf-error-usage"))).to_have_count(0)
+    expect(page.locator(tid("lf-usage-gpu-30d"))).to_be_visible()
+    expect(page.locator(tid("lf-usage-cpu-7d"))).to_be_visible()
+    gpu_days = page.locator(f"{tid('lf-usage-gpu-daily')} {tid('lf-usage-day')}")
+    expect(gpu_days).to_have_count(30)
+    assert float(gpu_days.last.get_attribute("data-allocated")) > 0  # today
+    usage = page.locator(tid("lf-section-usage"))
+    usage.scroll_into_view_if_needed()
+    shot(page, "sidebar-usage-light", usage)
+    # A month of numbers (answered by the browser in the service's place): the plots at their fullest.
+    answer_usage(page, 200, usage_sample(datetime.now(timezone.utc)))
+    refresh_until(page, f'{tid("lf-usage-gpu-daily-top")}:has-text("10 h")')
+    # The bars fit the panel: each plot lies within the section, the 30 days take its width.
+    box, chart = usage.bounding_box(), page.locator(f"{tid('lf-usage-gpu-daily')} svg").bounding_box()
+    assert (
+        box
+        and chart
+        and chart["x"] >= box["x"]
+        and chart["x"] + chart["width"] <= box["x"] + box["width"] + 0.5
+    )
+    assert chart["width"] > 150, chart
+    shot(page, "sidebar-usage-sample-light", usage)
+    # The service refuses: its words, no plot.
+    page.unroute("**/labfleet/api/usage/me*")
+    answer_usage(page, 403, {"message": "usage statistics are not enabled for domain acme"})
+    expect(refresh_until(page, tid("lf-error-usage"))).to_have_text(
+        "usage statistics are not enabled for domain acme"
+    )
+    shot(page, "sidebar-usage-error-light", usage)
+    # Nothing yet: said so.
+    page.unroute("**/labfleet/api/usage/me*")
+    empty = usage_sample(datetime.now(timezone.utc))
+    for f in [*empty["periods"], *empty["daily"]]:
+        f.update(sessions=0, allocated={}, used={}, efficiency={})
+    answer_usage(page, 200, empty)
+    expect(refresh_until(page, tid("lf-usage-empty"))).to_contain_text("No usage yet")
+    expect(page.locator(tid("lf-error-usage"))).to_have_count(0)
+    shot(page, "sidebar-usage-empty-light", usage)
+    page.unroute("**/labfleet/api/usage/me*")
+    refresh_until(page, tid("lf-usage-gpu-7d"))
 
     # Folders: the mounted one opens in the file browser.
     expand(page, "folders")
@@ -328,6 +457,13 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     time.sleep(0.5)  # the theme's stylesheet applies after the attribute changes
     shot(page, "sidebar-dark", sidebar)
     shot(page, "lab-dark")
+    # The usage plots in the dark theme, with the month of sample numbers.
+    answer_usage(page, 200, usage_sample(datetime.now(timezone.utc)))
+    expand(page, "usage")
+    refresh_until(page, f'{tid("lf-usage-gpu-daily-top")}:has-text("10 h")')
+    page.locator(tid("lf-section-usage")).scroll_into_view_if_needed()
+    shot(page, "sidebar-usage-sample-dark", page.locator(tid("lf-section-usage")))
+    page.unroute("**/labfleet/api/usage/me*")
     # Both forms in the dark theme: they fit as well.
     expand(page, "sessions")
     page.locator(tid("lf-new-session-toggle")).click()

@@ -1,12 +1,16 @@
 """The widgets where they really run: Voila renders the demo notebook (widgets/examples/fleet.ipynb) with the
-in-memory fleet, and a real IPython kernel refreshes widgets on its own loop and runs a button's coroutine
-when the page clicks it (the comm message the front end sends)."""
+in-memory fleet, Chromium draws its usage charts (bqplot) from that page, and a real IPython kernel refreshes
+widgets on its own loop and runs a button's coroutine when the page clicks it (the comm message the front end
+sends). Screenshots of the page and of the usage charts go to test-artifacts/voila/."""
 
 from __future__ import annotations
 
 import json
 import os
 import queue
+import re
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -17,9 +21,11 @@ import requests
 from jupyter_client.manager import start_new_kernel
 
 from tests.hubfixture import free_port
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "widgets" / "examples" / "fleet.ipynb"
+ARTIFACTS = Path(os.environ.get("LABFLEET_TEST_ARTIFACTS", REPO / "test-artifacts")) / "voila"
 WAIT = 90.0  # seconds: the most the render (a kernel start and the notebook's cells) may take
 
 
@@ -44,44 +50,33 @@ def _voila(tmp_path: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
 
 
 def assert_rendered(html: str, where: str) -> None:
-    """A rendered page of the demo notebook: five widget views, the data line, no error anywhere."""
+    """A rendered page of the demo notebook: its widget views, the data line, no error anywhere."""
     views = html.count("application/vnd.jupyter.widget-view+json")
-    assert views >= 5, f"{views} widget views in {where}"
+    assert views >= 7, f"{views} widget views in {where}"
     assert "problems: none" in html, html[-3000:]
     for bad in ("Traceback", "error when executing", "application/vnd.jupyter.stderr"):
         assert bad not in html, f"{bad!r} in {where}: {html[-3000:]}"
 
 
-def test_voila_renders_the_demo_notebook_with_the_fake_fleet(tmp_path):
+@pytest.fixture(scope="module")
+def voila_fake(tmp_path_factory):
+    """Voila serving the demo notebook with the in-memory fleet: its URL once it accepts connections."""
+    tmp_path = tmp_path_factory.mktemp("voila")
     port = free_port()
     env = dict(os.environ, LABFLEET_WIDGETS_FAKE="1", JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     proc = _voila(tmp_path, port, env)
     try:
         deadline = time.monotonic() + WAIT
-        html = None
-        while time.monotonic() < deadline and proc.poll() is None:
+        while proc.poll() is None and time.monotonic() < deadline:
             try:
-                r = requests.get(f"http://127.0.0.1:{port}/", timeout=WAIT)
-            except requests.ConnectionError:
-                time.sleep(0.3)
-                continue
-            assert r.status_code == 200, r.text[-2000:]
-            html = r.text
-            break
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
         log = (tmp_path / "voila.log").read_text(errors="replace")
-        assert html is not None, f"voila did not answer (exit {proc.poll()}):\n{log[-3000:]}"
-        assert_rendered(html, "the Voila page")
-        # The fake fleet was used: its data line and its model ids are there.
-        assert (
-            "data from FakeFleet(user=&#39;alice&#39;); project acme/ml; 1 session(s), 3 folder(s), 1 GPU(s)"
-            in html
-        )
-        model_ids = {
-            json.loads("{" + part.split("}", 1)[0] + "}")["model_id"]
-            for part in html.split('"application/vnd.jupyter.widget-view+json": {')[1:]
-        }
-        assert len(model_ids) >= 5
+        assert proc.poll() is None, f"voila exited ({proc.poll()}):\n{log[-3000:]}"
+        yield f"http://127.0.0.1:{port}/"
     finally:
         proc.terminate()
         try:
@@ -89,6 +84,80 @@ def test_voila_renders_the_demo_notebook_with_the_fake_fleet(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def test_voila_renders_the_demo_notebook_with_the_fake_fleet(voila_fake):
+    r = requests.get(voila_fake, timeout=WAIT)
+    assert r.status_code == 200, r.text[-2000:]
+    html = r.text
+    assert_rendered(html, "the Voila page")
+    # The fake fleet was used: its data lines and its model ids are there.
+    assert (
+        "data from FakeFleet(user=&#39;alice&#39;); project acme/ml; 1 session(s), 3 folder(s), 1 GPU(s)"
+        in html
+    )
+    assert "usage, last 7 days: 2.75 GPU-hours allocated" in html
+    model_ids = {
+        json.loads("{" + part.split("}", 1)[0] + "}")["model_id"]
+        for part in html.split('"application/vnd.jupyter.widget-view+json": {')[1:]
+    }
+    assert len(model_ids) >= 7
+
+
+def test_voila_draws_the_usage_charts_in_a_browser(voila_fake):
+    """bqplot's front end draws the UsageChart in the Voila page: a bar a day for GPU-hours and CPU-hours,
+    allocated with used in front of it, one per project in the report, titles, axes and legends."""
+    from playwright.sync_api import expect, sync_playwright
+
+    assert shutil.which(CHROMIUM), "Chromium is missing: bash scripts/setup.sh --test installs it"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(voila_fake, timeout=WAIT * 1000)
+            charts = page.locator(".labfleet-usage")
+            expect(charts).to_have_count(2, timeout=WAIT * 1000)
+            mine, per_project = charts.nth(0), charts.nth(1)
+            # Two figures of mine (GPU-hours, CPU-hours), each 30 days x (allocated, used) bars.
+            figures = mine.locator(".bqplot.figure")
+            expect(figures).to_have_count(2, timeout=WAIT * 1000)
+            for i, what in enumerate(("GPU-hours", "CPU-hours")):
+                fig = figures.nth(i)
+                expect(fig.locator(".mainheading")).to_have_text(f"{what} per day, last 30 days")
+                expect(fig.locator("rect.bar")).to_have_count(60)
+                # A date axis: a few days named, not thirty labels on top of each other.
+                ticks = fig.locator(".axis").first.locator(".tick text").all_text_contents()
+                assert 3 <= len(ticks) <= 10 and all(
+                    re.fullmatch(r"[A-Z][a-z]{2} \d{1,2}", t) for t in ticks
+                ), ticks
+            expect(mine.locator(".lf-usage-legend")).to_have_text(re.compile(r"allocated\W+used"))
+            expect(mine).to_contain_text("last 7 days (3 sessions)")
+            # The report: one pair per project.
+            fig = per_project.locator(".bqplot.figure")
+            expect(fig.locator(".mainheading")).to_have_text("GPU-hours per project")
+            expect(fig.locator("rect.bar")).to_have_count(4)
+            expect(fig.locator(".axis .tick text", has_text="acme/ml")).to_have_count(1)
+            # The bars with hours get a height (acme/ml's pair; acme/web ran no GPU): the drawing follows
+            # the data, not only the DOM. bqplot grows them in with a transition. The marks come allocated
+            # first, then used: [ml, web, ml, web].
+            deadline = time.monotonic() + 15
+            while True:
+                heights = fig.locator("rect.bar").evaluate_all("rs => rs.map(r => r.getBBox().height)")
+                if sum(h > 1 for h in heights) == 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert sum(h > 1 for h in heights) == 2, heights
+            assert heights[0] > heights[2] > 1, heights  # allocated above used
+            time.sleep(1)  # every transition over before the screenshots
+            mine.screenshot(path=str(ARTIFACTS / "usage-chart.png"))
+            per_project.screenshot(path=str(ARTIFACTS / "usage-per-project.png"))
+            page.screenshot(path=str(ARTIFACTS / "fleet-demo.png"), full_page=True)
+            assert not errors, errors
+        finally:
+            browser.close()
 
 
 class Kernel:

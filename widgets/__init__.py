@@ -4,7 +4,9 @@
 - :class:`Sessions`: my sessions with their status, an open link and a stop button;
 - :class:`VFolderBrowser`: my folders and shared ones, usage bars, upload, create;
 - :class:`QuotaMeter`: used / left per slot for me, my project and my domain;
-- :class:`GPUMonitor`: live GPU utilization and memory of this session.
+- :class:`GPUMonitor`: live GPU utilization and memory of this session;
+- :class:`UsageChart`: GPU-hours and CPU-hours, allocated against used (bqplot): mine over the last 30 days,
+  or a usage report per user, project, ... (``group_by=``, ``start=``, ``end=``, ``bucket=``).
 
 Each takes ``client=`` (default: this session's own endpoints, :class:`FleetClient` from the kernel's
 environment; :class:`widgets.fake.FakeFleet` for a demo) and ``refresh_interval=`` seconds.
@@ -15,6 +17,7 @@ from .gpu import GPUMonitor
 from .launcher import SessionLauncher
 from .quota import QuotaMeter
 from .sessions import Sessions
+from .usage import UsageChart
 from .vfolders import VFolderBrowser
 
 __all__ = [
@@ -24,5 +27,6 @@ __all__ = [
     "QuotaMeter",
     "SessionLauncher",
     "Sessions",
+    "UsageChart",
     "VFolderBrowser",
 ]

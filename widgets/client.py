@@ -11,6 +11,7 @@ running loop, so a refresh never holds up the kernel.
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -42,6 +43,14 @@ def connectable(url: str) -> str:
         netloc = "127.0.0.1" + (f":{parts.port}" if parts.port else "")
     path = parts.path if parts.path.endswith("/") else parts.path + "/"
     return urlunsplit((parts.scheme, netloc, path, "", ""))
+
+
+def iso_time(value: datetime | str) -> str:
+    """A time for the service's ``start``/``end``: a datetime as ISO 8601 (a naive one taken as UTC), a
+    string as it is (the service parses and checks it)."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).isoformat()
+    return str(value)
 
 
 def server_path(name: str) -> str:
@@ -159,3 +168,25 @@ class FleetClient:
         return await self.request(
             "PUT", f"labfleet/api/vfolders/{quote(folder_id, safe='')}/files/{target}", data=bytes(data)
         )
+
+    async def my_usage(self) -> dict[str, Any]:
+        """My usage (``GET /api/usage/me``): allocated and used slot-seconds over the last 7 and 30 days and
+        this month (``periods``), and the last 30 days one by one (``daily``, oldest first)."""
+        return await self.request("GET", "labfleet/api/usage/me")
+
+    async def usage_report(
+        self,
+        group_by: str = "user",
+        start: datetime | str | None = None,
+        end: datetime | str | None = None,
+        bucket: str = "none",
+    ) -> dict[str, Any]:
+        """Usage rows (``GET /api/usage``) per ``group_by`` (user, project, domain, resource_group, session)
+        and ``bucket`` (15m, hour, day or none) between ``start`` and ``end`` (the service's defaults where
+        None). A user sees their own rows; an admin those of the users they administer."""
+        query = {"group_by": group_by, "bucket": bucket, "format": "json"}
+        if start is not None:
+            query["start"] = iso_time(start)
+        if end is not None:
+            query["end"] = iso_time(end)
+        return await self.request("GET", "labfleet/api/usage", query=query)

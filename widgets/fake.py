@@ -6,7 +6,9 @@ It behaves like the real fleet in the ways the widgets show: starting a session 
 keypair, project and domain quotas (and is refused past them, with the service's wording), a session that
 fits the quota but not the free GPUs waits in the queue, stopping gives the slots back and starts what
 waits, uploads grow a folder's usage and are refused past its limit, and a read-only folder refuses them.
-``fail`` makes every call raise, to show how a widget handles an unreachable service.
+Usage statistics (``my_usage``, ``usage_report``) add up the sessions' allocations over the time they ran,
+a month of finished sessions included, and what they used of them (the running ones use what the fake's
+readings say). ``fail`` makes every call raise, to show how a widget handles an unreachable service.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Callable, Iterable
 from copy import deepcopy
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -28,6 +31,10 @@ _CENT = Decimal("0.01")
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FOLDER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _LIVE = ("PENDING", "RUNNING")
+USAGE_SLOTS = ("cpu", "mem", "gpu.shares")
+USAGE_GROUPS = ("user", "project", "domain", "resource_group", "session")
+USAGE_BUCKETS = {"15m": 900, "hour": 3600, "day": 86400, "none": None}
+DEVICE_MEMORY = 80 * GiB
 
 
 def _d(value: Any) -> Decimal:
@@ -42,8 +49,26 @@ def _slots_json(slots: dict[str, Decimal]) -> dict[str, int | float]:
     return {k: _json(v) for k, v in sorted(slots.items())}
 
 
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return _utcnow().isoformat()
+
+
+def _parse_time(name: str, value: Any) -> datetime:
+    """``start``/``end`` of a usage report: ISO 8601 (a naive time is UTC), or a FleetError 400."""
+    if isinstance(value, datetime):
+        t = value
+    else:
+        try:
+            t = datetime.fromisoformat(str(value))
+        except ValueError:
+            raise FleetError(
+                f"{name} must be an ISO 8601 time such as 2026-11-01T00:00:00Z, not {str(value)[:40]!r}", 400
+            ) from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def _quota_slots(slots: dict[str, Decimal]) -> dict[str, Decimal]:
@@ -75,6 +100,11 @@ class FakeSession:
     devices: list[dict[str, Any]] = field(default_factory=list)
     created_at: str = field(default_factory=_now)
     command: str = ""
+    user: str = ""  # "": the fake's own user
+    started: datetime | None = None  # when it began to hold its slots (RUNNING)
+    ended: datetime | None = None
+    # The share of each held slot it used (cpu, mem, gpu.shares); None: the fleet's current readings.
+    use: dict[str, float] | None = None
 
 
 @dataclass
@@ -93,16 +123,30 @@ class FakeFolder:
 
 class FakeFleet:
     """A small fleet: user ``alice`` of domain ``acme`` in projects ``acme/ml`` and ``acme/web``, two mock
-    A100 GPUs, and a running session ``work`` (the one a notebook would run in) with half a GPU.
+    A100 GPUs, and a running session ``work`` (the one a notebook would run in) with half a GPU, started an
+    hour and a half ago; five sessions of hers and three of colleagues (bob, carol) ended over the last month.
 
     Every method is a coroutine, like the real client's; ``delay`` seconds of ``asyncio.sleep`` make it
     answer as slowly as a network would.
     """
 
-    def __init__(self, *, user: str = "alice", domain: str = "acme", delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        user: str = "alice",
+        domain: str = "acme",
+        delay: float = 0.0,
+        admin: bool = False,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self.username = user
         self.domain_name = domain
         self.delay = delay
+        # A domain admin's usage report covers every user of the domain; a user's only their own rows.
+        self.admin = admin
+        # The time the statistics count up to (tests pass a stopped one; the month of history is laid
+        # out before it at creation).
+        self.clock: Callable[[], datetime] = clock or _utcnow
         self.fail: str | None = None  # set: every call raises FleetError(fail)
         self.calls: list[str] = []
         self.keypair = Scope("keypair", "AKFAKEFAKEFAKEFAKE01", {"cpu": _d(16), "mem": _d(64 * GiB)})
@@ -140,8 +184,87 @@ class FakeFleet:
         self.gpu_utilization: int | None = 37
         self.gpu_memory_used = 2 * GiB
         self.current = self.add_session("work", {"project": f"{domain}/ml", "cpu": 1, "mem": GiB, "gpu": 0.5})
+        # The notebook's session has run for a while; earlier sessions of this month have ended.
+        self.current.started = self.clock() - timedelta(hours=1, minutes=30)
+        self.current.created_at = self.current.started.isoformat()
+        self._add_history()
         self.folders[0].files["readme.txt"] = 40 * 2**20
         self.folders[0].usage_bytes = 40 * 2**20
+
+    def _add_history(self) -> None:
+        """Finished sessions of the last month: the user's own, and two colleagues' in the domain."""
+        now, dom = self.clock(), self.domain_name
+        day = now.replace(hour=9, minute=0, second=0, microsecond=0)
+        if day > now:
+            day -= timedelta(days=1)
+        past = [
+            # user, name, project, days ago, hours, slots, share used of each
+            ("", "prep", "web", 26, 3, {"cpu": 2, "mem": 4 * GiB}, {"cpu": 0.35, "mem": 0.5}),
+            (
+                "",
+                "train-1",
+                "ml",
+                19,
+                6,
+                {"cpu": 4, "mem": 16 * GiB, "gpu": 1},
+                {"cpu": 0.6, "mem": 0.7, "gpu.shares": 0.8},
+            ),
+            (
+                "",
+                "sweep",
+                "ml",
+                12,
+                5,
+                {"cpu": 2, "mem": 8 * GiB, "gpu.shares": 0.5},
+                {"cpu": 0.4, "mem": 0.45, "gpu.shares": 0.55},
+            ),
+            (
+                "",
+                "finetune",
+                "ml",
+                4,
+                4,
+                {"cpu": 4, "mem": 16 * GiB, "gpu.shares": 0.5},
+                {"cpu": 0.5, "mem": 0.6, "gpu.shares": 0.7},
+            ),
+            ("", "eda", "web", 2, 2, {"cpu": 1, "mem": 2 * GiB}, {"cpu": 0.25, "mem": 0.3}),
+            (
+                "bob",
+                "bench",
+                "ml",
+                15,
+                8,
+                {"cpu": 8, "mem": 32 * GiB, "gpu": 1},
+                {"cpu": 0.7, "mem": 0.5, "gpu.shares": 0.9},
+            ),
+            ("bob", "notebook", "web", 6, 3, {"cpu": 2, "mem": 4 * GiB}, {"cpu": 0.15, "mem": 0.4}),
+            (
+                "carol",
+                "label",
+                "ml",
+                9,
+                5,
+                {"cpu": 2, "mem": 8 * GiB, "gpu.shares": 0.25},
+                {"cpu": 0.3, "mem": 0.35, "gpu.shares": 0.2},
+            ),
+        ]
+        for user, name, project, days_ago, hours, slots, use in past:
+            started = day - timedelta(days=days_ago)
+            s = FakeSession(
+                str(uuid.uuid4()),
+                name,
+                f"{dom}/{project}",
+                "interactive",
+                "local/host",
+                {k: _d(v) for k, v in slots.items()},
+                status="TERMINATED",
+                created_at=started.isoformat(),
+                user=user,
+                started=started,
+                ended=started + timedelta(hours=hours),
+                use=use,
+            )
+            self.all_sessions.append(s)
 
     @classmethod
     def demo(cls) -> FakeFleet:
@@ -161,7 +284,7 @@ class FakeFleet:
     # -- quotas -----------------------------------------------------------------------------------------
 
     def _live(self) -> list[FakeSession]:
-        return [s for s in self.all_sessions if s.status in _LIVE]
+        return [s for s in self.all_sessions if s.status in _LIVE and not s.user]
 
     def _used(self, scope: Scope) -> dict[str, Decimal]:
         out = dict.fromkeys(SLOTS, Decimal(0))
@@ -236,6 +359,7 @@ class FakeFleet:
                 return False
             s.devices = [dict(by_uuid[fits[0]], shares=float(s.slots["gpu.shares"]))]
         s.status = "RUNNING"
+        s.started = self.clock()
         return True
 
     def _serve_queue(self) -> None:
@@ -368,7 +492,10 @@ class FakeFleet:
         await self._call("stop_session")
         for s in self._live():
             if s.name == name:
+                if s.status == "RUNNING":
+                    s.use = self._use(s)  # what it used until now stays in the statistics
                 s.status = "TERMINATED"
+                s.ended = self.clock()
                 s.devices = []
                 self._serve_queue()
                 return {"name": name, "status": 204}
@@ -487,3 +614,152 @@ class FakeFleet:
         f.files[path] = size
         f.usage_bytes += grows
         return {"name": path.rsplit("/", 1)[-1], "path": path, "type": "file", "size": size, "mtime": 0}
+
+    # -- usage statistics -------------------------------------------------------------------------------
+
+    def _held(self, s: FakeSession) -> dict[str, float]:
+        """What a session holds per second, as the statistics count it (one core when it named none)."""
+        q = _quota_slots(s.slots)
+        return {
+            "cpu": float(q.get("cpu", Decimal(1))),
+            "mem": float(q.get("mem", Decimal(0))),
+            "gpu.shares": float(q.get("gpu.shares", Decimal(0))),
+        }
+
+    def _use(self, s: FakeSession) -> dict[str, float]:
+        """The share of each held slot a session uses: a finished one's record, else the fleet's readings."""
+        if s.use is not None:
+            return s.use
+        held = self._held(s)
+        return {
+            "cpu": min(self.cpu_percent / 100.0 / held["cpu"], 1.0) if held["cpu"] else 0.0,
+            "mem": min(self.memory_used / held["mem"], 1.0) if held["mem"] else 0.0,
+            "gpu.shares": (self.gpu_utilization or 0) / 100.0 if held["gpu.shares"] else 0.0,
+        }
+
+    def _seconds(self, s: FakeSession, start: datetime, end: datetime) -> float:
+        """How long within [start, end) the session held its slots."""
+        if s.started is None:
+            return 0.0
+        lo = max(s.started, start)
+        hi = min(s.ended or self.clock(), end, self.clock())
+        return max((hi - lo).total_seconds(), 0.0)
+
+    def _figures(self, sessions: Iterable[FakeSession], start: datetime, end: datetime) -> dict[str, Any]:
+        """sessions, allocated, used (with the peaks) and efficiency over [start, end), as the API has them."""
+        allocated = dict.fromkeys(USAGE_SLOTS, 0.0)
+        used: dict[str, float] = dict.fromkeys(USAGE_SLOTS, 0.0)
+        mem_peak = gpu_mem_peak = 0
+        count = 0
+        for s in sessions:
+            secs = self._seconds(s, start, end)
+            if secs <= 0:
+                continue
+            count += 1
+            held, use = self._held(s), self._use(s)
+            for k in USAGE_SLOTS:
+                allocated[k] += held[k] * secs
+                used[k] += held[k] * secs * use.get(k, 0.0)
+            mem_peak = max(mem_peak, int(held["mem"] * use.get("mem", 0.0)))
+            if held["gpu.shares"]:
+                live = s.use is None
+                gpu_mem = (
+                    self.gpu_memory_used
+                    if live
+                    else int(DEVICE_MEMORY * held["gpu.shares"] * use["gpu.shares"])
+                )
+                gpu_mem_peak = max(gpu_mem_peak, gpu_mem)
+        return {
+            "sessions": count,
+            "allocated": {k: round(v, 3) for k, v in allocated.items()},
+            "used": {
+                **{k: round(v, 3) for k, v in used.items()},
+                "mem_peak": mem_peak,
+                "gpu_mem_peak": gpu_mem_peak,
+            },
+            "efficiency": {
+                k: round(used[k] / allocated[k], 4) if allocated[k] else None for k in USAGE_SLOTS
+            },
+        }
+
+    def _visible(self) -> list[FakeSession]:
+        """The sessions whose usage the fake's user may see: their own, everyone's in the domain for an admin."""
+        return [s for s in self.all_sessions if self.admin or not s.user]
+
+    async def my_usage(self) -> dict[str, Any]:
+        """``GET /api/usage/me``: my last 7 and 30 days and this month, and the last 30 days one by one."""
+        await self._call("my_usage")
+        now = self.clock()
+        mine = [s for s in self.all_sessions if not s.user]
+        month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        periods = []
+        for key, label, start in (
+            ("7d", "last 7 days", now - timedelta(days=7)),
+            ("30d", "last 30 days", now - timedelta(days=30)),
+            ("month", f"{now:%B %Y}", month),
+        ):
+            periods.append(
+                {"key": key, "label": label, "start": start.isoformat(), "end": now.isoformat()}
+                | self._figures(mine, start, now)
+            )
+        today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        daily = []
+        for i in range(29, -1, -1):
+            day = today - timedelta(days=i)
+            daily.append({"bucket": day.isoformat()} | self._figures(mine, day, day + timedelta(days=1)))
+        return {"user": self.username, "now": now.isoformat(), "periods": periods, "daily": daily}
+
+    def _group_key(self, s: FakeSession, group_by: str) -> str:
+        return {
+            "user": s.user or self.username,
+            "project": s.project,
+            "domain": self.domain_name,
+            "resource_group": "default",
+            "session": s.id,
+        }[group_by]
+
+    async def usage_report(
+        self,
+        group_by: str = "user",
+        start: datetime | str | None = None,
+        end: datetime | str | None = None,
+        bucket: str = "none",
+    ) -> dict[str, Any]:
+        """``GET /api/usage``: one row per group (and per bucket), of the sessions this user may see; by
+        default over the last 30 days."""
+        await self._call("usage_report")
+        if group_by not in USAGE_GROUPS:
+            raise FleetError(f"group_by must be one of {', '.join(USAGE_GROUPS)}, not {group_by!r}", 400)
+        if bucket not in USAGE_BUCKETS:
+            raise FleetError(f"bucket must be one of {', '.join(USAGE_BUCKETS)}, not {bucket!r}", 400)
+        t1 = self.clock() if end is None else _parse_time("end", end)
+        t0 = t1 - timedelta(days=30) if start is None else _parse_time("start", start)
+        if t0 >= t1:
+            raise FleetError("end must be after start", 400)
+        step = USAGE_BUCKETS[bucket]
+        if step is None:
+            windows: list[tuple[datetime | None, datetime, datetime]] = [(None, t0, t1)]
+        else:
+            epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+            first = epoch + timedelta(seconds=(t0 - epoch).total_seconds() // step * step)
+            windows = []
+            b = first
+            while b < t1:
+                windows.append((b, max(b, t0), min(b + timedelta(seconds=step), t1)))
+                b += timedelta(seconds=step)
+        groups: dict[str, list[FakeSession]] = {}
+        for s in self._visible():
+            groups.setdefault(self._group_key(s, group_by), []).append(s)
+        rows = []
+        for key in sorted(groups):
+            for b, lo, hi in windows:
+                fig = self._figures(groups[key], lo, hi)
+                if fig["sessions"]:
+                    rows.append({group_by: key, "bucket": None if b is None else b.isoformat()} | fig)
+        return {
+            "group_by": group_by,
+            "start": t0.isoformat(),
+            "end": t1.isoformat(),
+            "bucket": bucket,
+            "rows": rows,
+        }

@@ -58,6 +58,20 @@ def fmt_slot(slot: str, value: Any) -> str:
     return _trim(number(value), 2)
 
 
+def fmt_hours(value: Any) -> str:
+    """Hours as people read them: ``0 h``, ``0.25 h``, ``3.5 h``, ``12.3 h``, ``140 h``; under 6 minutes in
+    minutes or seconds (``4.5 min``, ``18 s``, ``< 1 s``), as a session's first minutes are."""
+    h = number(value)
+    if h <= 0:
+        return "0 h"
+    seconds = h * 3600
+    if seconds < 59.5:
+        return "< 1 s" if seconds < 0.5 else f"{round(seconds)} s"
+    if h < 0.1:
+        return f"{_trim(seconds / 60)} min"
+    return f"{_trim(h, 0 if h >= 100 else 1 if h >= 10 else 2)} h"
+
+
 def fmt_percent(value: Any) -> str:
     """``37.46`` -> ``37 %``; None -> ``n/a`` (the driver could not tell)."""
     if value is None:

@@ -16,6 +16,7 @@ import type {
   IInvitation,
   ILaunchOptions,
   IMountedFolder,
+  IMyUsage,
   IQuota,
   ISessionInfo,
   ISessionSummary,
@@ -197,6 +198,11 @@ export class FleetAPI {
 
   storageHosts(): Promise<IStorageHost[]> {
     return this.request('api/storage-hosts');
+  }
+
+  /** My GPU- and CPU-time, allocated and used: the last 7 and 30 days and day by day. */
+  myUsage(): Promise<IMyUsage> {
+    return this.request('api/usage/me');
   }
 
   private _settings: ServerConnection.ISettings;

@@ -221,7 +221,7 @@ function activate(
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description:
-    'labfleet: this session, quotas, sessions, folders and apps; GPU use in the status bar.',
+    'labfleet: this session, quotas, usage, sessions, folders and apps; GPU use in the status bar.',
   autoStart: true,
   optional: [ISettingRegistry, ICommandPalette, IStatusBar, ILayoutRestorer],
   activate

@@ -6,9 +6,11 @@ import type {
   IDevice,
   IFolder,
   IGpuUsage,
+  IMyUsage,
   IQuotaScope,
   ISessionSummary,
   IUsage,
+  IUsageFigures,
   Slots,
   SlotsLeft
 } from './types';
@@ -577,4 +579,168 @@ export function usageTooltip(u: IUsage | null): string {
     }`
   );
   return lines.join('\n');
+}
+
+// ---------------------------------------------------------------- usage statistics (Usage section)
+
+/** The two amounts the Usage section plots, as slot-seconds of the usage API turned into hours. */
+export interface IUsageKind {
+  id: 'gpu' | 'cpu';
+  /** The usage API's slot: device-share-seconds for GPUs, core-seconds for CPUs. */
+  slot: string;
+  title: string;
+  /** What "none of it" is called in the empty note. */
+  noun: string;
+}
+
+export const USAGE_KINDS: IUsageKind[] = [
+  { id: 'gpu', slot: 'gpu.shares', title: 'GPU-hours', noun: 'GPU time' },
+  { id: 'cpu', slot: 'cpu', title: 'CPU-hours', noun: 'CPU time' }
+];
+
+/** The periods the Usage section compares (keys of `/api/usage/me` periods). */
+export const USAGE_PERIODS = ['7d', '30d'];
+
+const PERIOD_LABELS: Record<string, string> = { '7d': '7 days', '30d': '30 days' };
+
+/** Slot-seconds of `slot` as hours (GPU-hours for `gpu.shares`, CPU-hours for `cpu`); 0 if absent. */
+export function slotHours(
+  amounts: Record<string, unknown> | null | undefined,
+  slot: string
+): number {
+  const n = toNumber(amounts?.[slot]);
+  return n === null ? 0 : n / 3600;
+}
+
+/**
+ * Hours for a person: `0 h`, `0.25 h`, `3.5 h`, `12.3 h`, `140 h`; under 6 minutes in minutes or
+ * seconds (`4.5 min`, `18 s`, `< 1 s`), as a session's first minutes are.
+ */
+export function formatHours(hours: number): string {
+  if (!Number.isFinite(hours) || hours <= 0) {
+    return '0 h';
+  }
+  const seconds = hours * 3600;
+  if (seconds < 59.5) {
+    return seconds < 0.5 ? '< 1 s' : `${Math.round(seconds)} s`;
+  }
+  if (hours < 0.1) {
+    return `${formatNumber(seconds / 60, 1)} min`;
+  }
+  const digits = hours >= 100 ? 0 : hours >= 10 ? 1 : 2;
+  return `${formatNumber(hours, digits)} h`;
+}
+
+/** used / allocated as a share (the API's own figure where it gave one); null: nothing allocated. */
+export function usageEfficiency(f: IUsageFigures, slot: string): number | null {
+  const given = toNumber(f.efficiency?.[slot]);
+  if (given !== null) {
+    return given;
+  }
+  const allocated = slotHours(f.allocated, slot);
+  return allocated > 0 ? slotHours(f.used, slot) / allocated : null;
+}
+
+export interface IUsageBars {
+  key: string;
+  /** `7 days`, `30 days` (the API's label for other periods). */
+  label: string;
+  /** The API's own label, e.g. `last 7 days`. */
+  title: string;
+  sessions: number;
+  allocated: number;
+  used: number;
+  efficiency: number | null;
+}
+
+/** Allocated and used hours of `slot` for each compared period that the answer has, in order. */
+export function usagePeriodBars(
+  u: IMyUsage,
+  slot: string,
+  keys: string[] = USAGE_PERIODS
+): IUsageBars[] {
+  const out: IUsageBars[] = [];
+  for (const key of keys) {
+    const p = (u.periods ?? []).find(x => x.key === key);
+    if (!p) {
+      continue;
+    }
+    out.push({
+      key,
+      label: PERIOD_LABELS[key] ?? p.label ?? key,
+      title: p.label ?? PERIOD_LABELS[key] ?? key,
+      sessions: toNumber(p.sessions) ?? 0,
+      allocated: slotHours(p.allocated, slot),
+      used: slotHours(p.used, slot),
+      efficiency: usageEfficiency(p, slot)
+    });
+  }
+  return out;
+}
+
+export interface IUsageDayBar {
+  /** The day's start as the API gave it (ISO). */
+  day: string;
+  allocated: number;
+  used: number;
+}
+
+/** The daily series of `slot` in hours, oldest first. */
+export function usageDays(u: IMyUsage, slot: string): IUsageDayBar[] {
+  return (u.daily ?? []).map(d => ({
+    day: d.bucket,
+    allocated: slotHours(d.allocated, slot),
+    used: slotHours(d.used, slot)
+  }));
+}
+
+/** Any amount above zero (peaks such as `mem_peak` are no amounts of time: left out). */
+function anyAmount(amounts: Record<string, unknown> | null | undefined): boolean {
+  return Object.entries(amounts ?? {}).some(
+    ([slot, v]) => !slot.endsWith('_peak') && (toNumber(v) ?? 0) > 0
+  );
+}
+
+/** Whether the answer holds any session or any allocated or used amount at all. */
+export function hasUsage(u: IMyUsage | null | undefined): boolean {
+  if (!u) {
+    return false;
+  }
+  const figures: IUsageFigures[] = [...(u.periods ?? []), ...(u.daily ?? [])];
+  return figures.some(
+    f => (toNumber(f.sessions) ?? 0) > 0 || anyAmount(f.allocated) || anyAmount(f.used)
+  );
+}
+
+/** Whether `slot` has anything allocated or used in the compared periods or the daily series. */
+export function hasSlotUsage(u: IMyUsage, slot: string): boolean {
+  return (
+    usagePeriodBars(u, slot).some(b => b.allocated > 0 || b.used > 0) ||
+    usageDays(u, slot).some(d => d.allocated > 0 || d.used > 0)
+  );
+}
+
+/** The top of a chart's scale for a largest value: 1, 2 or 5 times a power of ten (0 → 1). */
+export function niceMax(value: number): number {
+  if (!Number.isFinite(value) || value <= 0) {
+    return 1;
+  }
+  const power = 10 ** Math.floor(Math.log10(value));
+  for (const step of [1, 2, 5, 10]) {
+    if (value <= step * power * (1 + 1e-9)) {
+      return step * power;
+    }
+  }
+  return 10 * power;
+}
+
+const MONTHS = ['Jan', 'Feb', 'Mar', 'Apr', 'May', 'Jun', 'Jul', 'Aug', 'Sep', 'Oct', 'Nov', 'Dec'];
+
+/** A day bucket (`2026-11-03T00:00:00+00:00`) as `Nov 3`: the date as written, in no time zone. */
+export function formatDay(iso: string): string {
+  const m = /^(\d{4})-(\d{2})-(\d{2})/.exec(iso ?? '');
+  if (!m) {
+    return iso ?? '';
+  }
+  return `${MONTHS[Number(m[2]) - 1] ?? m[2]} ${Number(m[3])}`;
 }

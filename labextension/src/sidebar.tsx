@@ -13,6 +13,7 @@ import { Folders } from './components/Folders';
 import { Quota } from './components/Quota';
 import { Sessions } from './components/Sessions';
 import { ThisSession } from './components/ThisSession';
+import { Usage } from './components/Usage';
 import { fleetIcon } from './icons';
 import type { FleetStore, SectionId } from './store';
 import type { IApp, ISessionSummary } from './types';
@@ -32,6 +33,7 @@ export interface IFleetActions {
 const TITLES: Record<SectionId, string> = {
   session: 'This session',
   quota: 'Quota',
+  usage: 'Usage',
   sessions: 'Sessions',
   folders: 'Folders',
   apps: 'Apps'
@@ -79,6 +81,7 @@ export function FleetPanel(props: {
         <ThisSession store={store} onStop={() => void actions.stopThisSession()} />
       )}
       {section('quota', undefined, <Quota store={store} />)}
+      {section('usage', undefined, <Usage store={store} />)}
       {section(
         'sessions',
         count(d.sessions),
@@ -104,7 +107,7 @@ export class FleetSidebar extends ReactWidget {
     this.id = 'labfleet-sidebar';
     this.addClass('lf-sidebar');
     this.title.icon = fleetIcon;
-    this.title.caption = 'Fleet: this session, quotas, sessions, folders, apps';
+    this.title.caption = 'Fleet: this session, quotas, usage, sessions, folders, apps';
     // Focusable (not in the tab order) so that opening the panel from the keyboard (status
     // bar item, command palette) puts focus into it.
     this.node.tabIndex = -1;
@@ -125,7 +128,9 @@ export class FleetSidebar extends ReactWidget {
     this._poll.frequency = { ...this._poll.frequency, interval: ms, max: 10 * ms };
   }
 
+  /** Ask for everything the open sections show now, the slow-changing usage included. */
   refresh(): Promise<void> {
+    this.store.invalidate();
     return this._poll.refresh();
   }
 

@@ -3,6 +3,10 @@
  * failed.  `refresh()` asks only what the open sections show; a poll calls it (sidebar.tsx).
  * Actions (start, stop, create, share, answer) throw `LabfleetError` for the form that made
  * them to show, and refresh what they changed.
+ *
+ * Usage statistics (30 days of them) change slowly and cost the service more than a quota:
+ * the poll asks for them at most every `USAGE_MIN_AGE_MS`; the refresh button (`invalidate`)
+ * and opening the section ask at once.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -14,6 +18,7 @@ import type {
   IInvitation,
   ILaunchOptions,
   IMountedFolder,
+  IMyUsage,
   IQuota,
   ISessionInfo,
   ISessionSummary,
@@ -21,13 +26,14 @@ import type {
   IStorageHost
 } from './types';
 
-export type SectionId = 'session' | 'quota' | 'sessions' | 'folders' | 'apps';
+export type SectionId = 'session' | 'quota' | 'usage' | 'sessions' | 'folders' | 'apps';
 
-export const SECTIONS: SectionId[] = ['session', 'quota', 'sessions', 'folders', 'apps'];
+export const SECTIONS: SectionId[] = ['session', 'quota', 'usage', 'sessions', 'folders', 'apps'];
 
 export type Resource =
   | 'session'
   | 'quota'
+  | 'usage'
   | 'sessions'
   | 'mounted'
   | 'apps'
@@ -36,10 +42,17 @@ export type Resource =
   | 'launchOptions'
   | 'hosts';
 
+/** The poll asks for my usage statistics at most this often (ms). */
+export const USAGE_MIN_AGE_MS = 60_000;
+
+/** Resources the poll asks for no more often than this (ms); the others at every tick. */
+const MIN_AGE_MS: Partial<Record<Resource, number>> = { usage: USAGE_MIN_AGE_MS };
+
 /** What each section shows. */
 const SECTION_RESOURCES: Record<SectionId, Resource[]> = {
   session: ['session'],
   quota: ['quota'],
+  usage: ['usage'],
   sessions: ['sessions'],
   folders: ['folders', 'invitations', 'mounted'],
   apps: ['apps']
@@ -48,6 +61,7 @@ const SECTION_RESOURCES: Record<SectionId, Resource[]> = {
 export interface IFleetData {
   session: ISessionInfo | null;
   quota: IQuota | null;
+  usage: IMyUsage | null;
   sessions: ISessionSummary[] | null;
   mounted: IMountedFolder[] | null;
   apps: IApp[] | null;
@@ -131,6 +145,7 @@ export class FleetStore {
     }
     if (want) {
       this._open.add(section);
+      this.invalidate(SECTION_RESOURCES[section]);
       void this.refresh([section]);
     } else {
       this._open.delete(section);
@@ -154,7 +169,10 @@ export class FleetStore {
     this._changed.emit();
   }
 
-  /** Fetch what the given (default: the open) sections show, side by side. */
+  /**
+   * Fetch what the given (default: the open) sections show, side by side; a slow-changing
+   * resource (`MIN_AGE_MS`) only when its last answer is older than its minimum age.
+   */
   async refresh(sections?: SectionId[]): Promise<void> {
     const wanted = new Set<Resource>();
     for (const s of sections ?? SECTIONS.filter(s => this._open.has(s))) {
@@ -164,11 +182,29 @@ export class FleetStore {
     if (this._data.session === null) {
       wanted.add('session');
     }
-    await Promise.all([...wanted].map(r => this.fetch(r)));
+    const now = this._now();
+    const due = [...wanted].filter(r => {
+      const at = this._fetchedAt[r];
+      return at === undefined || now - at >= (MIN_AGE_MS[r] ?? 0);
+    });
+    await Promise.all(due.map(r => this.fetch(r)));
+  }
+
+  /** Let the next `refresh` ask for these (default: all) resources whatever their age. */
+  invalidate(resources?: Resource[]): void {
+    if (!resources) {
+      this._fetchedAt = {};
+      return;
+    }
+    for (const r of resources) {
+      delete this._fetchedAt[r];
+    }
   }
 
   /** Fetch one resource; a failure is kept in `errors` (the last good answer stays). */
   async fetch(resource: Resource): Promise<void> {
+    // Counted from the ask, failed or not: a failing service is not asked more often.
+    this._fetchedAt[resource] = this._now();
     try {
       const value = await this._load(resource);
       (this._data as any)[resource] = value;
@@ -237,6 +273,8 @@ export class FleetStore {
         return api.session();
       case 'quota':
         return api.quota();
+      case 'usage':
+        return api.myUsage();
       case 'sessions':
         return api.sessions();
       case 'mounted':
@@ -257,6 +295,7 @@ export class FleetStore {
   private _data: IFleetData = {
     session: null,
     quota: null,
+    usage: null,
     sessions: null,
     mounted: null,
     apps: null,
@@ -266,6 +305,7 @@ export class FleetStore {
     hosts: null
   };
   private _errors: Partial<Record<Resource, string>> = {};
+  private _fetchedAt: Partial<Record<Resource, number>> = {};
   private _open = new Set<SectionId>(SECTIONS);
   private _newSessionOpen = false;
   private _sessionAt = 0;

@@ -247,3 +247,41 @@ export interface IStorageHost {
 
 export const PERMISSIONS = ['ro', 'rw', 'wd'] as const;
 export const USAGE_MODES = ['general', 'model', 'data'] as const;
+
+/**
+ * Amounts of a usage statistic, in slot-seconds: `cpu` core-seconds, `mem` byte-seconds,
+ * `gpu.shares` device-share-seconds (a whole GPU counts 1 per second, half a GPU 0.5).
+ * `used` adds the peaks `mem_peak` and `gpu_mem_peak` (bytes).
+ */
+export type UsageAmounts = Record<string, number | null>;
+
+/** What one period, day or report row adds up (hub_ext/usage/stats.py). */
+export interface IUsageFigures {
+  sessions: number;
+  allocated: UsageAmounts;
+  used: UsageAmounts;
+  /** used / allocated per slot; null where nothing was allocated. */
+  efficiency: Record<string, number | null>;
+}
+
+/** One period of `GET labfleet/api/usage/me`: `7d`, `30d`, `month`. */
+export interface IUsagePeriod extends IUsageFigures {
+  key: string;
+  label: string;
+  start: string;
+  end: string;
+}
+
+/** One day of `GET labfleet/api/usage/me` (`bucket`: the day's start, ISO). */
+export interface IUsageDay extends IUsageFigures {
+  bucket: string;
+}
+
+/** `GET labfleet/api/usage/me`: my usage over the last 7 and 30 days, and day by day. */
+export interface IMyUsage {
+  user: string;
+  now: string;
+  periods: IUsagePeriod[];
+  /** The last 30 days, oldest first; days with nothing are there with zeros. */
+  daily: IUsageDay[];
+}

@@ -7,18 +7,30 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
+from bqplot import DateScale, OrdinalScale
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from widgets import FleetClient, FleetError, GPUMonitor, QuotaMeter, SessionLauncher, Sessions, VFolderBrowser
+from widgets import (
+    FleetClient,
+    FleetError,
+    GPUMonitor,
+    QuotaMeter,
+    SessionLauncher,
+    Sessions,
+    UsageChart,
+    VFolderBrowser,
+)
 from widgets import format as fmt
 from widgets.client import connectable, server_path
 from widgets.fake import FakeFleet, GiB
 from widgets.launcher import build_request, describe_answer, problems
+from widgets.usage import report_series, time_label
 
 WAIT = 5.0  # seconds: the most any wait in these tests may take
 
@@ -92,6 +104,16 @@ def test_bars_and_words():
         "gpu:A100",
     ]
     assert "&lt;b&gt;" in fmt.error_html("<b>")
+    assert [fmt.fmt_hours(h) for h in (0, 0.0001, 0.004, 0.075, 0.25, 3.5, 12.34, 140.4)] == [
+        "0 h",
+        "< 1 s",
+        "14 s",
+        "4.5 min",
+        "0.25 h",
+        "3.5 h",
+        "12.3 h",
+        "140 h",
+    ]
 
 
 def test_launch_request_is_built_and_checked_before_sending():
@@ -190,6 +212,9 @@ async def test_client_speaks_the_endpoints_contract(server):
     await c.stop_session("train")
     await c.vfolders()
     await c.upload("f1", "dir/a b.txt", b"12345")
+    await c.my_usage()
+    await c.usage_report()
+    await c.usage_report("project", datetime(2026, 11, 1), "2026-11-24T10:00:00+01:00", bucket="day")
     seen = [(s["method"], s["path"]) for s in _Recorder.seen]
     assert seen == [
         ("GET", "labfleet/quota"),
@@ -199,11 +224,20 @@ async def test_client_speaks_the_endpoints_contract(server):
         ("DELETE", "labfleet/sessions/train"),
         ("GET", "labfleet/api/vfolders"),
         ("PUT", "labfleet/api/vfolders/f1/files/dir/a b.txt"),  # sent as a%20b.txt
+        ("GET", "labfleet/api/usage/me"),
+        ("GET", "labfleet/api/usage"),
+        ("GET", "labfleet/api/usage"),
     ]
     assert all(s["auth"] == "token secret" for s in _Recorder.seen)
     assert json.loads(_Recorder.seen[3]["body"]) == {"project": "ml", "gpu": 0.5}
     assert _Recorder.seen[5]["query"] == "status=READY&limit=1000"
     assert _Recorder.seen[6]["length"] == "5" and _Recorder.seen[6]["body"] == b"12345"
+    assert _Recorder.seen[8]["query"] == "group_by=user&bucket=none&format=json"
+    # A naive datetime is UTC; a string goes as it is.
+    assert _Recorder.seen[9]["query"] == (
+        "group_by=project&bucket=day&format=json"
+        "&start=2026-11-01T00%3A00%3A00%2B00%3A00&end=2026-11-24T10%3A00%3A00%2B01%3A00"
+    )
 
 
 async def test_client_errors_carry_the_services_words(server):
@@ -459,6 +493,190 @@ async def test_gpu_monitor_defaults_and_no_gpu(make):
     assert g.rows[0]["max_percent"] == 200 and "No GPU" in g.no_gpu.value
 
 
+# ------------------------------------------------------------------ UsageChart
+
+NOW = datetime(2026, 11, 24, 10, 0, tzinfo=timezone.utc)
+
+
+class Clock:
+    """A stopped clock for the fake's statistics; ``+=`` moves it on."""
+
+    def __init__(self, t: datetime = NOW) -> None:
+        self.t = t
+
+    def __call__(self) -> datetime:
+        return self.t
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+async def test_my_usage_shapes_from_the_fake(clock):
+    # The fake's answer adds up its sessions: "work" (0.5 GPU, 1 core) has run 1.5 h, "finetune" (0.5 GPU,
+    # 4 cores) 4 h four days ago, "eda" (1 core) 2 h two days ago; older ones fall outside 7 days.
+    u = await FakeFleet(clock=clock).my_usage()
+    assert [p["key"] for p in u["periods"]] == ["7d", "30d", "month"]
+    assert u["periods"][2]["label"] == "November 2026" and u["now"] == NOW.isoformat()
+    week = u["periods"][0]
+    assert week["sessions"] == 3
+    assert week["allocated"]["gpu.shares"] == pytest.approx((0.75 + 2) * 3600)
+    assert week["used"]["gpu.shares"] == pytest.approx((0.75 * 0.37 + 2 * 0.7) * 3600)
+    assert week["allocated"]["cpu"] == pytest.approx((1.5 + 16 + 2) * 3600)
+    assert week["efficiency"]["gpu.shares"] == pytest.approx(
+        week["used"]["gpu.shares"] / (2.75 * 3600), abs=1e-4
+    )
+    assert week["used"]["gpu_mem_peak"] == int(80 * GiB * 0.5 * 0.7)  # finetune's, above work's 2 GiB
+    assert u["periods"][1]["allocated"]["gpu.shares"] == pytest.approx(11.25 * 3600)
+    daily = u["daily"]
+    assert len(daily) == 30 and daily[0]["bucket"] == "2026-10-26T00:00:00+00:00"
+    assert daily[-1]["bucket"] == "2026-11-24T00:00:00+00:00"
+    assert daily[-1]["allocated"]["gpu.shares"] == pytest.approx(0.75 * 3600)
+    assert daily[1]["sessions"] == 0 and daily[1]["efficiency"]["cpu"] is None
+    # The running session keeps counting, with what the fleet reads now.
+    fleet = FakeFleet(clock=clock)
+    clock.t += timedelta(hours=1)
+    fleet.gpu_utilization = 100
+    u = await fleet.my_usage()
+    assert u["daily"][-1]["allocated"]["gpu.shares"] == pytest.approx(1.25 * 3600)
+    assert u["daily"][-1]["used"]["gpu.shares"] == pytest.approx(1.25 * 3600)
+
+
+async def test_usage_report_shapes_and_refusals_from_the_fake(clock):
+    fleet = FakeFleet(clock=clock)
+    r = await fleet.usage_report(group_by="project")
+    assert (r["group_by"], r["bucket"], r["end"]) == ("project", "none", NOW.isoformat())
+    assert [(x["project"], x["bucket"], x["sessions"]) for x in r["rows"]] == [
+        ("acme/ml", None, 4),
+        ("acme/web", None, 2),
+    ]
+    # A user sees only their own rows; a domain admin everyone's in the domain.
+    assert [x["user"] for x in (await fleet.usage_report())["rows"]] == ["alice"]
+    fleet.admin = True
+    rows = (await fleet.usage_report(start=NOW - timedelta(days=7), bucket="day"))["rows"]
+    assert [(x["user"], x["bucket"][:10]) for x in rows] == [
+        ("alice", "2026-11-20"),
+        ("alice", "2026-11-22"),
+        ("alice", "2026-11-24"),
+        ("bob", "2026-11-18"),
+    ]
+    for bad, words in [
+        ({"group_by": "team"}, "group_by must be one of"),
+        ({"bucket": "week"}, "bucket must be one of"),
+        ({"start": "yesterday"}, "start must be an ISO 8601 time"),
+        ({"start": NOW, "end": NOW}, "end must be after start"),
+    ]:
+        with pytest.raises(FleetError, match=words) as e:
+            await fleet.usage_report(**bad)
+        assert e.value.status == 400
+
+
+async def test_usage_chart_plots_my_usage_day_by_day(clock, make):
+    fleet = FakeFleet(clock=clock)
+    u = make(UsageChart, fleet)
+    assert not u.report and set(u.figures) == {"gpu", "cpu"}
+    assert await u.refresh()
+    # One mark per series on shared scales: allocated wide and light, used narrow and dark in front.
+    alloc, used = u.bars["gpu"]["allocated"], u.bars["gpu"]["used"]
+    assert u.figures["gpu"].marks == [alloc, used] and alloc.scales == used.scales
+    assert (list(alloc.labels), list(used.labels), alloc.padding < used.padding) == (
+        ["allocated"],
+        ["used"],
+        True,
+    )
+    # A bar a day on a date axis, at the day's noon (UTC): on its own date in the browser's time zone.
+    assert isinstance(alloc.scales["x"], DateScale) and u.x_axes["gpu"].tick_format == "%b %-d"
+    assert len(alloc.x) == 30 and list(used.x) == list(alloc.x)
+    assert (alloc.x[0], alloc.x[-1]) == (np.datetime64("2026-10-26T12:00"), np.datetime64("2026-11-24T12:00"))
+    labels = u.series["gpu"]["labels"]
+    assert (labels[0], labels[-1]) == ("Oct 26", "Nov 24")
+    # The marks carry the hours: today the running session's 0.75 GPU-hours, 0.37 of them used; the
+    # fine-tuning run 4 days ago.
+    assert (alloc.y[-1], used.y[-1]) == (0.75, pytest.approx(0.2775))
+    assert (labels[-5], alloc.y[-5], used.y[-5]) == ("Nov 20", 2.0, 1.4)
+    assert sum(alloc.y) == pytest.approx(11.25)
+    cpu = u.bars["cpu"]
+    assert cpu["allocated"].y[-3] == 2.0 and cpu["used"].y[-3] == 0.5  # eda: 1 core for 2 h, a quarter used
+    assert u.figures["gpu"].title == "GPU-hours per day, last 30 days"
+    assert u.figures["gpu"].axes[1].label == "GPU-hours"
+    assert "allocated" in u.legend.value and "used" in u.legend.value
+    # The periods' table.
+    week = u.periods[0]
+    assert (week["key"], week["sessions"], week["gpu"]["allocated"]) == ("7d", 3, 2.75)
+    assert week["cpu"]["allocated"] == 19.5 and week["cpu"]["used"] == pytest.approx(8.6875)
+    assert "1.68 h used of 2.75 h (61 %)" in u.summary.value
+    assert "last 30 days (6 sessions)" in u.summary.value
+    assert u.empty.value == "" and u.error is None
+    # A refresh moves the same marks on: an hour later, at full GPU use.
+    clock.t += timedelta(hours=1)
+    fleet.gpu_utilization = 100
+    assert await u.refresh()
+    assert u.bars["gpu"]["allocated"] is alloc and (alloc.y[-1], used.y[-1]) == (1.25, 1.25)
+
+
+async def test_usage_chart_without_gpu_or_any_usage(clock, make):
+    fleet = FakeFleet(clock=clock)
+    # Only her finished sessions without a GPU are left.
+    fleet.all_sessions = [
+        s
+        for s in fleet.all_sessions
+        if not s.user and s.status == "TERMINATED" and not {"gpu", "gpu.shares"} & set(s.slots)
+    ]
+    u = make(UsageChart, fleet)
+    await u.refresh()
+    assert u.figures["gpu"].layout.display == "none" and u.figures["cpu"].layout.display is None
+    assert "No GPU-hours in the last 30 days." in u.empty.value
+    fleet.all_sessions = []
+    await u.refresh()
+    assert "No usage yet" in u.empty.value and u.summary.value == ""
+    assert all(f.layout.display == "none" for f in u.figures.values())
+
+
+async def test_usage_chart_report_per_user_project_and_day(clock, make):
+    admin = FakeFleet(clock=clock, admin=True)
+    per_user = make(UsageChart, admin, group_by="user")
+    assert per_user.report and set(per_user.figures) == {"report"}
+    await per_user.refresh()
+    bars = per_user.bars["report"]
+    assert isinstance(bars["allocated"].scales["x"], OrdinalScale)
+    assert list(bars["allocated"].x) == ["alice", "bob", "carol"]
+    assert list(bars["allocated"].y) == [11.25, 8.0, 1.25]  # GPU-hours allocated
+    assert list(bars["used"].y) == [pytest.approx(7.8525), 7.2, 0.25]  # and used
+    assert per_user.figures["report"].title == "GPU-hours per user"
+    assert "used of 20.5 h allocated" in per_user.summary.value
+    assert admin.calls[-1] == "usage_report"
+    per_project = make(UsageChart, FakeFleet(clock=clock), group_by="project", metric="cpu")
+    await per_project.refresh()
+    assert list(per_project.bars["report"]["allocated"].x) == ["acme/ml", "acme/web"]
+    assert list(per_project.bars["report"]["allocated"].y) == [51.5, 8.0]  # CPU-hours allocated
+    per_day = make(UsageChart, admin, start=NOW - timedelta(days=7), bucket="day")
+    await per_day.refresh()
+    # Every day of the span has its bar (zeros where nobody ran), in time order.
+    days = per_day.series["report"]
+    assert days["labels"] == ["Nov 17", "Nov 18", "Nov 19", "Nov 20", "Nov 21", "Nov 22", "Nov 23", "Nov 24"]
+    # GPU-hours: alice's fine-tuning on Nov 20 and her running session today (bob's Nov 18 had no GPU).
+    assert list(per_day.bars["report"]["allocated"].y) == [0, 0, 0, 2.0, 0, 0, 0, 0.75]
+    assert per_day.bars["report"]["allocated"].x[3] == np.datetime64("2026-11-20T12:00")
+    assert per_day.figures["report"].title == "GPU-hours per day (all users)"
+    # Nothing in the window: said, no empty plot.
+    empty = make(UsageChart, admin, start=NOW - timedelta(days=90), end=NOW - timedelta(days=60))
+    await empty.refresh()
+    assert empty.figures["report"].layout.display == "none" and "No GPU-hours from" in empty.empty.value
+    with pytest.raises(ValueError, match="metric must be one of gpu, cpu"):
+        UsageChart(client=admin, metric="mem")
+    assert time_label("2026-11-24T14:15:00+00:00", "15m") == "Nov 24 14:15" and time_label(None) == "all"
+    assert report_series({"group_by": "user", "bucket": "none", "rows": []}, "gpu")["labels"] == []
+
+
+async def test_usage_chart_shows_the_services_refusal(fleet, make):
+    u = make(UsageChart, fleet, group_by="user")
+    fleet.fail = "only domain admins see other users' usage"
+    assert not await u.refresh()
+    assert u.error == "only domain admins see other users' usage"
+    assert "only domain admins see other users" in u.error_box.value and u.error_box in u.children
+
+
 # ------------------------------------------------------------------ refreshing
 
 
@@ -503,7 +721,7 @@ async def test_a_failing_source_shows_its_error_and_recovers(fleet, make):
 
 async def test_every_widget_shows_a_failing_source(fleet, make):
     fleet.fail = "session server unreachable"
-    for cls in (QuotaMeter, Sessions, SessionLauncher, VFolderBrowser, GPUMonitor):
+    for cls in (QuotaMeter, Sessions, SessionLauncher, VFolderBrowser, GPUMonitor, UsageChart):
         w = make(cls, fleet)
         assert not await w.refresh()
         assert w.error == "session server unreachable" and "session server unreachable" in w.error_box.value

@@ -121,6 +121,7 @@ describe('FleetAPI requests', () => {
     await api.answerInvitation('i-1', true);
     await api.answerInvitation('i-2', false);
     await api.storageHosts();
+    await api.myUsage();
     expect(calls.map(c => `${c.method} ${c.path} ${c.body}`)).toEqual([
       'GET /user/alice/work/labfleet/api/users/alice/launch-options ',
       'GET /user/alice/work/labfleet/api/vfolders ',
@@ -129,7 +130,8 @@ describe('FleetAPI requests', () => {
       'GET /user/alice/work/labfleet/api/vfolder-invitations ',
       'POST /user/alice/work/labfleet/api/vfolder-invitations/i-1/accept {}',
       'POST /user/alice/work/labfleet/api/vfolder-invitations/i-2/decline {}',
-      'GET /user/alice/work/labfleet/api/storage-hosts '
+      'GET /user/alice/work/labfleet/api/storage-hosts ',
+      'GET /user/alice/work/labfleet/api/usage/me '
     ]);
   });
 });

@@ -162,7 +162,9 @@ const DATA: Record<string, unknown> = {
       }
     ]
   },
-  storageHosts: []
+  storageHosts: [],
+  // A new user: nothing used yet (usage.spec.tsx plots real numbers).
+  myUsage: { user: 'alice', now: '2026-11-24T10:00:00+00:00', periods: [], daily: [] }
 };
 
 function fakeApi(): FleetAPI {
@@ -273,6 +275,11 @@ describe('FleetPanel', () => {
     expect(byTestId('lf-cost-cpu')?.className).toContain('lf-cost-over');
     expect(byTestId('lf-ns-over-quota')).not.toBeNull();
     expect(byTestId('lf-cost-mem')?.className).toContain('lf-cost-fits');
+  });
+
+  it('has a Usage section that says when there is no usage yet', () => {
+    expect(byTestId('lf-section-toggle-usage')?.getAttribute('aria-expanded')).toBe('true');
+    expect(byTestId('lf-usage-empty')?.textContent).toContain('No usage yet');
   });
 
   it('collapses a section', () => {

@@ -11,6 +11,7 @@ function fakeApi(handlers: Record<string, Handler>): { api: FleetAPI; log: strin
   const names = [
     'session',
     'usage',
+    'myUsage',
     'mountedFolders',
     'quota',
     'apps',
@@ -53,10 +54,19 @@ describe('FleetStore', () => {
     store.changed.connect(() => changes++);
     await store.refresh();
     expect(log.sort()).toEqual(
-      ['apps', 'folders', 'invitations', 'mountedFolders', 'quota', 'session', 'sessions'].sort()
+      [
+        'apps',
+        'folders',
+        'invitations',
+        'mountedFolders',
+        'myUsage',
+        'quota',
+        'session',
+        'sessions'
+      ].sort()
     );
     expect(store.data.session?.project).toBe('acme/ml');
-    expect(changes).toBe(7);
+    expect(changes).toBe(8);
   });
 
   it('stops asking for a closed section', async () => {
@@ -66,6 +76,7 @@ describe('FleetStore', () => {
     store.toggle('folders');
     store.toggle('apps');
     store.toggle('quota');
+    store.toggle('usage');
     log.length = 0;
     await store.refresh();
     expect(log.sort()).toEqual(['session', 'sessions']);

@@ -81,8 +81,12 @@ export function ErrorNote(props: { message?: string | null; testid?: string }): 
   );
 }
 
-export function Empty(props: { children: React.ReactNode }): JSX.Element {
-  return <div className="lf-empty">{props.children}</div>;
+export function Empty(props: { children: React.ReactNode; testid?: string }): JSX.Element {
+  return (
+    <div className="lf-empty" data-testid={props.testid}>
+      {props.children}
+    </div>
+  );
 }
 
 /** A labelled row of a definition list. */
