@@ -312,6 +312,22 @@ async def test_reclaim_audits_keeps_its_reason_and_counts(factory):
     assert await engine.reclaim(factory, stop_server, SETTINGS, log, counted.append, now=at(200)) == []
 
 
+async def test_a_stop_the_hub_refuses_is_tried_again(factory):
+    set_policy(factory, idle_timeout=60)
+    sid = running(factory)
+    answers = [False, True]
+
+    async def stop_server(user, server):
+        return answers.pop(0)
+
+    log = logging.getLogger("test")
+    assert await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(61)) == []
+    with factory() as db:
+        assert db.get(ComputeSession, sid).status == "RUNNING"  # not left TERMINATING for ever
+    done = await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(62))
+    assert [d.subject.id for d in done] == [sid] and answers == []
+
+
 def test_who_may_define_checkers_and_bad_definitions(factory):
     act = {"kind": "activity", "options": {"timeout": 60}}
     made = checker(

@@ -318,7 +318,13 @@ async def reclaim(
             if observe is not None:
                 observe(j.reason)
         else:
+            # Still running: back to RUNNING, so the next tick tries again (reconciling leaves a
+            # TERMINATING session alone while its server lives).
             log.warning("Session %s is to be reclaimed, but the Hub did not stop it", subject.id)
+            with lfdb.session_scope(session_factory) as db:
+                s = db.get(ComputeSession, subject.id)
+                if s is not None and s.status == "TERMINATING" and s.status_reason == status_reason(j):
+                    sessions.set_status(s, "RUNNING", "the Hub did not stop it when it was to be reclaimed")
     return done
 
 

@@ -67,6 +67,28 @@ def test_configure_passes_settings_to_the_service_and_leaves_the_environment_alo
     assert [i["name"] for i in app.default_images] == [c.LabfleetSpawnerMixin.default_image] == ["local/host"]
 
 
+def test_every_labfleet_variable_of_the_hub_reaches_the_service(tmp_path, monkeypatch):
+    """Set in the environment of `jupyterhub -f jupyterhub_config.py`, a LABFLEET_* setting reaches
+    the service (which reads it as its default), but configure()'s own arguments win."""
+    monkeypatch.setenv("LABFLEET_IDLE_CHECK_INTERVAL", "3")
+    monkeypatch.setenv("LABFLEET_IDLE_TIMEOUT", "900")
+    monkeypatch.setenv("LABFLEET_DB_URL", "sqlite:///elsewhere.sqlite")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/docker.sock")
+    monkeypatch.setenv("UNRELATED_SECRET", "x")
+    c = Config()
+    configure(c, tmp_path, service_port=12345, db_url="sqlite:///given.sqlite", device_plugins=["mock"])
+    (service,) = c.JupyterHub.services
+    env = service["environment"]
+    assert env["LABFLEET_IDLE_CHECK_INTERVAL"] == "3" and env["LABFLEET_IDLE_TIMEOUT"] == "900"
+    assert env["DOCKER_HOST"] == "unix:///tmp/docker.sock" and "UNRELATED_SECRET" not in env
+    assert env["LABFLEET_DB_URL"] == "sqlite:///given.sqlite"
+    for name, value in env.items():
+        if name.startswith("LABFLEET_"):
+            monkeypatch.setenv(name, value)
+    app = LabfleetService()
+    assert app.idle_check_interval == 3 and app.idle_timeout == 900
+
+
 def test_the_service_reads_its_config_file_and_the_command_line_wins(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
