@@ -6,6 +6,7 @@ moved to a fixed time, so each judgment's figures can be written down exactly.
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timedelta, timezone
 
@@ -392,3 +393,39 @@ def test_the_preview_is_scoped_to_a_domain_admins_domain(factory):
         with pytest.raises(Forbidden):
             engine.preview(db, ALICE, at(100), SETTINGS)
     assert everything == {a, e} and theirs == {e}
+
+
+def test_the_cli_makes_lists_previews_and_deletes_checkers(factory, capsys, monkeypatch):
+    from hub_ext.cli.app import main
+
+    url = str(factory.kw["bind"].url)
+    monkeypatch.setenv("LABFLEET_IDLE_TIMEOUT", "0")
+    a = running(factory, since=-86400)  # a day before T0: in the past whatever the clock says
+    main(
+        [
+            "idle-checker", "create", "acme-1s", "--kind", "activity", "--options", '{"timeout": 1}',
+            "--bind", "domain:acme", "--db-url", url,
+        ]
+    )  # fmt: skip
+    assert capsys.readouterr().out == "Made idle checker acme-1s (activity, 1 binding(s)).\n"
+    main(["idle-checker", "list", "--json", "--db-url", url])
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["bindings"] == [{"scope": "domain", "name": "acme"}] and listed["options"]["timeout"] == 1.0
+    main(["idle-checker", "preview", "--json", "--db-url", url])
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["session"], row["checker"], row["would_reclaim"]) == (a, "acme-1s", True)
+    for bad, message in [
+        (["--kind", "activity", "--options", "{timeout}"], "--options: not JSON"),
+        (["--kind", "activity", "--options", '{"timeout": 1}', "--bind", "acme"], "SCOPE:NAME"),
+        (
+            ["--kind", "utilization", "--options", '{"window": 60, "thresholds": {"mem": 400}}'],
+            "percent from 0 to 100",
+        ),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(["idle-checker", "create", "bad", *bad, "--db-url", url])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    main(["idle-checker", "delete", "acme-1s", "--db-url", url])
+    assert capsys.readouterr().out == "Deleted idle checker acme-1s.\n"
+    with factory() as db:
+        assert rules.list_checkers(db, CLI) == []

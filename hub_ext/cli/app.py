@@ -12,6 +12,7 @@ from hub_ext.cli.init import Demo, Init
 from hub_ext.cli.keypairs import KEYPAIR
 from hub_ext.cli.maintenance import MAINTENANCE
 from hub_ext.cli.policies import POLICY
+from hub_ext.cli.reclaim import IDLE_CHECKER
 from hub_ext.cli.storage import STORAGE_HOST
 from hub_ext.cli.tenancy import DOMAIN, PROJECT, USER
 from hub_ext.core.errors import LabfleetError
@@ -42,6 +43,7 @@ def root() -> Group:
             "keypair": KEYPAIR,
             "image": IMAGE,
             "storage-host": STORAGE_HOST,
+            "idle-checker": IDLE_CHECKER,
             "maintenance": MAINTENANCE,
             "demo": Demo,
         },
