@@ -47,6 +47,8 @@ class AppsHandler(APIHandler):
     """GET <base_url>labfleet/apps: the session's app services, for its owner."""
 
     auth_resource = AUTH_RESOURCE
+    # Read by the sidebar while it is open: not activity of the session (see FleetHandler.update_api_activity).
+    _track_activity = False
 
     def initialize(self, apps: list[App]) -> None:
         self.apps = apps

@@ -7,6 +7,9 @@ The session type comes from the environment the spawner set (``server_ext.runner
   with the command's exit code (the spawner's ``poll()`` reads it and records it on the session);
 - ``inference``: the same, with the command serving HTTP on a local port, reached through
   ``<base_url>labfleet/inference/`` with the server's own authentication.
+
+An interactive session also reports its activity to the labfleet service (``server_ext.activity``), for
+the service's idle checkers.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from jupyter_server.utils import url_path_join
 from jupyter_server_proxy.handlers import AddSlashHandler
 from traitlets import Bool, Float
 
+from .activity import ActivityReporter, activity_interval
 from .apps_server import AppsHandler, link_apps
 from .calls import SessionCalls
 from .fleet_handlers import FleetContext, fleet_handlers
@@ -70,7 +74,9 @@ class LabfleetExtension(ExtensionApp):
 
     def initialize_settings(self) -> None:
         self.session = SessionEnv.from_environ()
+        self.calls = SessionCalls.from_environ(timeout=self.service_timeout)
         self.runner: Runner | None = None
+        self.activity: ActivityReporter | None = None
         if self.session.type not in ("interactive", "batch", "inference"):
             self.log.warning(
                 "labfleet: unknown LABFLEET_SESSION_TYPE %r: treated as interactive", self.session.type
@@ -93,7 +99,7 @@ class LabfleetExtension(ExtensionApp):
         self.handlers.append((r"/labfleet/apps", AppsHandler, {"apps": self.apps}))
         context = FleetContext(
             self.session,
-            SessionCalls.from_environ(timeout=self.service_timeout),
+            self.calls,
             self.runner,
             mount_dir=self._mount_dir(),
         )
@@ -119,8 +125,35 @@ class LabfleetExtension(ExtensionApp):
         """Called by the server once its event loop runs and it listens: the Lab is reachable before the
         command starts, so a user can watch the log of a batch job from its first line."""
         self._watch_requests(serverapp)
+        self._start_activity_reports(serverapp)
         if self.runner is not None and self.runner.state["state"] == "pending":
             await self.runner.start()
+
+    def _start_activity_reports(self, serverapp: Any) -> None:
+        """Report this session's activity to the labfleet service, for its idle checkers: interactive
+        sessions only (batch and inference sessions end with their command, they are not reclaimed for
+        idleness), and only under a labfleet spawner (a session id and the service's URL)."""
+        if self.runner is not None:
+            return
+        for value, name in (
+            (self.session.session_id, "LABFLEET_SESSION_ID"),
+            (self.calls.service_url, "LABFLEET_SERVICE_URL"),
+        ):
+            if not value:
+                self.log.info("labfleet: no activity reports to the labfleet service (no %s)", name)
+                return
+        self.activity = ActivityReporter(
+            self.calls,
+            self.session.session_id,
+            last_activity=serverapp.web_app.last_activity,
+            kernel_manager=serverapp.kernel_manager,
+            interval=activity_interval(log=self.log),
+            log=self.log,
+        )
+        self.activity.start()
+        self.log.info(
+            "labfleet: reporting activity to the labfleet service every %gs", self.activity.interval
+        )
 
     def _watch_requests(self, serverapp: Any) -> None:
         """Note the first HTTP request answered: under a Hub, that is the Hub seeing the server up."""
@@ -140,6 +173,8 @@ class LabfleetExtension(ExtensionApp):
         everything it started must not outlive the session and hold its GPU share."""
         # The command ends below because of this stop: that end must not start a second stop.
         self._server_stopping = True
+        if self.activity is not None:
+            await self.activity.stop()
         if self.runner is not None:
             await self.runner.stop()
 

@@ -44,8 +44,13 @@ def session_summary(
     service: str = "ok",
 ) -> dict[str, Any]:
     """``GET labfleet/session``: the service's view of this session (``view``; ``None`` when it could not
-    be asked, then what the environment says), with times, URLs and the runner's state."""
+    be asked, then what the environment says), with times, URLs and the runner's state.
+
+    ``idle`` is the service's idle object as it gave it (``idle_for``, ``timeout``, ``reclaim_at``,
+    ``checker``, ``reason``, ``only_when_queue_waiting``; only while the session runs), so the sidebar can
+    count down to the reclamation; ``None`` when the service gave none."""
     v = dict(view or {})
+    idle = v.get("idle")
     started = _instant(v.get("started_at"))
     lifetime = v.get("max_lifetime")
     expires = _instant(v.get("expires_at"))
@@ -71,6 +76,7 @@ def session_summary(
         "max_lifetime": lifetime,
         "expires_at": v.get("expires_at"),
         "time_left": max(0, int((expires - now).total_seconds())) if expires else None,
+        "idle": dict(idle) if isinstance(idle, Mapping) else None,
         "urls": {"base": base_url, "lab": base_url + "lab"},
         "runner": dict(runner) if runner else None,
         "inference": None,

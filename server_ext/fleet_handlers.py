@@ -61,6 +61,14 @@ class FleetHandler(APIHandler):
         if user is not None and owner and name != owner:
             raise web.HTTPError(403, "only the owner of this session may use its labfleet endpoints")
 
+    def update_api_activity(self) -> None:
+        """Reading labfleet's endpoints is not using the session: the sidebar polls them while it is open,
+        and counting that as jupyter-server activity (what the session reports to the service's idle
+        checker) would reset the idle countdown it shows. What the user does through them (start or stop a
+        session, "I'm still here", writes through the service proxy) counts, as any API call does."""
+        if self.request.method not in ("GET", "HEAD"):
+            super().update_api_activity()
+
     def answer(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
@@ -103,6 +111,26 @@ class SessionInfoHandler(FleetHandler):
                 service=service,
             )
         )
+
+
+class StillHereHandler(FleetHandler):
+    """``POST labfleet/session/still-here``: the user says "I'm still here": the service resets this
+    session's idle timer and answers its idle object after the reset."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        sid = self.fleet.session.session_id
+        if not sid:
+            self.answer(
+                {"message": "this server was not started by a labfleet spawner: it has no idle timer"}, 409
+            )
+            return
+        got = await self.fleet.calls.service("POST", f"sessions/{quoted(sid)}/still-here")
+        if not got.ok:
+            self.fail(got, "cannot reset the idle timer")
+            return
+        self.answer(got.data)
 
 
 class UsageHandler(FleetHandler):
@@ -278,6 +306,7 @@ def fleet_handlers(context: FleetContext) -> list[tuple[str, Any, dict[str, Any]
     kw = {"fleet": context}
     return [
         (r"/labfleet/session", SessionInfoHandler, kw),
+        (r"/labfleet/session/still-here", StillHereHandler, kw),
         (r"/labfleet/usage", UsageHandler, kw),
         (r"/labfleet/vfolders", MountedFoldersHandler, kw),
         (r"/labfleet/quota", QuotaHandler, kw),

@@ -24,6 +24,8 @@ class RunnerStateHandler(APIHandler):
     """GET <base_url>labfleet/runner: what the session's command is doing, with the end of its output."""
 
     auth_resource = AUTH_RESOURCE
+    # Read by the sidebar while it is open: not activity of the session (see FleetHandler.update_api_activity).
+    _track_activity = False
 
     def initialize(self, runner: Runner | None) -> None:
         self.runner = runner

@@ -8,12 +8,15 @@ checked with a second user; inside a real Hub session the same rule is checked i
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from jupyter_server.auth.identity import IdentityProvider, User
 from pytest_jupyter.jupyter_server import *  # noqa: F403  (imported fixtures stay local, see test_server_ext)
 from tornado.httpclient import HTTPClientError
 
+from server_ext.activity import ActivityReporter
+from server_ext.calls import SessionCalls
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
@@ -163,3 +166,36 @@ async def test_bad_input_is_refused_before_any_call(jp_fetch, service):
     with pytest.raises(HTTPClientError) as e:
         await fetch(jp_fetch, "api/vfolders/../me")
     assert e.value.code == 400
+
+
+async def test_idle_activity_and_still_here_against_the_service(jp_fetch, jp_serverapp, service):
+    """Against the real service: no idle object, no report taken, no "still here" until the session runs;
+    then all three. Last in this module: it marks the shared session RUNNING."""
+    hub, alice, session, _ = service
+    reporter = ActivityReporter(
+        SessionCalls.from_environ(timeout=10),
+        session["id"],
+        last_activity=jp_serverapp.web_app.last_activity,
+        kernel_manager=jp_serverapp.kernel_manager,
+        interval=60,
+        log=logging.getLogger("test.activity"),
+    )
+    s = json.loads((await fetch(jp_fetch, "session")).body)
+    assert s["status"] == "SCHEDULED" and s["idle"] is None
+    assert not await reporter.report()  # 409: not RUNNING
+    with pytest.raises(HTTPClientError) as e:
+        await fetch(jp_fetch, "session/still-here", method="POST", body=b"")
+    assert e.value.code == 409 and "not RUNNING" in json.loads(e.value.response.body)["message"]
+
+    # The spawner's report that the server is up (the Hub's service token).
+    r = hub.api("PATCH", f"/sessions/{session['id']}", hub.service_token, json={"status": "RUNNING"})
+    assert r.status_code == 200, r.text
+
+    assert await reporter.report()  # the report's format is the service's
+    s = json.loads((await fetch(jp_fetch, "session")).body)
+    assert set(s["idle"]) >= {"idle_for", "timeout", "reclaim_at", "checker", "reason"}
+    idle = json.loads((await fetch(jp_fetch, "session/still-here", method="POST", body=b"")).body)
+    assert 0 <= idle["idle_for"] < 60 and set(idle) >= {"timeout", "reclaim_at"}
+    with pytest.raises(HTTPClientError) as e:
+        await fetch(jp_fetch, "session/still-here", user="bob", method="POST", body=b"")
+    assert e.value.code == 403

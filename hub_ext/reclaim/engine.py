@@ -347,6 +347,7 @@ def idle_object(subject: Subject | None, now: datetime) -> dict[str, Any]:
             "reclaim_at": None,
             "checker": None,
             "reason": None,
+            "only_when_queue_waiting": False,
         }
     return {
         "idle_for": round(j.idle_for, 1),
