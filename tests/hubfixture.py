@@ -173,6 +173,7 @@ def start_hub(
     else:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env.update(extra_env)
+    env.setdefault("LABFLEET_ADMIN_PORT", str(free_port()))  # the admin console's own port
     env.update(
         LABFLEET_STATE_DIR=str(state),
         LABFLEET_DB_URL=db_url,

@@ -7,6 +7,7 @@ Pure functions shared by the authenticator (at login and refresh) and the servic
 from __future__ import annotations
 
 SERVICE_NAME = "labfleet"
+ADMIN_SERVICE_NAME = "labfleet-admin"  # the admin console (admin_dashboards/)
 DOMAIN_GROUP_PREFIX = "domain:"
 PROJECT_GROUP_PREFIX = "project:"
 ROLE_PREFIX = "labfleet-"
@@ -37,6 +38,10 @@ def _service_access() -> str:
     return f"access:services!service={SERVICE_NAME}"
 
 
+def _console_access() -> str:
+    return f"access:services!service={ADMIN_SERVICE_NAME}"
+
+
 def hub_roles(role: str, domain: str) -> list[dict]:
     """Authenticator-managed Hub roles for a labfleet role.
 
@@ -51,6 +56,7 @@ def hub_roles(role: str, domain: str) -> list[dict]:
                 "description": f"labfleet domain admin of {domain}",
                 "scopes": [
                     _service_access(),
+                    _console_access(),
                     "admin-ui",
                     f"list:users{g}",
                     f"admin:users{g}",
@@ -68,6 +74,7 @@ def hub_roles(role: str, domain: str) -> list[dict]:
                 "description": "labfleet monitor: reads the whole fleet, changes nothing",
                 "scopes": [
                     _service_access(),
+                    _console_access(),
                     "admin-ui",
                     "list:users",
                     "read:users",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hub_ext.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE
-from hub_ext.core.hubmap import SERVICE_NAME
+from hub_ext.core.hubmap import ADMIN_SERVICE_NAME, SERVICE_NAME
 from hub_ext.core.rights import RIGHTS
 from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file
 
@@ -31,6 +31,7 @@ def service_environment(environ: dict[str, str] | os._Environ[str]) -> dict[str,
 
 
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
+ADMIN_PORT_ENV = "LABFLEET_ADMIN_PORT"
 BACKEND_ENV = "LABFLEET_BACKEND"
 SESSION_LOG_DIR_ENV = "LABFLEET_SESSION_LOG_DIR"
 STORAGE_HOSTS_ENV = "LABFLEET_STORAGE_HOSTS"
@@ -84,6 +85,27 @@ def service_args(settings: dict[str, Any]) -> list[str]:
             text = json.dumps(item) if isinstance(item, dict | list) else str(item)
             args.append(f"--LabfleetService.{name}={text}")
     return args
+
+
+def admin_service(service_port: int, repo_root: str) -> dict[str, Any]:
+    """The admin console: Voila dashboards in a jupyter-server run by ``jupyterhub-singleuser`` as a
+    Hub service (admin_dashboards/). People reach it through the Hub's OAuth with no confirmation
+    page; the tokens the Hub issues to it for them also reach the labfleet service, which the
+    dashboards' kernels call as the viewer. Its port: $LABFLEET_ADMIN_PORT, else the service's + 1."""
+    port = int(os.environ.get(ADMIN_PORT_ENV) or service_port + 1)
+    config = str(Path(repo_root) / "admin_dashboards" / "jupyter_server_config.py")
+    return {
+        "name": ADMIN_SERVICE_NAME,
+        "display": True,
+        "url": f"http://127.0.0.1:{port}",
+        "command": [sys.executable, "-m", "jupyterhub.singleuser", f"--config={config}"],
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": [f"access:services!service={SERVICE_NAME}"],
+        "environment": {
+            "LABFLEET_SERVICE_URL": f"http://127.0.0.1:{service_port}/services/{SERVICE_NAME}/api",
+            "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
+        },
+    }
 
 
 def configure(
@@ -142,7 +164,7 @@ def configure(
     c.JupyterHub.services = [
         s
         for s in (c.JupyterHub.services if "services" in c.JupyterHub else [])
-        if s.get("name") != SERVICE_NAME
+        if s.get("name") not in (SERVICE_NAME, ADMIN_SERVICE_NAME)
     ] + [
         {
             "name": SERVICE_NAME,
@@ -159,7 +181,8 @@ def configure(
                 # So the service imports this checkout even when labfleet is not installed.
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
             },
-        }
+        },
+        admin_service(port, repo_root),
     ]
     roles = [
         r

@@ -31,6 +31,7 @@ def test_service_args_give_one_argument_per_item():
 
 
 def test_configure_passes_settings_to_the_service_and_leaves_the_environment_alone(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABFLEET_ADMIN_PORT", raising=False)
     for name in (
         "LABFLEET_DB_URL",
         "LABFLEET_SECRET_KEY_FILE",
@@ -50,7 +51,12 @@ def test_configure_passes_settings_to_the_service_and_leaves_the_environment_alo
         service_config={"schedule_interval": 2, "idle_check_interval": 7},
     )
     assert dict(os.environ) == before
-    (service,) = c.JupyterHub.services
+    service, console = c.JupyterHub.services
+    # The admin console beside it: a Hub login with no confirmation page, tokens that reach the service
+    assert console["name"] == "labfleet-admin" and console["oauth_no_confirm"] is True
+    assert console["oauth_client_allowed_scopes"] == ["access:services!service=labfleet"]
+    assert console["url"] == "http://127.0.0.1:12346"
+    assert console["environment"]["LABFLEET_SERVICE_URL"] == "http://127.0.0.1:12345/services/labfleet/api"
     assert service["url"] == "http://127.0.0.1:12345"
     command = service["command"]
     # The DB URL may carry a password: in the service's environment, never on its command line.
@@ -77,7 +83,7 @@ def test_every_labfleet_variable_of_the_hub_reaches_the_service(tmp_path, monkey
     monkeypatch.setenv("UNRELATED_SECRET", "x")
     c = Config()
     configure(c, tmp_path, service_port=12345, db_url="sqlite:///given.sqlite", device_plugins=["mock"])
-    (service,) = c.JupyterHub.services
+    service, _ = c.JupyterHub.services
     env = service["environment"]
     assert env["LABFLEET_IDLE_CHECK_INTERVAL"] == "3" and env["LABFLEET_IDLE_TIMEOUT"] == "900"
     assert env["DOCKER_HOST"] == "unix:///tmp/docker.sock" and "UNRELATED_SECRET" not in env

@@ -1,0 +1,31 @@
+"""The admin service's jupyter-server (``jupyterhub-singleuser --config=<this file>``): Voila and the
+console's short paths, the dashboards' folder, and kernels that get no token of the service's."""
+
+import os
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (jupyter-server's config loader defines it)
+
+HERE = Path(__file__).resolve().parent
+c.ServerApp.root_dir = str(HERE / "notebooks")
+c.ServerApp.default_url = "/admin"
+# Only what the console needs: no JupyterLab, no labfleet session extension, no terminals.
+c.ServerApp.jpserver_extensions = {
+    "voila": True,
+    "admin_dashboards": True,
+    "server_ext": False,
+    "jupyterlab": False,
+    "jupyter_server_terminals": False,
+    "jupyter_lsp": False,
+    "notebook_shim": False,
+    "jupyter_server_proxy": False,
+}
+c.ServerApp.terminals_enabled = False
+c.ServerApp.allow_root = (
+    os.geteuid() == 0
+)  # the embedded Hub may run as root (its kernels are the viewer's pages)
+c.ServerApp.kernel_manager_class = "admin_dashboards.kernels.ViewerKernelManager"
+c.VoilaConfiguration.prelaunch_hook = __import__(
+    "admin_dashboards.viewer", fromlist=["inject_viewer"]
+).inject_viewer
+c.VoilaConfiguration.show_tracebacks = False  # a traceback could show a cell's source

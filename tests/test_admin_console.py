@@ -1,0 +1,190 @@
+"""The admin console (``labfleet-admin``: Voila dashboards as a Hub service) in a real Hub with
+Chromium: who gets in, what each sees, and that its actions are the viewer's own.
+
+- superadmin, domain admin and monitor open the front page (counts read as themselves); a plain user
+  gets 403;
+- the sessions page shows a domain admin only their domain's sessions, disables the monitor's
+  stop buttons, and a superadmin's stop through the page ends the session, audited with the
+  superadmin as the actor;
+- the dashboards' kernels never see the service's own token.
+Screenshots go to test-artifacts/admin/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from admin_dashboards.kernels import kernel_environment
+from tests.hubfixture import ADMIN_PASSWORD, start_hub
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = pytest.mark.hub
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("LABFLEET_TEST_ARTIFACTS", REPO / "test-artifacts")) / "admin"
+PASSWORD = "console-password-1"
+WAIT_MS = 60_000
+PEOPLE = [
+    ("carol", "acme", "admin", []),
+    ("dave", "beta", "admin", []),
+    ("mona", "acme", "monitor", []),
+    ("alice", "acme", "user", ["ml"]),
+    ("erin", "beta", "user", ["web"]),
+]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    state = tmp_path_factory.mktemp("admin")
+    # Bare admissions (no Hub server) keep their slots for the module's length.
+    (state / "labfleet_service_config.py").write_text("c.LabfleetService.reconcile_grace = 3600\n")
+    h = start_hub(state)
+    try:
+        root = h.wait_token("root")
+        for path, body in [
+            ("/domains", {"name": "acme"}),
+            ("/domains", {"name": "beta"}),
+            ("/projects", {"domain": "acme", "name": "ml"}),
+            ("/projects", {"domain": "beta", "name": "web"}),
+        ]:
+            assert h.api("POST", path, root, json=body).status_code == 201
+        for name, domain, role, projects in PEOPLE:
+            body = {
+                "username": name,
+                "domain": domain,
+                "role": role,
+                "projects": projects,
+                "password": PASSWORD,
+            }
+            r = h.api("POST", "/users", root, json=body)
+            assert r.status_code == 201, r.text
+        h.sessions = {}
+        for user, project in (("alice", "acme/ml"), ("erin", "beta/web")):
+            r = h.api(
+                "POST",
+                "/sessions",
+                h.service_token,
+                json={"username": user, "project": project, "slots": {"cpu": 0.1}},
+            )
+            assert r.status_code == 201, r.text
+            h.sessions[user] = r.json()["id"]
+        h.root_token = root
+        yield h
+    finally:
+        h.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert shutil.which(CHROMIUM), "Chromium is missing: bash scripts/setup.sh --test installs it"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def login(browser, hub, name: str):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", name)
+    page.fill("#password_input", ADMIN_PASSWORD if name == "root" else PASSWORD)
+    page.click("#login_submit")
+    page.wait_for_url("**/hub/**", timeout=WAIT_MS)
+    return page
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+@pytest.mark.parametrize("name, role", [("root", "superadmin"), ("carol", "admin"), ("mona", "monitor")])
+def test_admins_and_monitors_open_the_console_as_themselves(hub, browser, name, role):
+    page = login(browser, hub, name)
+    t = time.monotonic()
+    page.goto(f"{hub.url}/services/labfleet-admin/")
+    page.wait_for_selector(".lf-card", timeout=WAIT_MS)
+    took = time.monotonic() - t
+    text = page.inner_text("body")
+    assert f"Viewing as {name} ({role})" in text
+    assert "Users" in text and "Sessions" in text and "Statistics" in text
+    # What each may see: the superadmin and the monitor every live session, carol her domain's
+    sessions = page.locator(".lf-card", has_text="Sessions").locator(".lf-count").inner_text()
+    assert sessions == ("1" if name == "carol" else "2"), (name, sessions)
+    shot(page, f"index-{name}")
+    page.close()
+    assert took < 60
+
+
+def test_a_plain_user_gets_403(hub, browser):
+    page = login(browser, hub, "alice")
+    response = page.goto(f"{hub.url}/services/labfleet-admin/sessions")
+    assert response is not None and response.status == 403
+    shot(page, "index-alice-403")
+    page.close()
+
+
+def _sessions_page(browser, hub, name):
+    page = login(browser, hub, name)
+    page.goto(f"{hub.url}/services/labfleet-admin/sessions")
+    page.wait_for_selector("text=Viewing as", timeout=WAIT_MS)
+    page.wait_for_selector("text=session", timeout=WAIT_MS)
+    return page
+
+
+def _stop_button(page, sid):
+    """The stop button on the session's row of the grid (8 cells a row, the button last)."""
+    cell = page.locator(".widget-gridbox > .widget-html", has_text=sid[:8])
+    cell.wait_for(timeout=WAIT_MS)
+    return cell.locator("xpath=following-sibling::*[7]")
+
+
+def test_a_domain_admin_sees_only_their_domain(hub, browser):
+    page = _sessions_page(browser, hub, "carol")
+    page.wait_for_selector(f"text={hub.sessions['alice'][:8]}", timeout=WAIT_MS)
+    assert hub.sessions["erin"][:8] not in page.inner_text("body")
+    shot(page, "sessions-carol")
+    page.close()
+
+
+def test_the_monitor_reads_everything_and_its_buttons_are_disabled(hub, browser):
+    page = _sessions_page(browser, hub, "mona")
+    for user in ("alice", "erin"):
+        assert _stop_button(page, hub.sessions[user]).is_disabled()
+    shot(page, "sessions-mona")
+    page.close()
+
+
+def test_a_stop_through_the_page_is_the_viewers_own(hub, browser):
+    sid = hub.sessions["alice"]
+    page = _sessions_page(browser, hub, "root")
+    _stop_button(page, sid).click()
+    page.wait_for_selector(f"text=Stopped session {sid}", timeout=WAIT_MS)
+    # The list follows: a stopped session is no longer live
+    page.locator(".widget-gridbox > .widget-html", has_text=sid[:8]).wait_for(state="detached", timeout=WAIT_MS)
+    shot(page, "sessions-root-stopped")
+    page.close()
+    assert hub.api("GET", f"/sessions/{sid}", hub.root_token).json()["status"] == "TERMINATED"
+    audit = hub.api("GET", "/audit", hub.root_token, params={"limit": 1000}).json()
+    (entry,) = [a for a in audit if a["action"] == "session.terminate" and a["target"] == sid]
+    assert entry["actor"] == "root"
+
+
+def test_kernels_get_no_token_of_the_services():
+    env = kernel_environment(
+        {
+            "JUPYTERHUB_API_TOKEN": "s",
+            "JPY_API_TOKEN": "s",
+            "LABFLEET_SERVICE_TOKEN": "s",
+            "OAUTH_SECRET": "s",
+            "PATH": "/bin",
+        }
+    )
+    assert env == {"PATH": "/bin"}
