@@ -125,9 +125,9 @@ class CheckerPreview(ListCommand):
         from hub_ext.reclaim import engine
 
         now = datetime.now(timezone.utc)
-        views = self.transaction(
-            lambda db: engine.preview(db, self.actor, now, engine.Settings())["sessions"]
-        )
+        # The service's global default, as the service would read it here
+        settings = engine.Settings(default_idle_timeout=float(os.environ.get("LABFLEET_IDLE_TIMEOUT") or 0))
+        views = self.transaction(lambda db: engine.preview(db, self.actor, now, settings)["sessions"])
         self.emit(views, ["session", "user/server", "group", "checker", "now", "why"], _preview_row)
 
 
