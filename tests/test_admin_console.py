@@ -168,7 +168,9 @@ def test_a_stop_through_the_page_is_the_viewers_own(hub, browser):
     _stop_button(page, sid).click()
     page.wait_for_selector(f"text=Stopped session {sid}", timeout=WAIT_MS)
     # The list follows: a stopped session is no longer live
-    page.locator(".widget-gridbox > .widget-html", has_text=sid[:8]).wait_for(state="detached", timeout=WAIT_MS)
+    page.locator(".widget-gridbox > .widget-html", has_text=sid[:8]).wait_for(
+        state="detached", timeout=WAIT_MS
+    )
     shot(page, "sessions-root-stopped")
     page.close()
     assert hub.api("GET", f"/sessions/{sid}", hub.root_token).json()["status"] == "TERMINATED"
@@ -188,3 +190,42 @@ def test_kernels_get_no_token_of_the_services():
         }
     )
     assert env == {"PATH": "/bin"}
+
+
+def test_the_hubs_user_api_leaves_what_labfleet_owns_to_labfleet(hub):
+    carol = hub.wait_token("carol")
+    refused = [
+        hub.hub_api("PATCH", "/users/alice", carol, json={"name": "alice2"}),
+        hub.hub_api("DELETE", "/users/alice", carol),
+        hub.hub_api("POST", "/users/newbie", carol),
+        hub.hub_api("POST", "/users", carol, json={"usernames": ["newbie"]}),
+        hub.hub_api("PATCH", "/users/alice", json={"admin": True}),  # the Hub's own admin token
+    ]
+    for r in refused:
+        assert r.status_code == 403, r.text
+        assert "labfleet manages users" in r.json()["message"], r.text
+    assert hub.hub_api("GET", "/users/alice").json()["name"] == "alice"
+    assert hub.hub_api("GET", "/users/alice2").status_code == 404
+    # What labfleet does still reaches the Hub (the service creates its users there)
+    assert (
+        hub.api("POST", "/users", hub.root_token, json={"username": "zoe", "domain": "acme"}).status_code
+        == 201
+    )
+    hub.wait_user("zoe")
+    # A domain admin's Hub still lists their domain's users only
+    names = {u["name"] for u in hub.hub_api("GET", "/users", carol).json()}
+    assert "alice" in names and "erin" not in names and "dave" not in names
+
+
+@pytest.mark.parametrize("name, sees", [("carol", True), ("mona", True), ("root", True), ("alice", False)])
+def test_the_hubs_pages_link_the_console_for_those_who_may_open_it(hub, browser, name, sees):
+    page = login(browser, hub, name)
+    page.goto(f"{hub.url}/hub/home")
+    page.wait_for_selector("nav", timeout=WAIT_MS)
+    link = page.locator("a.nav-link", has_text="Fleet admin")
+    assert link.count() == (1 if sees else 0)
+    if sees and name == "carol":
+        shot(page, "hub-navbar-carol")
+        link.click()
+        page.wait_for_selector(".lf-card", timeout=WAIT_MS)
+    page.close()

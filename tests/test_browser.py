@@ -9,6 +9,11 @@ its own file browser then shows) and stops it, opens TensorBoard from the Apps l
 bar, which opens the Fleet panel when clicked (or with Enter or Space). The new-session and new-folder
 forms fit the panel at its default width (no input or select runs past it, no text under a select's
 arrow). Screenshots of the sidebar and the forms (light and dark themes) go to test-artifacts/browser/.
+
+"Warn first": an idle checker with a short timeout, bound to a project of its own, brings a session's
+idle reclamation within 10 minutes: the sidebar and the status bar count down to it, a notification
+comes 5 minutes before it, and "I'm still here" (the notification's button, then the sidebar's) resets
+the idle timer; the warning goes when the answer moves the deadline out of the last 10 minutes.
 """
 
 from __future__ import annotations
@@ -500,3 +505,174 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     time.sleep(1)  # the widgets' first refresh fills their rows
     shot(voila, "voila-widgets", None)
     context.close()
+
+
+COUNTDOWN = re.compile(r"^(\d):(\d\d)$")
+
+
+def countdown_seconds(page) -> int:
+    """The sidebar's idle countdown (M:SS) in seconds."""
+    text = page.locator(tid("lf-idle-countdown")).inner_text().strip()
+    m = COUNTDOWN.match(text)
+    assert m, f"the countdown reads {text!r}, not M:SS"
+    return int(m.group(1)) * 60 + int(m.group(2))
+
+
+def is_still_here(response) -> bool:
+    """The POST of "I'm still here" (the page adds a query to every URL it asks, against caches)."""
+    return "/labfleet/session/still-here" in response.url and response.request.method == "POST"
+
+
+def toast_settled(page, toast) -> None:
+    """Wait until a notification toast has slid in (its whole box within the window)."""
+    width = page.viewport_size["width"]
+    deadline = time.monotonic() + 10
+    while True:
+        box = toast.bounding_box()
+        if box and box["x"] >= 0 and box["x"] + box["width"] <= width:
+            time.sleep(0.3)
+            if toast.bounding_box() == box:
+                return
+        assert time.monotonic() < deadline, f"the toast did not settle: {box}"
+        time.sleep(0.1)
+
+
+def use_theme(page, theme: str) -> None:
+    """Switch JupyterLab's theme from the command palette ("JupyterLab Light", "JupyterLab Dark"); a
+    user's choice stays in their settings, so a test that wants one theme says so."""
+    light = "true" if "Light" in theme else "false"
+    if page.evaluate("document.body.dataset.jpThemeLight") == light:
+        return
+    page.keyboard.press("Control+Shift+C")  # the command palette
+    page.fill(".lm-CommandPalette-input", f"Use Theme: {theme}")
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"document.body.dataset.jpThemeLight === '{light}'", timeout=WAIT_MS)
+    time.sleep(0.5)  # the theme's stylesheet applies after the attribute changes
+
+
+def set_idle_timeout(hub, root: str, name: str, timeout: float) -> None:
+    r = hub.api("PATCH", f"/idle-checkers/{name}", root, json={"options": {"timeout": timeout}})
+    assert r.status_code == 200, r.text
+
+
+def test_the_idle_warning_in_jupyterlab(hub, browser):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
+    root = hub.wait_token("root")
+    # A project of its own, so that the short idle timeout below applies to this test's session only.
+    r = hub.api("POST", "/projects", root, json={"domain": "acme", "name": "idle"})
+    assert r.status_code == 201, r.text
+    r = hub.api("POST", "/projects/acme/idle/members", root, json={"username": "alice"})
+    assert r.status_code == 201, r.text
+    checker = "browser-idle"
+    # 9 minutes without activity: the deadline is inside the last 10 minutes from the start.
+    r = hub.api(
+        "POST",
+        "/idle-checkers",
+        root,
+        json={
+            "name": checker,
+            "kind": "activity",
+            "options": {"timeout": 540},
+            "bindings": [{"scope": "project", "name": "acme/idle"}],
+        },
+    )
+    assert r.status_code == 201, r.text
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    try:
+        r = hub.hub_api("POST", "/users/alice/servers/idle", json={"project": "acme/idle"})
+        assert r.status_code in (201, 202), r.text
+        page.goto(f"{hub.url}/hub/login")
+        page.fill("#username_input", "alice")
+        page.fill("#password_input", PASSWORD)
+        page.click("#login_submit")
+        page.wait_for_url("**/hub/**", timeout=WAIT_MS)
+        deadline = time.monotonic() + 90
+        while not (hub.hub_api("GET", "/users/alice").json()["servers"].get("idle") or {}).get("ready"):
+            assert time.monotonic() < deadline, f"the session never became ready\n{hub.log_text()[-3000:]}"
+            time.sleep(0.3)
+        open_lab(page, f"{hub.url}/user/alice/idle/lab")
+        use_theme(page, "JupyterLab Light")  # the sidebar test leaves alice's Lab dark
+        sidebar = open_fleet(page)
+        expand(page, "session")
+        expect(page.locator(tid("lf-this-project"))).to_have_text("acme/idle")
+
+        # The warning: a countdown under 10:00 that ticks in the page, why, and the button.
+        warning = page.locator(tid("lf-idle-warning"))
+        expect(warning).to_be_visible()
+        expect(page.locator(tid("lf-idle-title"))).to_contain_text(
+            "This session will be stopped for inactivity in "
+        )
+        first = countdown_seconds(page)
+        assert 0 < first < 600, first
+        time.sleep(2.2)
+        second = countdown_seconds(page)
+        assert 1 <= first - second <= 4, (first, second)
+        expect(page.locator(tid("lf-idle-why"))).to_contain_text(f'the idle checker "{checker}"')
+        expect(page.locator(tid("lf-idle-why"))).to_contain_text("9 minutes without activity")
+        expect(page.locator(tid("lf-section-badge-session"))).to_have_text(
+            re.compile(r"^idle: stops in \d:\d\d$")
+        )
+        expect(page.locator(tid("lf-still-here"))).to_have_text("I'm still here")
+        shot(page, "sidebar-idle-warning-light", sidebar)
+        shot(page, "sidebar-idle-warning-section-light", page.locator(tid("lf-section-session")))
+        # The status bar counts down as well.
+        status_idle = page.locator(tid("lf-statusbar-idle"))
+        expect(status_idle).to_have_text(re.compile(r"^idle: stops in \d:\d\d$"))
+        expect(page.locator(".jp-StatusBar-Item.lf-statusbar")).to_have_attribute(
+            "aria-label", re.compile(r"stopped for inactivity in about \d+ min\)$")
+        )
+        shot(page, "statusbar-idle-warning-light", page.locator(".jp-StatusBar-Left"))
+        shot(page, "lab-idle-warning-light")
+
+        # 5 minutes or less: a notification with its own "I'm still here"; its click resets the idle timer.
+        set_idle_timeout(hub, root, checker, 290)
+        toast = page.locator(".Toastify__toast", has_text="will be stopped for inactivity in")
+        expect(toast).to_be_visible()
+        expect(toast).to_contain_text(re.compile(r"in about \d minutes? \(at "))
+        # JupyterLab's own question about its news, when it shows, is answered: not in the picture.
+        news = page.locator(".Toastify__toast", has_text="official Jupyter news")
+        if news.count():
+            news.get_by_role("button", name="No", exact=True).click()
+            expect(news).to_have_count(0)
+        toast_settled(page, toast)
+        shot(page, "lab-idle-notification-light")
+        shot(page, "toast-idle-notification-light", toast)
+        with page.expect_response(is_still_here) as answer:
+            toast.locator(".jp-toast-button", has_text="I'm still here").click()
+        assert answer.value.status == 200, answer.value.text()
+        idle = answer.value.json()
+        assert idle["idle_for"] < 5 and idle["timeout"] == 290, idle
+        expect(toast).to_have_count(0)
+        # Still inside the window (the rule's timeout is under 10 minutes): the countdown starts again.
+        expect(page.locator(tid("lf-idle-countdown"))).to_have_text(re.compile(r"^4:[45]\d$"))
+        # The warning in the dark theme.
+        use_theme(page, "JupyterLab Dark")
+        shot(page, "sidebar-idle-warning-dark", page.locator(tid("lf-section-session")))
+        shot(page, "statusbar-idle-warning-dark", page.locator(".jp-StatusBar-Left"))
+        use_theme(page, "JupyterLab Light")
+
+        # A timeout just over 10 minutes: the warning shows once 15 s have gone without activity, and
+        # "I'm still here" in the sidebar moves the deadline out of the last 10 minutes: the warning goes.
+        set_idle_timeout(hub, root, checker, 615)
+        expect(page.locator(tid("lf-idle-countdown"))).to_have_text(re.compile(r"^9:\d\d$"), timeout=90_000)
+        with page.expect_response(is_still_here) as answer:
+            page.locator(tid("lf-still-here")).click()
+        assert answer.value.status == 200, answer.value.text()
+        idle = answer.value.json()
+        reclaim_at = datetime.fromisoformat(idle["reclaim_at"])
+        assert (reclaim_at - datetime.now(timezone.utc)).total_seconds() > 600, idle
+        expect(warning).to_have_count(0)
+        expect(status_idle).to_have_count(0)
+        expect(page.locator(tid("lf-section-badge-session"))).to_have_text("RUNNING")
+        shot(page, "sidebar-idle-after-still-here-light", sidebar)
+        # The service recorded both, as the user's own.
+        audit = hub.api("GET", "/audit", root, params={"action": "session.still-here"})
+        assert audit.status_code == 200, audit.text
+        assert len([row for row in audit.json() if "alice" in row["actor"]]) >= 2, audit.json()
+    finally:
+        context.close()
+        hub.api("DELETE", f"/idle-checkers/{checker}", root)
+        hub.hub_api("DELETE", "/users/alice/servers/idle")

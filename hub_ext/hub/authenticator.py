@@ -26,6 +26,7 @@ from jupyterhub.auth import Authenticator
 from jupyterhub.utils import maybe_future
 from traitlets import Bool, Dict, Float, List, Unicode, default, import_item, validate
 
+from hub_ext.hub import users_api
 from hub_ext.hub.client import LabfleetServiceClient
 from hub_ext.hub.client import Reply as _Reply
 
@@ -216,6 +217,10 @@ class LabfleetBaseAuthenticator(LabfleetServiceClient, Authenticator):
             self.log.warning("labfleet: could not refresh %s; a new login is required", user.name)
             return False
         return model
+
+    def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
+        """The login handler, and the Hub user API kept consistent with labfleet (hub_ext.hub.users_api)."""
+        return [*users_api.handlers(), *super().get_handlers(app)]
 
     async def load_managed_roles(self) -> list[dict]:
         """No roles at start-up: labfleet's roles are created at login from the auth model's role specs

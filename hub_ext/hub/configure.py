@@ -204,6 +204,10 @@ def configure(
         },
     ]
     c.JupyterHub.authenticator_class = "labfleet"
+    # The Hub's pages with a "Fleet admin" link (hub_ext/hub/templates), before any configured path
+    templates = str(Path(__file__).parent / "templates")
+    configured = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
+    c.JupyterHub.template_paths = [templates, *(p for p in configured if p != templates)]
     # The authenticator and the spawners alike.
     c.LabfleetServiceClient.service_url = f"http://127.0.0.1:{port}/services/{SERVICE_NAME}/api"
     c.LabfleetServiceClient.service_token = token

@@ -13,6 +13,7 @@ import type {
   IApp,
   IFolder,
   IFolderCreate,
+  IIdleInfo,
   IInvitation,
   ILaunchOptions,
   IMountedFolder,
@@ -126,6 +127,11 @@ export class FleetAPI {
 
   session(): Promise<ISessionInfo> {
     return this.request('session');
+  }
+
+  /** "I'm still here": counts as activity now; answers the idle object after it. */
+  stillHere(): Promise<IIdleInfo> {
+    return this.request('session/still-here', { method: 'POST' });
   }
 
   usage(): Promise<IUsage> {

@@ -18,6 +18,7 @@ import { Signal } from '@lumino/signaling';
 
 import { FleetAPI } from './api';
 import { fleetIcon } from './icons';
+import { IdleWatch } from './idle';
 import { sessionDisplayName } from './model';
 import { FleetSidebar, type IFleetActions } from './sidebar';
 import { UsageStatus } from './statusbar';
@@ -103,7 +104,9 @@ function activate(
     }
   };
 
-  const sidebar = new FleetSidebar(store, actions, intervalMs);
+  // The countdown to an idle reclamation: the panel, the status bar and notifications.
+  const idle = new IdleWatch(store);
+  const sidebar = new FleetSidebar(store, actions, intervalMs, idle);
   app.shell.add(sidebar, 'left', { rank: 850 });
   if (restorer) {
     restorer.add(sidebar, sidebar.id);
@@ -114,7 +117,12 @@ function activate(
   const statusChanged = new Signal<FleetStore, void>(store);
   if (statusBar) {
     // A click, Enter or Space on the item opens the Fleet panel (the same command as the palette's).
-    usage = new UsageStatus(api, intervalMs, () => void app.commands.execute(CommandIDs.show));
+    usage = new UsageStatus(
+      api,
+      intervalMs,
+      () => void app.commands.execute(CommandIDs.show),
+      idle
+    );
     statusBar.registerStatusItem('@labfleet/labextension:usage', {
       item: usage,
       align: 'left',

@@ -15,6 +15,8 @@ import { Sessions } from './components/Sessions';
 import { ThisSession } from './components/ThisSession';
 import { Usage } from './components/Usage';
 import { fleetIcon } from './icons';
+import type { IdleWatch } from './idle';
+import { idleWarning } from './model';
 import type { FleetStore, SectionId } from './store';
 import type { IApp, ISessionSummary } from './types';
 
@@ -50,6 +52,7 @@ export function FleetPanel(props: {
 }): JSX.Element {
   const { store, actions } = props;
   const d = store.data;
+  const idle = idleWarning(d.session?.idle, store.idleSecondsLeft());
   const section = (id: SectionId, badge: string | undefined, body: React.ReactNode) => (
     <Section
       id={id}
@@ -57,6 +60,8 @@ export function FleetPanel(props: {
       open={store.isOpen(id)}
       onToggle={() => store.toggle(id)}
       badge={badge}
+      badgeWarn={id === 'session' && idle !== null}
+      badgeTestid={`lf-section-badge-${id}`}
     >
       {body}
     </Section>
@@ -77,7 +82,7 @@ export function FleetPanel(props: {
       </div>
       {section(
         'session',
-        d.session?.status ?? undefined,
+        idle ? idle.short : (d.session?.status ?? undefined),
         <ThisSession store={store} onStop={() => void actions.stopThisSession()} />
       )}
       {section('quota', undefined, <Quota store={store} />)}
@@ -100,7 +105,11 @@ export function FleetPanel(props: {
 }
 
 export class FleetSidebar extends ReactWidget {
-  constructor(store: FleetStore, actions: IFleetActions, intervalMs: number) {
+  /**
+   * @param idle the idle countdown: its ticks redraw the panel in the last minutes before an
+   *   idle reclamation.
+   */
+  constructor(store: FleetStore, actions: IFleetActions, intervalMs: number, idle?: IdleWatch) {
     super();
     this.store = store;
     this._actions = actions;
@@ -112,6 +121,7 @@ export class FleetSidebar extends ReactWidget {
     // bar item, command palette) puts focus into it.
     this.node.tabIndex = -1;
     store.changed.connect(() => this.update(), this);
+    idle?.changed.connect(() => this.update(), this);
     this._poll = new Poll({
       factory: () => store.refresh(),
       frequency: { interval: intervalMs, backoff: true, max: 10 * intervalMs },

@@ -1,5 +1,6 @@
 /**
- * The status bar item: this session's GPU, CPU and memory use, with a tooltip per device.
+ * The status bar item: this session's GPU, CPU and memory use, with a tooltip per device; in
+ * the last minutes before an idle reclamation, a countdown to it as well.
  * The whole item is one button (mouse, Enter, Space) that opens the Fleet panel.
  */
 import { ReactWidget } from '@jupyterlab/ui-components';
@@ -8,18 +9,22 @@ import * as React from 'react';
 
 import type { FleetAPI } from './api';
 import { fleetIcon } from './icons';
-import { quotaLevel, usageSummary, usageTooltip } from './model';
+import type { IdleWatch } from './idle';
+import { type IIdleWarning, quotaLevel, usageSummary, usageTooltip } from './model';
 import type { IUsage } from './types';
 
 export class UsageStatus extends ReactWidget {
   /**
    * @param onActivate what a click, Enter or Space on the item does (index.ts: run the
    *   command that opens the Fleet panel).
+   * @param idle the idle countdown, shown in its last minutes.
    */
-  constructor(api: FleetAPI, intervalMs: number, onActivate: () => void) {
+  constructor(api: FleetAPI, intervalMs: number, onActivate: () => void, idle?: IdleWatch) {
     super();
     this._api = api;
     this._onActivate = onActivate;
+    this._idle = idle ?? null;
+    idle?.changed.connect(() => this.update(), this);
     // jp-mod-highlighted: the status bar's own hover look for items that do something.
     this.addClass('lf-statusbar');
     this.addClass('jp-mod-highlighted');
@@ -41,13 +46,23 @@ export class UsageStatus extends ReactWidget {
   }
 
   /** What a screen reader says for the item: what it does, then what it shows. */
-  static ariaLabel(usage: IUsage | null, error: string | null): string {
+  static ariaLabel(
+    usage: IUsage | null,
+    error: string | null,
+    idle: IIdleWarning | null = null
+  ): string {
     const what = error
       ? `usage unavailable: ${error}`
       : usage
         ? `usage ${usageSummary(usage)}`
         : 'no usage yet';
-    return `Open the Fleet panel (labfleet ${what})`;
+    // Minutes, not the seconds that tick: the label is not re-read every second.
+    const warn = idle
+      ? idle.secondsLeft > 0
+        ? `; stopped for inactivity in about ${Math.max(1, Math.round(idle.secondsLeft / 60))} min`
+        : '; about to be stopped for inactivity'
+      : '';
+    return `Open the Fleet panel (labfleet ${what}${warn})`;
   }
 
   set intervalMs(ms: number) {
@@ -66,8 +81,9 @@ export class UsageStatus extends ReactWidget {
 
   protected render(): JSX.Element {
     const u = this._usage;
+    const idle = this._idle?.warning ?? null;
     const tooltip = this._error ? `labfleet usage: ${this._error}` : usageTooltip(u);
-    this.node.setAttribute('aria-label', UsageStatus.ariaLabel(u, this._error));
+    this.node.setAttribute('aria-label', UsageStatus.ariaLabel(u, this._error, idle));
     // The busiest device's memory decides the colour: a session near its share's limit
     // is about to be stopped by the framework's allocator.
     const level = (u?.gpus ?? []).reduce<string>((worst, g) => {
@@ -83,6 +99,15 @@ export class UsageStatus extends ReactWidget {
       >
         <fleetIcon.react tag="span" className="lf-statusbar-icon" />
         <span>{this._error ? 'labfleet: –' : usageSummary(u)}</span>
+        {idle ? (
+          <span
+            className="lf-statusbar-idle"
+            data-testid="lf-statusbar-idle"
+            title={`${idle.title}. ${idle.why}`}
+          >
+            {idle.short}
+          </span>
+        ) : null}
       </div>
     );
   }
@@ -117,6 +142,7 @@ export class UsageStatus extends ReactWidget {
   };
 
   private _api: FleetAPI;
+  private _idle: IdleWatch | null;
   private _onActivate: () => void;
   private _poll: Poll;
   private _usage: IUsage | null = null;

@@ -11,10 +11,12 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { FleetAPI, LabfleetError } from './api';
+import { instantMs } from './model';
 import type {
   IApp,
   IFolder,
   IFolderCreate,
+  IIdleInfo,
   IInvitation,
   ILaunchOptions,
   IMountedFolder,
@@ -92,7 +94,7 @@ export class FleetStore {
     this.api = api;
     this.user = options.user;
     this.serverName = options.serverName;
-    this._now = options.now ?? Date.now;
+    this._now = options.now ?? (() => Date.now());
   }
 
   readonly api: FleetAPI;
@@ -120,6 +122,71 @@ export class FleetStore {
 
   now(): number {
     return this._now();
+  }
+
+  /** Whether a request for the resource is on its way. */
+  isFetching(resource: Resource): boolean {
+    return (this._inFlight[resource] ?? 0) > 0;
+  }
+
+  /** When a resource was last asked for (ms, this page's clock), answered or not; null: never. */
+  askedAt(resource: Resource): number | null {
+    return this._fetchedAt[resource] ?? null;
+  }
+
+  /**
+   * How far the server's clock is ahead of this page's (ms), from the session info's
+   * `started_at` and `uptime`: `reclaim_at` is the server's time.
+   */
+  get clockOffset(): number {
+    return this._clockOffset;
+  }
+
+  /** When the idle reclamation is due on this page's clock (ms); null: no rule plans one. */
+  idleDeadline(): number | null {
+    const at = instantMs(this._data.session?.idle?.reclaim_at);
+    return at === null ? null : at - this._clockOffset;
+  }
+
+  /** Seconds until the idle reclamation, now (negative: due); null: no rule plans one. */
+  idleSecondsLeft(): number | null {
+    const at = this.idleDeadline();
+    return at === null ? null : (at - this._now()) / 1000;
+  }
+
+  /** Whether an "I'm still here" is on its way. */
+  get stillHerePending(): boolean {
+    return this._stillHerePending;
+  }
+
+  /** Why the last "I'm still here" failed; null when it did not. */
+  get stillHereError(): string | null {
+    return this._stillHereError;
+  }
+
+  /**
+   * "I'm still here": counts as activity now; the answer (the idle object after it) replaces
+   * this session's.  Throws LabfleetError after keeping its message in `stillHereError`.
+   */
+  async stillHere(): Promise<IIdleInfo> {
+    this._stillHerePending = true;
+    this._changed.emit();
+    try {
+      const idle = await this.api.stillHere();
+      this._stillHereSeq += 1;
+      this._stillHereError = null;
+      const s = this._data.session;
+      if (s) {
+        this._data.session = { ...s, idle };
+      }
+      return idle;
+    } catch (e) {
+      this._stillHereError = messageOf(e);
+      throw e;
+    } finally {
+      this._stillHerePending = false;
+      this._changed.emit();
+    }
   }
 
   /** The quota bar warning ratio (settings). */
@@ -205,20 +272,25 @@ export class FleetStore {
   async fetch(resource: Resource): Promise<void> {
     // Counted from the ask, failed or not: a failing service is not asked more often.
     this._fetchedAt[resource] = this._now();
+    this._inFlight[resource] = (this._inFlight[resource] ?? 0) + 1;
+    const stillHereSeq = this._stillHereSeq;
     try {
       const value = await this._load(resource);
-      (this._data as any)[resource] = value;
       if (resource === 'session') {
         this._sessionAt = this._now();
         const s = value as ISessionInfo;
         if (s?.user) {
           this.user = s.user;
         }
+        this._keepIdle(s, stillHereSeq);
+        this._setClockOffset(s);
       }
+      (this._data as any)[resource] = value;
       delete this._errors[resource];
     } catch (e) {
       this._errors[resource] = messageOf(e);
     }
+    this._inFlight[resource] = (this._inFlight[resource] ?? 1) - 1;
     this._changed.emit();
   }
 
@@ -266,6 +338,35 @@ export class FleetStore {
     await Promise.all([this.fetch('invitations'), this.fetch('folders')]);
   }
 
+  /**
+   * The idle object a new session info should carry: the "I'm still here" answer that came
+   * after the info was asked for is newer; so is the last one while the service is not answering.
+   */
+  private _keepIdle(s: ISessionInfo | null, stillHereSeq: number): void {
+    const before = this._data.session?.idle;
+    if (!s || !before) {
+      return;
+    }
+    const newer = stillHereSeq !== this._stillHereSeq;
+    const unknown = (s.idle === null || s.idle === undefined) && s.service && s.service !== 'ok';
+    if (newer || unknown) {
+      s.idle = before;
+    }
+  }
+
+  /** The server's clock against this page's, kept steady: moved only by more than 2 s. */
+  private _setClockOffset(s: ISessionInfo | null): void {
+    const started = instantMs(s?.started_at);
+    if (started === null || typeof s?.uptime !== 'number') {
+      return;
+    }
+    // `uptime` is whole seconds, rounded down.
+    const offset = started + (s.uptime + 0.5) * 1000 - this._now();
+    if (Math.abs(offset - this._clockOffset) > 2000) {
+      this._clockOffset = offset;
+    }
+  }
+
   private _load(resource: Resource): Promise<unknown> {
     const api = this.api;
     switch (resource) {
@@ -306,10 +407,15 @@ export class FleetStore {
   };
   private _errors: Partial<Record<Resource, string>> = {};
   private _fetchedAt: Partial<Record<Resource, number>> = {};
+  private _inFlight: Partial<Record<Resource, number>> = {};
   private _open = new Set<SectionId>(SECTIONS);
   private _newSessionOpen = false;
   private _sessionAt = 0;
   private _warnRatio = 0.8;
+  private _clockOffset = 0;
+  private _stillHerePending = false;
+  private _stillHereError: string | null = null;
+  private _stillHereSeq = 0;
   private _now: () => number;
   private _changed = new Signal<this, void>(this);
 }

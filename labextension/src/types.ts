@@ -35,6 +35,25 @@ export interface IInference {
   example?: string;
 }
 
+/**
+ * Idle reclamation as the labfleet service judges it (`idle` of `GET labfleet/session`, and the
+ * answer of `POST labfleet/session/still-here`).
+ */
+export interface IIdleInfo {
+  /** Seconds since the session's last activity. */
+  idle_for: number;
+  /** Seconds of idleness after which it is reclaimed; null: never for idleness. */
+  timeout: number | null;
+  /** When the rule that reclaims it first will do it if nothing changes (ISO 8601); null: none will. */
+  reclaim_at: string | null;
+  /** The idle checker that would reclaim it (`policy:<name>` for a keypair policy's timeout). */
+  checker: string | null;
+  /** Why, in the service's words (`no activity for 420 s (timeout 540 s)`, `over the last ...`). */
+  reason: string | null;
+  /** Reclaimed only while another session waits for its resources. */
+  only_when_queue_waiting?: boolean;
+}
+
 /** `GET labfleet/session` */
 export interface ISessionInfo {
   id: string | null;
@@ -56,6 +75,8 @@ export interface ISessionInfo {
   max_lifetime: number | null;
   expires_at: string | null;
   time_left: number | null;
+  /** While the session runs; null or absent otherwise (or from an older server extension). */
+  idle?: IIdleInfo | null;
   urls: { lab?: string; base?: string };
   runner: IRunner | null;
   inference: IInference | null;

@@ -80,6 +80,24 @@ describe('FleetAPI requests', () => {
     expect(calls[0].headers.get('Authorization')).toBeNull();
   });
 
+  it('posts "I\'m still here" with the XSRF header and reads the idle object', async () => {
+    document.cookie = '_xsrf=2|abc|def';
+    const idle = {
+      idle_for: 0,
+      timeout: 540,
+      reclaim_at: '2026-11-24T10:09:00+00:00',
+      checker: 'short',
+      reason: 'no activity for 0 s (timeout 540 s)',
+      only_when_queue_waiting: false
+    };
+    const { api, calls } = fake(() => json(idle));
+    await expect(api.stillHere()).resolves.toEqual(idle);
+    expect(`${calls[0].method} ${calls[0].path}`).toBe(
+      'POST /user/alice/work/labfleet/session/still-here'
+    );
+    expect(calls[0].headers.get('X-XSRFToken')).toBe('2|abc|def');
+  });
+
   it('posts spawn options as JSON to the named session', async () => {
     const { api, calls } = fake(() => json({ name: 'exp-1', status: 'PENDING' }, 201));
     const options = {

@@ -24,7 +24,8 @@ function fakeApi(handlers: Record<string, Handler>): { api: FleetAPI; log: strin
     'invite',
     'invitations',
     'answerInvitation',
-    'storageHosts'
+    'storageHosts',
+    'stillHere'
   ];
   for (const name of names) {
     (api as any)[name] = (...args: unknown[]) => {
@@ -151,6 +152,89 @@ describe('FleetStore', () => {
     const store = new FleetStore(api, { user: 'bob', serverName: 'work' });
     await store.answerInvitation('i-1', true);
     expect(log.sort()).toEqual(['answerInvitation("i-1",true)', 'folders', 'invitations']);
+  });
+
+  it("counts the idle deadline on the server's clock", async () => {
+    // The page's clock is 2 minutes behind the server's: started 100 s before the server's now.
+    const serverNow = Date.parse('2026-11-24T10:00:00Z');
+    let now = serverNow - 120_000;
+    const idle = {
+      idle_for: 60,
+      timeout: 540,
+      reclaim_at: '2026-11-24T10:08:00Z',
+      checker: 'short',
+      reason: 'no activity for 60 s (timeout 540 s)'
+    };
+    const { api } = fakeApi({
+      session: async () => ({
+        ...SESSION,
+        started_at: new Date(serverNow - 100_000).toISOString(),
+        uptime: Math.floor((now + 120_000 - (serverNow - 100_000)) / 1000),
+        idle
+      })
+    });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work', now: () => now });
+    await store.fetch('session');
+    // `uptime` is whole seconds: within a second.
+    expect(Math.abs(store.clockOffset - 120_000)).toBeLessThanOrEqual(1000);
+    expect(Math.abs(store.idleSecondsLeft()! - 480)).toBeLessThanOrEqual(1);
+    now += 30_000;
+    expect(Math.abs(store.idleSecondsLeft()! - 450)).toBeLessThanOrEqual(1);
+    // A later answer a fraction of a second off does not move the offset (no jumps).
+    const before = store.clockOffset;
+    now += 400;
+    await store.fetch('session');
+    expect(store.clockOffset).toBe(before);
+  });
+
+  it('keeps the idle deadline while the service does not answer', async () => {
+    const idle = {
+      idle_for: 60,
+      timeout: 540,
+      reclaim_at: '2026-11-24T10:08:00Z',
+      checker: 'short',
+      reason: 'no activity for 60 s (timeout 540 s)'
+    };
+    let service = 'ok';
+    const { api } = fakeApi({
+      session: async () => ({ ...SESSION, idle: service === 'ok' ? idle : null, service })
+    });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    await store.fetch('session');
+    service = 'the labfleet service did not answer';
+    await store.fetch('session');
+    expect(store.data.session?.idle?.reclaim_at).toBe(idle.reclaim_at);
+    // An answer from the service without one: none planned.
+    service = 'ok';
+    idle.reclaim_at = null as unknown as string;
+    await store.fetch('session');
+    expect(store.idleSecondsLeft()).toBeNull();
+  });
+
+  it('"I\'m still here" replaces the idle object and keeps a failure\'s words', async () => {
+    let fail = false;
+    const answer = { idle_for: 0, timeout: 540, reclaim_at: '2026-11-24T10:09:00Z' };
+    const { api, log } = fakeApi({
+      session: async () => ({
+        ...SESSION,
+        idle: { ...answer, reclaim_at: '2026-11-24T10:01:00Z' }
+      }),
+      stillHere: async () => {
+        if (fail) {
+          throw new LabfleetError('cannot reset the idle timer: no', 409);
+        }
+        return answer;
+      }
+    });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    await store.fetch('session');
+    await expect(store.stillHere()).resolves.toEqual(answer);
+    expect(store.data.session?.idle?.reclaim_at).toBe('2026-11-24T10:09:00Z');
+    expect(log).toEqual(['session', 'stillHere']);
+    fail = true;
+    await expect(store.stillHere()).rejects.toThrow('cannot reset the idle timer: no');
+    expect(store.stillHereError).toBe('cannot reset the idle timer: no');
+    expect(store.stillHerePending).toBe(false);
   });
 
   it('counts time from when the session answered', async () => {

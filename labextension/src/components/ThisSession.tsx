@@ -1,10 +1,14 @@
-/** "This session": what runs here, on which devices, for how long, and a stop button. */
+/**
+ * "This session": what runs here, on which devices, for how long, and a stop button; in the
+ * last minutes before an idle reclamation, a warning with a countdown first.
+ */
 import { Button } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import { deviceLabel, formatDuration, formatSlots, timeLeftLevel, timeLeftNow } from '../model';
 import type { FleetStore } from '../store';
 import { Empty, ErrorNote, Item } from './common';
+import { IdleWarning } from './IdleWarning';
 
 export function ThisSession(props: { store: FleetStore; onStop: () => void }): JSX.Element {
   const { store } = props;
@@ -25,6 +29,7 @@ export function ThisSession(props: { store: FleetStore; onStop: () => void }): J
   return (
     <div className="lf-this-session" data-testid="lf-this-session">
       <ErrorNote message={error} testid="lf-error-session" />
+      <IdleWarning store={store} />
       <dl className="lf-facts">
         <Item label="Project" testid="lf-this-project">
           {s.project ?? '–'}

@@ -17,6 +17,10 @@ export function Section(props: {
   onToggle: () => void;
   /** Shown at the right of the header, e.g. a count. */
   badge?: string;
+  /** The badge as a warning (`--jp-warn-color*`). */
+  badgeWarn?: boolean;
+  /** The badge's data-testid. */
+  badgeTestid?: string;
   children?: React.ReactNode;
 }): JSX.Element {
   const Caret = props.open ? caretDownIcon : caretRightIcon;
@@ -34,7 +38,14 @@ export function Section(props: {
       >
         <Caret.react tag="span" className="lf-caret" />
         <span className="lf-section-title">{props.title}</span>
-        {props.badge ? <span className="lf-section-badge">{props.badge}</span> : null}
+        {props.badge ? (
+          <span
+            className={classes('lf-section-badge', props.badgeWarn && 'lf-section-badge-warn')}
+            data-testid={props.badgeTestid}
+          >
+            {props.badge}
+          </span>
+        ) : null}
       </button>
       {props.open ? <div className="lf-section-body">{props.children}</div> : null}
     </section>
