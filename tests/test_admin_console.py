@@ -229,3 +229,23 @@ def test_the_hubs_pages_link_the_console_for_those_who_may_open_it(hub, browser,
         link.click()
         page.wait_for_selector(".lf-card", timeout=WAIT_MS)
     page.close()
+
+
+def test_the_statistics_page_plots_usage_and_exports_csv(hub, browser):
+    deadline = time.monotonic() + 60  # the service's usage job accrues the live sessions
+    while not hub.api("GET", "/usage", hub.root_token).json()["rows"]:
+        assert time.monotonic() < deadline, "no usage accrued"
+        time.sleep(1)
+    page = login(browser, hub, "root")
+    page.goto(f"{hub.url}/services/labfleet-admin/statistics")
+    page.wait_for_selector("text=Top users by GPU-hours held", timeout=WAIT_MS)
+    page.wait_for_selector(".labfleet-usage", timeout=WAIT_MS)
+    page.locator(".labfleet-usage svg:visible").first.wait_for(timeout=WAIT_MS)  # a plot is drawn
+    link = page.locator("a[download]")
+    link.wait_for(timeout=WAIT_MS)
+    assert link.get_attribute("download") == "labfleet-usage-project.csv"
+    assert link.get_attribute("href").startswith("data:text/csv;base64,")
+    body = page.inner_text("body")
+    assert "erin" in body and "Viewing as root (superadmin)" in body
+    shot(page, "statistics-root")
+    page.close()
