@@ -1,0 +1,304 @@
+"""The Resources and Scheduler pages' pure parts, without a kernel: the per-GPU occupancy map built
+from ``/api/nodes`` and ``/api/sessions`` (shares per device, several sessions on one device, whole
+devices, what other domains hold, the free part), its SVG, the nodes' and groups' tables, the
+group editor's PATCH body, and the queue's rows with why each session waits."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from admin_dashboards import resources as R
+from admin_dashboards import scheduler as S
+
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+GIB = 2**30
+
+
+def device(uuid, index, allocated=0.0, model="A100-80GB"):
+    return {
+        "uuid": uuid,
+        "index": index,
+        "model": model,
+        "memory_bytes": 80 * GIB,
+        "kind": "gpu",
+        "capacity": 1,
+        "allocated": allocated,
+        "free": round(1 - allocated, 2),
+    }
+
+
+def node(name, devices, cpu=(1.0, 8.0), mem=(4 * GIB, 64 * GIB), group="default", status="ALIVE"):
+    return {
+        "name": name,
+        "resource_group": group,
+        "status": status,
+        "plugin": "mock",
+        "capacity": {"cpu": cpu[1], "mem": mem[1], "gpu": len(devices)},
+        "allocated": {"cpu": cpu[0], "mem": mem[0], "gpu.shares": sum(d["allocated"] for d in devices)},
+        "free": {"cpu": cpu[1] - cpu[0], "mem": mem[1] - mem[0]},
+        "devices": devices,
+        "last_seen": (NOW - timedelta(seconds=12)).isoformat(),
+    }
+
+
+def session(sid, user, devices, status="RUNNING", created="2026-11-24T10:00:00+00:00", node_name="hub"):
+    return {
+        "id": sid,
+        "user": user,
+        "project": f"acme/{user}-p",
+        "domain": "acme",
+        "status": status,
+        "node": node_name,
+        "created_at": created,
+        "devices": [{"uuid": u, "index": 0, "model": "A100-80GB", "shares": s} for u, s in devices],
+    }
+
+
+# ---------------------------------------------------------------- the occupancy builder
+
+
+def test_shares_per_device_and_several_sessions_on_one_device():
+    nodes = [node("hub", [device("GPU-a", 0, 0.75), device("GPU-b", 1, 1.0)])]
+    sessions = [
+        session("s-late", "bob", [("GPU-a", 0.25)], created="2026-11-24T11:00:00+00:00"),
+        session("s-early", "alice", [("GPU-a", 0.5)], created="2026-11-24T09:00:00+00:00"),
+        session("s-whole", "carol", [("GPU-b", 1.0)]),
+    ]
+    a, b = R.occupancy(nodes, sessions)
+    # GPU-a: two holders, oldest first, and a quarter free
+    assert [(s.session, s.user, s.shares) for s in a.segments] == [
+        ("s-early", "alice", 0.5),
+        ("s-late", "bob", 0.25),
+    ]
+    assert (a.held, a.others, a.free) == (0.75, 0.0, 0.25)
+    # GPU-b: one whole device, nothing free
+    assert [(s.user, s.shares) for s in b.segments] == [("carol", 1.0)]
+    assert (b.held, b.free) == (1.0, 0.0)
+    assert a.title == "hub · GPU 0 · A100-80GB (80 GiB)"
+
+
+def test_a_session_with_several_whole_devices_is_on_each():
+    nodes = [node("hub", [device("GPU-b", 1, 1.0), device("GPU-a", 0, 1.0)])]
+    bars = R.occupancy(nodes, [session("s2", "alice", [("GPU-a", 1.0), ("GPU-b", 1.0)])])
+    assert [b.index for b in bars] == [0, 1]  # by index, whatever order the node lists them in
+    assert all([(s.session, s.shares) for s in b.segments] == [("s2", 1.0)] for b in bars)
+
+
+def test_pending_and_ended_sessions_hold_nothing_and_idle_devices_are_all_free():
+    nodes = [node("hub", [device("GPU-a", 0, 0.0)]), node("n2", [device("GPU-c", 0, 0.0)])]
+    sessions = [
+        session("p", "alice", [], status="PENDING"),
+        session("t", "alice", [("GPU-a", 0.5)], status="TERMINATED"),  # a stale view: not drawn
+    ]
+    bars = R.occupancy(nodes, sessions)
+    assert [(b.node, b.segments, b.free) for b in bars] == [("hub", (), 1.0), ("n2", (), 1.0)]
+    assert R.occupancy_summary(bars) == {"devices": 2, "held": 0.0, "others": 0.0, "free": 2.0, "idle": 2}
+
+
+def test_what_other_domains_hold_is_counted_but_not_named():
+    """A domain admin sees only their domain's sessions: the rest of the device's load is "others"."""
+    nodes = [node("hub", [device("GPU-a", 0, 0.9)])]
+    (bar,) = R.occupancy(nodes, [session("mine", "alice", [("GPU-a", 0.4)])])
+    assert (bar.held, bar.others, bar.free) == (0.4, 0.5, 0.1)
+    svg = R.occupancy_svg([bar])
+    assert 'class="lf-others" data-shares="0.5"' in svg
+    assert "bob" not in svg
+
+
+def test_the_svg_names_each_holder_and_the_free_part():
+    nodes = [node("hub", [device("GPU-a", 0, 0.75), device("GPU-b", 1, 0.0)])]
+    sessions = [session("s1", "alice", [("GPU-a", 0.5)]), session("s2", "bob<x>", [("GPU-a", 0.25)])]
+    bars = R.occupancy(nodes, sessions)
+    svg = R.occupancy_svg(bars)
+    root = ET.fromstring(svg)  # well-formed (escaped names included)
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    rows = root.findall("s:g[@class='lf-device']", ns)
+    assert [r.get("data-uuid") for r in rows] == ["GPU-a", "GPU-b"]
+    segs = rows[0].findall("s:g[@class='lf-seg']", ns)
+    assert [(g.get("data-user"), g.get("data-shares"), g.get("data-session")) for g in segs] == [
+        ("alice", "0.5", "s1"),
+        ("bob<x>", "0.25", "s2"),
+    ]
+    # Widths are proportional to the shares: half the bar, then a quarter
+    widths = [float(g.find("s:rect", ns).get("width")) for g in segs]
+    assert widths == [R.BAR_W * 0.5, R.BAR_W * 0.25]
+    assert rows[0].find("s:g[@class='lf-free']", ns).get("data-shares") == "0.25"
+    assert rows[1].find("s:g[@class='lf-free']", ns).get("data-shares") == "1"
+    # Hover titles say which session holds what, and how much memory that is
+    assert "alice holds 0.5 of this device: session s1" in svg and "about 40 GiB" in svg
+    # A colour per holder, in order of appearance
+    assert list(R.holder_colors(bars)) == ["alice", "bob<x>"]
+    assert R.holder_rows(bars)[0] == ["hub", "0 (A100-80GB)", "alice", "acme/alice-p", "s1", "RUNNING", "0.5"]
+
+
+def test_no_device_draws_a_note():
+    svg = R.occupancy_svg([])
+    ET.fromstring(svg)
+    assert "No device in reach" in svg
+
+
+def test_node_rows_count_what_each_node_holds():
+    nodes = [node("hub", [device("GPU-a", 0, 0.5), device("GPU-b", 1, 0.0)], cpu=(1.5, 2.0))]
+    rows = R.node_rows(nodes, [session("s1", "alice", [("GPU-a", 0.5)])], NOW)
+    (row,) = rows
+    assert row["cpu"] == (1.5, 2.0) and row["gpu"] == (0.5, 2.0) and row["sessions"] == 1
+    assert row["models"] == "A100-80GB × 2" and row["last_seen"] == "12 s ago"
+    table = R.nodes_html(rows)
+    assert "1.5 of 2" in table and "4 GiB of 64 GiB" in table and "0.5 of 2" in table
+
+
+# ---------------------------------------------------------------- resource groups
+
+
+GROUP = {
+    "name": "a100",
+    "description": "big GPUs",
+    "is_public": False,
+    "scheduler": "fifo",
+    "placement": "pack",
+    "allowed_session_types": ["batch", "interactive"],
+    "pending_timeout": 0,
+    "grants": [{"kind": "domain", "target": "acme"}],
+    "nodes": ["hub"],
+}
+
+
+def test_grants_read_back_as_written():
+    assert R.parse_grants(R.fmt_grants(GROUP["grants"])) == GROUP["grants"]
+    assert R.parse_grants("domain:acme, project:acme/ml\nuser:bob user:bob") == [
+        {"kind": "domain", "target": "acme"},
+        {"kind": "project", "target": "acme/ml"},
+        {"kind": "user", "target": "bob"},
+    ]
+    for bad in ("acme", "team:acme", "project:ml", "user:"):
+        with pytest.raises(ValueError):
+            R.parse_grants(bad)
+
+
+def test_the_patch_holds_only_what_changes():
+    same = {
+        "description": "big GPUs",
+        "is_public": False,
+        "scheduler": "fifo",
+        "placement": "pack",
+        "allowed_session_types": ["interactive", "batch"],
+        "pending_timeout": 0,
+        "grants": "domain:acme",
+    }
+    assert R.group_patch(GROUP, same) == {}
+    changed = dict(same, scheduler="drf", pending_timeout=600, grants="domain:acme project:beta/web")
+    assert R.group_patch(GROUP, changed) == {
+        "scheduler": "drf",
+        "pending_timeout": 600,
+        "grants": [{"kind": "domain", "target": "acme"}, {"kind": "project", "target": "beta/web"}],
+    }
+    with pytest.raises(ValueError, match="pending timeout"):
+        R.group_patch(GROUP, dict(same, pending_timeout=-1))
+    with pytest.raises(ValueError, match="at least one"):
+        R.group_patch(GROUP, dict(same, allowed_session_types=[]))
+    with pytest.raises(ValueError, match="scheduler"):
+        R.group_patch(GROUP, dict(same, scheduler="random"))
+
+
+def test_groups_table():
+    table = R.groups_html([GROUP])
+    assert "granted only" in table and "domain:acme" in table and "waits for ever" in table
+
+
+# ---------------------------------------------------------------- the queue
+
+
+def test_need_reads_slots_as_the_scheduler_does():
+    assert S.need_of({"cpu": 0.5, "gpu.shares": 2}) == S.Need(cpu=0.5, gpu=2)
+    assert S.need_of({"gpu.shares": 0.25, "mem": GIB}) == S.Need(mem=GIB, shares=0.25)
+    assert S.need_of({"gpu:H100": 1}) == S.Need(gpu=1, model="H100")
+
+
+def test_capacity_note_names_what_is_short():
+    nodes = [
+        node("hub", [device("GPU-a", 0, 1.0), device("GPU-b", 1, 0.5)], cpu=(1.0, 2.0), mem=(0, 8 * GIB))
+    ]
+    assert S.capacity_note({"gpu": 2}, nodes) == (
+        "short of GPUs: asks 2 whole GPUs; none is free on any node"
+    )
+    assert S.capacity_note({"gpu.shares": 0.75}, nodes) == (
+        "short of GPU share: asks 0.75 of one device; the largest free part is 0.5 (hub GPU 1)"
+    )
+    assert S.capacity_note({"gpu.shares": 0.5}, nodes).startswith("fits on hub now")
+    # whole-gpu placement rounds a fraction up to a device
+    assert "whole-gpu rounds up" in S.capacity_note({"gpu.shares": 0.5}, nodes, "whole-gpu")
+    assert S.capacity_note({"cpu": 4, "mem": 16 * GIB}, nodes) == (
+        "short of CPU: asks 4 cores; at most 1 free on one node; memory: asks 16 GiB; at most 8 GiB free on one node"
+    )
+    assert "nothing can start" in S.capacity_note({"cpu": 1}, [])
+    down = [dict(nodes[0], status="LOST")]
+    assert S.capacity_note({"cpu": 1}, down).startswith("no node of the group is alive (1 down)")
+
+
+def test_capacity_split_over_two_nodes_is_no_fit():
+    nodes = [
+        node("n1", [device("GPU-a", 0, 0.0)], cpu=(2.0, 2.0)),
+        node("n2", [device("GPU-b", 0, 1.0)], cpu=(0.0, 8.0)),
+    ]
+    assert S.capacity_note({"gpu": 1, "cpu": 4}, nodes) == (
+        "short of each resource is free somewhere, but no single node has all of it free at once"
+    )
+
+
+def test_queue_rows_by_position_with_waits_and_reasons():
+    group = dict(GROUP, name="default", pending_timeout=600)
+    nodes = [node("hub", [device("GPU-a", 0, 1.0), device("GPU-b", 1, 0.0)]), node("x", [], group="other")]
+    entries = [
+        {
+            "id": "s-b",
+            "user": "erin",
+            "project": "beta/web",
+            "domain": "beta",
+            "type": "batch",
+            "slots": {"gpu": 2},
+            "status_reason": "waiting for free capacity in resource group default",
+            "created_at": (NOW - timedelta(seconds=30)).isoformat(),
+            "position": 2,
+        },
+        {
+            "id": "s-a",
+            "user": "alice",
+            "project": "acme/ml",
+            "domain": "acme",
+            "type": "interactive",
+            "slots": {"cpu": 1, "gpu": 2},
+            "status_reason": "waiting for free capacity in resource group default",
+            "created_at": (NOW - timedelta(seconds=590)).isoformat(),
+            "position": 1,
+        },
+    ]
+    q = S.group_queue(group, entries, nodes, NOW)
+    first, second = q.rows
+    assert (first.position, first.id, first.user) == (1, "s-a", "alice")
+    assert first.asks == "cpu 1, gpu 2" and first.waited == 590 and first.cancel_in == 10
+    assert first.capacity == "short of GPUs: asks 2 whole GPUs; at most 1 free on one node (hub)"
+    assert second.reason.startswith("waiting for free capacity")
+    assert q.oldest == 590
+    # The waiting bar turns orange near the timeout and marks it
+    late = S.waiting_html(first, q.oldest, q.pending_timeout)
+    assert "--jp-warn-color1" in late and "cancelled in 10 s" in late
+    early = S.waiting_html(second, q.oldest, q.pending_timeout)
+    assert "--jp-warn-color1" not in early and "30 s" in early
+    assert "now: short of GPUs" in S.why_html(first)
+    chart = S.queues_chart_svg([q, S.group_queue(dict(GROUP, name="idle"), [], nodes, NOW)])
+    ET.fromstring(chart)
+    assert 'data-group="default" data-waiting="2"' in chart and "oldest 9 min 50 s" in chart
+    assert 'data-group="idle" data-waiting="0"' in chart
+
+
+def test_no_timeout_means_never_cancelled():
+    (row,) = S.queue_rows(
+        [{"id": "s", "position": 1, "slots": {}, "created_at": "2026-11-24T11:59:00"}],
+        dict(GROUP, pending_timeout=0),
+        [],
+        NOW,
+    )
+    assert row.cancel_in is None and row.waited == 60  # a naive time is UTC
