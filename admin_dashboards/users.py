@@ -1,0 +1,1086 @@
+"""The admin console's Users page: users in reach, one or many new users, edits, keypairs.
+
+``notebooks/users.ipynb`` is one cell that calls :func:`show`; everything else lives here so that it
+can be read, tested and reused. Two halves:
+
+- **Pure helpers** (no widgets, no service): the CSV parser and the row checks behind the bulk
+  import's preview (:func:`parse_csv`, :func:`check_user`), the list's search and pages
+  (:func:`matches`, :func:`page_label`), what an edit changes (:func:`user_changes`). The checks are
+  the service's own (``hub_ext.core.validate``, ``hub_ext.core.passwords``: pure modules, no DB), so
+  the preview says what the service would say about a malformed row, before anything is sent.
+- **The page** (:class:`UsersPage`): ipywidgets built from :mod:`admin_dashboards.console`'s parts.
+  Every call goes through ``client()``, as the viewer: the service decides what a domain admin or a
+  monitor may see and do, and its refusals are shown in its own words. Buttons that change something
+  are disabled for monitors (``client().can_change``); the service refuses them anyway.
+
+The service's user list filters by domain and pages by offset/limit; it has no search, role or
+status filter, so with one of those set the page reads every user in reach (one paginated walk)
+and filters and pages in the kernel.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import ipywidgets as W
+from IPython.display import display
+
+from admin_dashboards.console import ServiceError, client, grid, header, message
+from hub_ext.core.errors import InvalidInput
+from hub_ext.core.passwords import check_password_strength
+from hub_ext.core.validate import check_choice, check_name, check_username, parse_project_ref
+
+ROLES = ("superadmin", "admin", "user", "monitor")
+STATUSES = ("active", "inactive")
+# The bulk import's columns, in the order the template shows them; only ``username`` is required
+# (``domain`` too, unless the page's "domain for rows without one" is set).
+CSV_COLUMNS = (
+    "username",
+    "email",
+    "full_name",
+    "domain",
+    "role",
+    "projects",
+    "password",
+    "status",
+    "resource_policy",
+)
+# What people write in a header for these columns (after lower-casing; spaces and '-' become '_').
+COLUMN_ALIASES = {
+    "user": "username",
+    "user_name": "username",
+    "login": "username",
+    "e_mail": "email",
+    "mail": "email",
+    "name": "full_name",
+    "fullname": "full_name",
+    "project": "projects",
+    "policy": "resource_policy",
+}
+ROLE_ALIASES = {"domain_admin": "admin", "domain admin": "admin", "domain-admin": "admin"}
+MAX_CSV_ROWS = 1000
+MAX_CSV_BYTES = 1_000_000
+MAX_RATE_LIMIT = 10_000_000
+DEFAULT_RATE_LIMIT = 10_000
+EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+$")
+PROJECT_SPLIT_RE = re.compile(r"[;,|\s]+")
+PAGE_SIZES = (10, 20, 50, 100)
+ANY = "(any)"
+ALL = "(all)"
+NONE = "(none)"
+
+
+# ---------------------------------------------------------------- pure: one user's fields
+
+
+def _problem(check: Callable[[], Any]) -> str | None:
+    """The service's message for input ``check`` refuses, None when it passes."""
+    try:
+        check()
+    except InvalidInput as e:
+        return e.message
+    return None
+
+
+def split_projects(value: str | Iterable[str]) -> list[str]:
+    """Project references from a cell (``ml; vision`` or ``acme/ml vision``) or a list."""
+    items = PROJECT_SPLIT_RE.split(value) if isinstance(value, str) else list(value)
+    return [p.strip() for p in items if p and p.strip()]
+
+
+def check_user(
+    fields: Mapping[str, Any], default_domain: str | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """(the POST /users body, the problems) for one new user's ``fields``.
+
+    ``fields`` are what a person typed (a CSV row's cells or the form's values): strings, with
+    ``projects`` a cell or a list. Empty optional fields are left out, so the service's defaults
+    apply (role ``user``, status ``active``, no password: Hub login only). Each problem is a
+    sentence naming the field, in the service's words where the service has a rule for it; the body
+    is meant to be sent only when there is none. Whether the domain, projects or policy exist and
+    whether the viewer may create users there is for the service to say."""
+    problems: list[str] = []
+    body: dict[str, Any] = {}
+
+    def text(key: str) -> str:
+        value = fields.get(key)
+        return "" if value is None else str(value).strip()
+
+    username = text("username")
+    if not username:
+        problems.append("username is missing")
+    else:
+        problems += filter(None, [_problem(lambda: check_username(username))])
+        body["username"] = username
+
+    domain = text("domain") or (default_domain or "")
+    if not domain:
+        problems.append("domain is missing (add a domain column, or choose a domain for rows without one)")
+    else:
+        problems += filter(None, [_problem(lambda: check_name(domain, "domain"))])
+        body["domain"] = domain
+
+    role = text("role").lower()
+    if role:
+        role = ROLE_ALIASES.get(role, role)
+        problems += filter(None, [_problem(lambda: check_choice(role, "role", ROLES))])
+        body["role"] = role
+
+    status = text("status").lower()
+    if status:
+        problems += filter(None, [_problem(lambda: check_choice(status, "status", STATUSES))])
+        body["status"] = status
+
+    email = text("email")
+    if email:
+        if len(email) > 255:
+            problems.append("email is longer than 255 characters")
+        elif not EMAIL_RE.match(email):
+            problems.append(f"email must look like name@example.org (got {email!r:.80})")
+        body["email"] = email
+
+    full_name = text("full_name")
+    if full_name:
+        if len(full_name) > 255:
+            problems.append("full_name is longer than 255 characters")
+        body["full_name"] = full_name
+
+    raw_projects = fields.get("projects") or []
+    projects: list[str] = []
+    for ref in split_projects(raw_projects if not isinstance(raw_projects, str) else raw_projects.strip()):
+        try:
+            pdomain, pname = parse_project_ref(ref, domain or None)
+        except InvalidInput as e:
+            problems.append(e.message)
+            continue
+        if domain and pdomain != domain:
+            problems.append(f"project {pdomain}/{pname} is not in the user's domain {domain!r}")
+            continue
+        full = f"{pdomain}/{pname}"
+        if full not in projects:
+            projects.append(full)
+    if projects:
+        body["projects"] = projects
+
+    password = fields.get("password")
+    if password:  # a password is taken as typed: spaces are characters too
+        problem = check_password_strength(str(password))
+        if problem:
+            problems.append(problem)
+        body["password"] = str(password)
+
+    policy = text("resource_policy")
+    if policy and policy != NONE:
+        problems += filter(None, [_problem(lambda: check_name(policy, "resource_policy"))])
+        body["resource_policy"] = policy
+    return body, problems
+
+
+# ---------------------------------------------------------------- pure: the CSV import
+
+
+@dataclass
+class CsvRow:
+    """One data line of an import: where it is, what it would create, what is wrong with it."""
+
+    line: int
+    fields: dict[str, str]
+    body: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class CsvImport:
+    """A parsed import: file-wide problems (nothing is created then) and its rows."""
+
+    columns: list[str]
+    rows: list[CsvRow]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ready(self) -> list[CsvRow]:
+        """The rows to create: none when the file itself is wrong."""
+        return [] if self.problems else [r for r in self.rows if r.ok]
+
+    def summary(self) -> str:
+        if self.problems:
+            return "Nothing can be created from this file: " + "; ".join(self.problems)
+        bad = len(self.rows) - len(self.ready)
+        text = f"{len(self.rows)} row(s): {len(self.ready)} ready"
+        if bad:
+            text += f", {bad} with problems (not created)"
+        return text + "."
+
+
+def column_name(raw: str) -> str:
+    """A header cell as a column name: ``Full name`` -> ``full_name``, ``E-mail`` -> ``email``."""
+    key = re.sub(r"[\s-]+", "_", raw.strip().lower())
+    return COLUMN_ALIASES.get(key, key)
+
+
+def parse_csv(text: str, default_domain: str | None = None, existing: Iterable[str] = ()) -> CsvImport:
+    """Parse a users CSV (a header line naming :data:`CSV_COLUMNS`, then one user a line).
+
+    Each row is checked on its own with :func:`check_user`, and against the rest of the file (a
+    username twice) and ``existing`` (usernames known to exist already). A row with more values than
+    the header has columns is malformed. Blank lines and lines starting with ``#`` are skipped.
+    File-wide problems (no header, an unknown or repeated column, no username column, too many
+    rows) leave nothing to create."""
+    if len(text.encode("utf-8", "replace")) > MAX_CSV_BYTES:
+        return CsvImport([], [], [f"the file is larger than {MAX_CSV_BYTES // 1000} kB"])
+    text = text.lstrip("\ufeff")
+    try:
+        lines = list(csv.reader(io.StringIO(text), skipinitialspace=True, strict=True))
+    except csv.Error as e:
+        return CsvImport([], [], [f"this is not CSV: {e}"])
+    numbered = [
+        (n, cells)
+        for n, cells in enumerate(lines, start=1)
+        if any(c.strip() for c in cells) and not cells[0].lstrip().startswith("#")
+    ]
+    if not numbered:
+        return CsvImport(
+            [], [], ["the file is empty: the first line names the columns, e.g. " + ",".join(CSV_COLUMNS)]
+        )
+    (_, head), data = numbered[0], numbered[1:]
+    columns = [column_name(c) for c in head]
+    problems = []
+    unknown = [h for h, c in zip(head, columns, strict=True) if c not in CSV_COLUMNS]
+    if unknown:
+        problems.append(
+            f"unknown column(s) {', '.join(repr(u.strip()) for u in unknown)} on line 1; "
+            f"the columns are: {', '.join(CSV_COLUMNS)}"
+        )
+    repeated = sorted({c for c in columns if columns.count(c) > 1 and c in CSV_COLUMNS})
+    if repeated:
+        problems.append(f"column(s) {', '.join(repeated)} named twice")
+    if "username" not in columns:
+        problems.append("there is no username column")
+    if len(data) > MAX_CSV_ROWS:
+        problems.append(f"{len(data)} rows: at most {MAX_CSV_ROWS} users at once")
+    if problems:
+        return CsvImport(columns, [], problems)
+
+    known = set(existing)
+    first_line: dict[str, int] = {}
+    rows = []
+    for n, cells in data:
+        fields = {c: v.strip() if c != "password" else v for c, v in zip(columns, cells, strict=False)}
+        body, row_problems = check_user(fields, default_domain)
+        if len(cells) > len(columns):
+            row_problems.insert(0, f"{len(cells)} values but the header names {len(columns)} columns")
+        name = body.get("username")
+        if name:
+            if name in first_line:
+                row_problems.append(f"username {name!r} is already on line {first_line[name]}")
+            else:
+                first_line[name] = n
+            if name in known:
+                row_problems.append(f"user {name!r} already exists")
+        rows.append(CsvRow(n, fields, body, row_problems))
+    return CsvImport(columns, rows)
+
+
+# ---------------------------------------------------------------- pure: the list and the edits
+
+
+def matches(
+    user: Mapping[str, Any], search: str = "", role: str | None = None, status: str | None = None
+) -> bool:
+    """Whether ``user`` (a User of the service) is found by a search of its name, full name or
+    e-mail (case-insensitive, every word must match) and has ``role`` and ``status`` (None: any)."""
+    if role and user.get("role") != role:
+        return False
+    if status and user.get("status") != status:
+        return False
+    hay = " ".join(str(user.get(k) or "") for k in ("username", "full_name", "email")).lower()
+    return all(word in hay for word in search.lower().split())
+
+
+def page_label(offset: int, shown: int, total: int) -> str:
+    """``21–40 of 57`` (or ``no users``) for a page of ``shown`` users from ``offset``."""
+    if total == 0 or shown == 0:
+        return "no users" if total == 0 else f"none here of {total}"
+    return f"{offset + 1}–{offset + shown} of {total}"
+
+
+def grantable_roles(viewer_role: str) -> tuple[str, ...]:
+    """The roles a viewer may give (a domain admin: user and admin), as the service allows."""
+    return ROLES if viewer_role in ("superadmin", "monitor") else ("user", "admin")
+
+
+def user_changes(
+    user: Mapping[str, Any],
+    *,
+    role: str,
+    status: str,
+    projects: Sequence[str],
+    resource_policy: str | None,
+    password: str = "",
+) -> dict[str, Any]:
+    """The PATCH /users/{name} body that turns ``user`` into these values: only what differs (a
+    domain admin editing themselves may keep their role without being refused for sending it)."""
+    body: dict[str, Any] = {}
+    if role != user.get("role"):
+        body["role"] = role
+    if status != user.get("status"):
+        body["status"] = status
+    if sorted(projects) != sorted(user.get("projects") or []):
+        body["projects"] = list(projects)
+    policy = None if resource_policy in (None, "", NONE) else resource_policy
+    if policy != user.get("resource_policy"):
+        body["resource_policy"] = policy
+    if password:
+        body["password"] = password
+    return body
+
+
+def check_rate_limit(value: Any) -> str | None:
+    """What is wrong with a keypair's rate limit (requests per 15 minutes), None when it is fine."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "rate limit must be a whole number"
+    if not 1 <= value <= MAX_RATE_LIMIT:
+        return f"rate limit must be between 1 and {MAX_RATE_LIMIT} requests per 15 minutes (got {value})"
+    return None
+
+
+# ---------------------------------------------------------------- the page (widgets, as the viewer)
+
+STYLE = """<style>
+.lf-hint { color: var(--jp-ui-font-color2, #666); font-size: var(--jp-ui-font-size1, 13px); }
+.lf-users h3 { font-size: var(--jp-content-font-size2, 1.2em); margin: 0.8em 0 0.3em 0; }
+.lf-secret { border: 2px solid var(--jp-warn-color1, #f57c00); background: var(--jp-warn-color3, #fff3e0);
+  border-radius: 4px; padding: 8px 12px; margin: 6px 0; color: var(--jp-ui-font-color1, #222);
+  font-family: var(--jp-ui-font-family, sans-serif); }
+.lf-secret code { font-family: var(--jp-code-font-family, monospace); font-size: 1.05em;
+  background: var(--jp-layout-color1, #fff); padding: 1px 4px; user-select: all; }
+.lf-secret th { text-align: left; padding-right: 12px; }
+.lf-badge-inactive { color: var(--jp-ui-font-color2, #777); font-style: italic; }
+.lf-users-panel { border: 1px solid var(--jp-border-color2, #ddd); border-radius: 4px; padding: 6px 12px;
+  margin-top: 8px; background: var(--jp-layout-color1, #fff); }
+</style>"""
+
+
+def _hint(text: str) -> str:
+    """A quiet line of explanation (HTML), in JupyterLab's secondary text colour."""
+    return f'<div class="lf-admin lf-users"><div class="lf-hint">{html.escape(text)}</div></div>'
+
+
+def _html(text: str, cls: str = "") -> Any:
+    """An escaped text cell, with a CSS class (``lf-error``, ``lf-ok``...)."""
+    body = html.escape(text)
+    return W.HTML(f'<span class="{cls}">{body}</span>' if cls else body)
+
+
+class UsersPage:
+    """The widgets of the Users page and what their buttons do, as the viewer."""
+
+    def __init__(self, page_size: int = 20) -> None:
+        """Read what the forms offer (domains, projects, policies in the viewer's reach) and the
+        first page of users; raises ServiceError when the viewer may read none of it."""
+        self.c = client()
+        self.can_change = self.c.can_change
+        self.offset = 0
+        self.editing: dict[str, Any] | None = None
+        self.csv: CsvImport | None = None
+        self._policies: dict[str, list[str]] = {}
+        domains = [d["name"] for d in self.c.get("/domains")]
+        self.domains = domains
+        mine = (self.c.me().get("domain") or {}).get("name")
+        home = mine if mine in domains else (domains[0] if domains else None)
+        roles = grantable_roles(self.c.role)
+        lay = W.Layout
+
+        # -- the list
+        self.search = W.Text(
+            description="Search",
+            placeholder="name or e-mail",
+            continuous_update=False,
+            layout=lay(width="280px"),
+        )
+        self.search.add_class("lf-users-search")
+        self.domain_filter = W.Dropdown(options=[ALL, *domains], value=ALL, description="Domain")
+        self.role_filter = W.Dropdown(options=[ANY, *ROLES], value=ANY, description="Role")
+        self.status_filter = W.Dropdown(options=[ANY, *STATUSES], value=ANY, description="Status")
+        for w in (self.domain_filter, self.role_filter, self.status_filter):
+            w.layout = lay(width="220px")
+        self.page_size = W.Dropdown(
+            options=PAGE_SIZES, value=page_size, description="Per page", layout=lay(width="160px")
+        )
+        self.prev = self._button("‹ Previous", "Previous page", self._prev, writes=False)
+        self.next = self._button("Next ›", "Next page", self._next, writes=False)
+        self.where = W.HTML()
+        self.where.add_class("lf-users-where")
+        self.listing = W.VBox()
+        self.list_note = W.HTML()
+        self.editor = W.VBox()
+        for w in (self.search, self.domain_filter, self.role_filter, self.status_filter, self.page_size):
+            w.observe(self._filters_changed, "value")
+
+        # -- one new user
+        self.new_username = W.Text(description="Username", placeholder="lower-case, e.g. jdoe")
+        self.new_email = W.Text(description="E-mail", placeholder="optional")
+        self.new_full_name = W.Text(description="Full name", placeholder="optional")
+        self.new_domain = W.Dropdown(options=domains, value=home, description="Domain")
+        self.new_role = W.Dropdown(options=roles, value="user", description="Role")
+        self.new_projects = W.SelectMultiple(options=[], description="Projects", rows=4)
+        self.new_password = W.Password(description="Password", placeholder="optional: 8+ characters")
+        self.new_policy = W.Dropdown(options=[NONE], value=NONE, description="Policy")
+        for w in (self.new_username, self.new_email, self.new_full_name, self.new_password):
+            w.layout = lay(width="360px")
+        for w, cls in (
+            (self.new_username, "lf-new-username"),
+            (self.new_email, "lf-new-email"),
+            (self.new_domain, "lf-new-domain"),
+            (self.new_role, "lf-new-role"),
+            (self.new_projects, "lf-new-projects"),
+            (self.new_password, "lf-new-password"),
+        ):
+            w.add_class(cls)
+        self.create_note = W.HTML()
+        self.new_domain.observe(lambda _: self._safely(self._domain_chosen, self.create_note), "value")
+        self.create_button = self._button(
+            "Create user", "Create this user", self._create_one, style="primary"
+        )
+        self.create_button.add_class("lf-create-user")
+
+        # -- many new users from a CSV
+        self.csv_text = W.Textarea(
+            placeholder="username,email,domain,role,projects,password\njdoe,jdoe@example.org,acme,user,ml,",
+            layout=lay(width="760px", height="160px"),
+        )
+        self.csv_text.add_class("lf-csv-text")
+        self.csv_upload = W.FileUpload(
+            accept=".csv,text/csv,text/plain", multiple=False, description="Open CSV"
+        )
+        self.csv_upload.add_class("lf-csv-upload")
+        self.csv_upload.observe(self._uploaded, "value")
+        self.csv_domain = W.Dropdown(
+            options=[NONE, *domains],
+            value=home or NONE,
+            description="Domain for rows without one",
+            style={"description_width": "initial"},
+        )
+        self.csv_domain.layout = lay(width="360px", margin="2px 0 2px 16px")
+        self.csv_domain.add_class("lf-csv-domain")
+        self.csv_text.observe(self._csv_edited, "value")
+        self.csv_domain.observe(self._csv_edited, "value")
+        self.preview_button = self._button("Preview", "Check every row", self._preview, writes=False)
+        self.preview_button.add_class("lf-csv-preview")
+        self.import_button = self._button("Create users", "Create the rows without problems", self._import)
+        self.import_button.add_class("lf-csv-create")
+        self.import_button.disabled = True
+        self.csv_note = W.HTML()
+        self.csv_table = W.VBox()
+
+        # -- keypairs
+        self.kp_user = W.Text(description="User", placeholder="username", continuous_update=False)
+        self.kp_user.add_class("lf-kp-user")
+        self.kp_user.observe(lambda _: self._show_keypairs(), "value")
+        self.kp_show = self._button(
+            "Show", "Show this user's keypairs", lambda: self._show_keypairs(), writes=False
+        )
+        self.kp_policy = W.Dropdown(options=["default"], value="default", description="Policy")
+        self.kp_rate = W.BoundedIntText(
+            value=DEFAULT_RATE_LIMIT,
+            min=1,
+            max=MAX_RATE_LIMIT,
+            description="Rate limit",
+            layout=lay(width="240px"),
+        )
+        self.kp_issue = self._button(
+            "Issue keypair", "Issue a new keypair for this user", self._issue, style="primary"
+        )
+        self.kp_issue.add_class("lf-kp-issue")
+        self.kp_secret = W.VBox()
+        self.kp_list = W.VBox()
+        self.kp_note = W.HTML()
+
+        if not self.can_change:  # a monitor reads: nothing to fill in where nothing can be sent
+            for w in (
+                self.new_username,
+                self.new_email,
+                self.new_full_name,
+                self.new_domain,
+                self.new_role,
+                self.new_projects,
+                self.new_password,
+                self.new_policy,
+                self.kp_policy,
+                self.kp_rate,
+            ):
+                w.disabled = True
+            self.list_note.value = _hint(f"Read only: as a {self.c.role} you see users and change nothing.")
+            self.create_note.value = self.list_note.value
+
+        self.tabs = W.Tab(
+            children=[self._list_tab(), self._create_tab(), self._csv_tab(), self._keypair_tab()],
+            titles=("Users", "Create user", "Import CSV", "Keypairs"),
+        )
+        self._fill_projects(self.new_projects, self.new_domain.value)
+        self.new_policy.options = [NONE, *self._policy_names("user")]
+        self.kp_policy.options = self._policy_names("keypair") or ["default"]
+        self.kp_policy.value = "default" if "default" in self.kp_policy.options else self.kp_policy.options[0]
+        self.refresh()
+
+    # ---- building blocks
+
+    def _button(
+        self, label: str, tip: str, action: Callable[[], Any], *, writes: bool = True, style: str = ""
+    ) -> Any:
+        """A button whose ``action`` runs with errors shown on the page; one that writes is disabled
+        for viewers who may change nothing (monitors)."""
+        b = W.Button(
+            description=label, tooltip=tip, button_style=style, disabled=writes and not self.can_change
+        )
+        b.on_click(lambda _: self._safely(action))
+        return b
+
+    def _safely(self, action: Callable[[], Any], note: Any = None) -> None:
+        """Run ``action``; a refusal of the service (or a failure) becomes a message, not a silent
+        traceback in the kernel's log."""
+        note = note if note is not None else self._current_note()
+        try:
+            action()
+        except ServiceError as e:
+            note.value = message(f"The labfleet service said: {e.message}", error=True).value
+        except Exception as e:  # noqa: BLE001 (a page shows what went wrong rather than nothing)
+            note.value = message(f"Something went wrong: {type(e).__name__}: {e}", error=True).value
+
+    def _current_note(self) -> Any:
+        """The message line of the tab in front, where a button's answer belongs."""
+        return [self.list_note, self.create_note, self.csv_note, self.kp_note][self.tabs.selected_index or 0]
+
+    def _policy_names(self, kind: str) -> list[str]:
+        """Names of the ``kind`` (user, keypair) policies, read once per page."""
+        if kind not in self._policies:
+            try:
+                self._policies[kind] = sorted(p["name"] for p in self.c.get(f"/policies/{kind}"))
+            except ServiceError:
+                self._policies[kind] = []
+        return self._policies[kind]
+
+    def _domain_chosen(self) -> None:
+        """Another domain in the form: offer its projects."""
+        self._fill_projects(self.new_projects, self.new_domain.value)
+
+    def _fill_projects(self, select: Any, domain: str | None, chosen: Sequence[str] = ()) -> None:
+        """Offer ``domain``'s projects (values ``domain/name``) in ``select``, with ``chosen`` selected."""
+        options: list[tuple[str, str]] = []
+        if domain:
+            options = [
+                (p["name"], f"{p['domain']}/{p['name']}") for p in self.c.get("/projects", domain=domain)
+            ]
+        known = {v for _, v in options}
+        options += [(ref, ref) for ref in chosen if ref not in known]  # keep what the user has
+        select.options = options
+        select.value = tuple(ref for ref in chosen)
+
+    @staticmethod
+    def _section(title: str, hint: str = "") -> Any:
+        tip = f'<div class="lf-hint">{html.escape(hint)}</div>' if hint else ""
+        return W.HTML(f'<div class="lf-admin lf-users"><h3>{html.escape(title)}</h3>{tip}</div>')
+
+    def _list_tab(self) -> Any:
+        return W.VBox(
+            [
+                W.HBox([self.search, self.domain_filter, self.role_filter, self.status_filter]),
+                self.list_note,
+                self.listing,
+                W.HBox([self.prev, self.next, self.where, self.page_size]),
+                self.editor,
+            ]
+        )
+
+    def _create_tab(self) -> Any:
+        return W.VBox(
+            [
+                self._section(
+                    "A new user",
+                    "Without a password the user logs in through the Hub's authenticator only. "
+                    "The user gets a main keypair with the default policy.",
+                ),
+                self.new_username,
+                self.new_email,
+                self.new_full_name,
+                self.new_domain,
+                self.new_role,
+                self.new_projects,
+                self.new_password,
+                self.new_policy,
+                self.create_button,
+                self.create_note,
+            ]
+        )
+
+    def _csv_tab(self) -> Any:
+        return W.VBox(
+            [
+                self._section(
+                    "Many users from a CSV file",
+                    "First line: the columns, from " + ", ".join(CSV_COLUMNS) + ". Only username is "
+                    "required (and domain, unless chosen below). Several projects: separate them with ';'. "
+                    "Preview checks every row; rows with problems are not created.",
+                ),
+                W.HBox([self.csv_upload, self.csv_domain]),
+                self.csv_text,
+                W.HBox([self.preview_button, self.import_button]),
+                self.csv_note,
+                self.csv_table,
+            ]
+        )
+
+    def _keypair_tab(self) -> Any:
+        return W.VBox(
+            [
+                self._section(
+                    "Keypairs",
+                    "An access key and a secret key for scripts and the API (requests signed with "
+                    "HMAC-SHA256). The secret key is shown once, when issued. Rate limit: requests per "
+                    "15 minutes.",
+                ),
+                W.HBox([self.kp_user, self.kp_show]),
+                self.kp_note,
+                self.kp_secret,
+                self.kp_list,
+                self._section("A new keypair", "For the user above, with this policy and rate limit."),
+                W.HBox([self.kp_policy, self.kp_rate, self.kp_issue]),
+            ]
+        )
+
+    def widgets(self) -> list[Any]:
+        """What the notebook displays: the header, the page's styles and its tabs."""
+        return [
+            header(
+                "Users", "Users in reach: search, create one or many (CSV), edit roles, projects, keypairs."
+            ),
+            W.HTML(STYLE),
+            self.tabs,
+        ]
+
+    # ---- the list
+
+    def _filters_changed(self, _: Any = None) -> None:
+        """A new search or filter starts again on the first page."""
+        self.offset = 0
+        self.refresh()
+
+    def _prev(self) -> None:
+        """The page before this one."""
+        self.offset = max(0, self.offset - self.page_size.value)
+        self.refresh()
+
+    def _next(self) -> None:
+        """The page after this one."""
+        self.offset += self.page_size.value
+        self.refresh()
+
+    def fetch(self) -> tuple[list[dict[str, Any]], int]:
+        """(this page's users, how many match in all). Only the domain filter is the service's; a
+        search, role or status filter reads every user in reach and filters here."""
+        domain = None if self.domain_filter.value == ALL else self.domain_filter.value
+        role = None if self.role_filter.value == ANY else self.role_filter.value
+        status = None if self.status_filter.value == ANY else self.status_filter.value
+        search = self.search.value.strip()
+        limit = self.page_size.value
+        params = {"domain": domain} if domain else {}
+        if not (search or role or status):
+            answer = self.c.request(
+                "GET", "/users", params={**params, "offset": self.offset, "limit": limit}, pages=True
+            )
+            total = int(answer["_pagination"]["total"])
+            if not answer["items"] and self.offset and total:  # the last page emptied: go back one
+                self.offset = max(0, (total - 1) // limit * limit)
+                return self.fetch()
+            return answer["items"], total
+        found = [u for u in self.c.everything("/users", **params) if matches(u, search, role, status)]
+        if self.offset >= len(found):
+            self.offset = max(0, (len(found) - 1) // limit * limit) if found else 0
+        return found[self.offset : self.offset + limit], len(found)
+
+    def refresh(self) -> None:
+        """Read the page of users again (after every change, so the list shows what is)."""
+        try:
+            users, total = self.fetch()
+        except ServiceError as e:
+            self.listing.children = [message(f"The labfleet service said: {e.message}", error=True)]
+            return
+        self.listing.children = [self._user_grid(users) if users else message("No user matches.")]
+        # the place in the list last, once the list shows it
+        label = html.escape(page_label(self.offset, len(users), total))
+        self.where.value = f'<span class="lf-admin">&nbsp; Users {label}</span>'
+        self.prev.disabled = self.offset == 0
+        self.next.disabled = self.offset + len(users) >= total
+
+    def _user_grid(self, users: list[dict[str, Any]]) -> W.GridBox:
+        """The users of this page, a row each, with their Edit, Keypairs and (De)activate buttons."""
+        rows = []
+        for u in users:
+            name = u["username"]
+            active = u["status"] == "active"
+            edit = self._button("Edit", f"Edit {name}", partial(self._edit, u))
+            keys = self._button(
+                "Keypairs", f"Keypairs of {name}", partial(self._open_keypairs, name), writes=False
+            )
+            toggle = self._button(
+                "Deactivate" if active else "Activate",
+                f"{'Deactivate' if active else 'Activate'} {name}",
+                partial(self._set_status, name, "inactive" if active else "active"),
+            )
+            if name == self.c.viewer and active:  # no locking oneself out from here
+                toggle.disabled = True
+            for b in (edit, keys, toggle):
+                b.layout.width = "auto"
+            rows.append(
+                [
+                    name,
+                    u.get("email") or "—",
+                    u["domain"],
+                    u["role"],
+                    ", ".join(u.get("projects") or []) or "—",
+                    _html(u["status"], "" if active else "lf-badge-inactive"),
+                    u.get("resource_policy") or "—",
+                    edit,
+                    keys,
+                    toggle,
+                ]
+            )
+        table = grid(["user", "e-mail", "domain", "role", "projects", "status", "policy", "", "", ""], rows)
+        table.add_class("lf-users-list")
+        return table
+
+    def _set_status(self, name: str, status: str) -> None:
+        """Deactivate (the user can no longer log in or use keypairs) or activate again."""
+        self.c.patch(f"/users/{name}", {"status": status})
+        self.refresh()  # the list first, then the note that says it changed
+        verb = "Deactivated" if status == "inactive" else "Activated"
+        self.list_note.value = message(f"{verb} {name}.").value
+
+    # ---- editing one user
+
+    def _edit(self, user: dict[str, Any]) -> None:
+        """Open the editor under the list for ``user``: role, projects, status, policy, password."""
+        self.editing = user
+        name = user["username"]
+        roles = list(grantable_roles(self.c.role))
+        if user["role"] not in roles:
+            roles.append(user["role"])
+        self.edit_role = W.Dropdown(options=roles, value=user["role"], description="Role")
+        self.edit_status = W.Dropdown(options=STATUSES, value=user["status"], description="Status")
+        self.edit_projects = W.SelectMultiple(description="Projects", rows=4)
+        self._fill_projects(self.edit_projects, user["domain"], user.get("projects") or [])
+        policies = [NONE, *self._policy_names("user")]
+        current = user.get("resource_policy") or NONE
+        if current not in policies:
+            policies.append(current)
+        self.edit_policy = W.Dropdown(options=policies, value=current, description="Policy")
+        self.edit_password = W.Password(description="Password", placeholder="unchanged")
+        save = self._button("Save", f"Save {name}", self._save, style="primary")
+        save.add_class("lf-edit-save")
+        close = self._button("Close", "Close the editor", self._close_editor, writes=False)
+        self.editor.children = [
+            W.VBox(
+                [
+                    self._section(f"Edit {name}", f"Domain {user['domain']}. Only what you change is sent."),
+                    self.edit_role,
+                    self.edit_status,
+                    self.edit_projects,
+                    self.edit_policy,
+                    self.edit_password,
+                    W.HBox([save, close]),
+                ]
+            )
+        ]
+        self.editor.children[0].add_class("lf-users-panel")
+
+    def _close_editor(self) -> None:
+        """Close the editor without sending anything."""
+        self.editing = None
+        self.editor.children = []
+
+    def _save(self) -> None:
+        """Send what the editor changed (PATCH /users/{name}); nothing when nothing changed."""
+        if self.editing is None:
+            return
+        name = self.editing["username"]
+        body = user_changes(
+            self.editing,
+            role=self.edit_role.value,
+            status=self.edit_status.value,
+            projects=list(self.edit_projects.value),
+            resource_policy=self.edit_policy.value,
+            password=self.edit_password.value,
+        )
+        if not body:
+            self.list_note.value = message(f"Nothing to change for {name}.").value
+            return
+        if "password" in body and (problem := check_password_strength(body["password"])):
+            self.list_note.value = message(problem, error=True).value
+            return
+        self.c.patch(f"/users/{name}", body)
+        changed = ", ".join(k.replace("_", " ") for k in body)
+        self.list_note.value = message(f"Saved {name}: {changed}.").value
+        self._close_editor()
+        self.refresh()
+
+    # ---- one new user
+
+    def _create_one(self) -> None:
+        """Create the user of the form: checked here first (the service's own rules), then sent;
+        the service's refusal (a name taken, a domain out of reach) is shown in its words."""
+        body, problems = check_user(
+            {
+                "username": self.new_username.value,
+                "email": self.new_email.value,
+                "full_name": self.new_full_name.value,
+                "domain": self.new_domain.value or "",
+                "role": self.new_role.value,
+                "projects": list(self.new_projects.value),
+                "password": self.new_password.value,
+                "resource_policy": self.new_policy.value,
+            }
+        )
+        if problems:
+            self.create_note.value = message("Not created: " + "; ".join(problems), error=True).value
+            return
+        try:
+            made = self.c.post("/users", body)
+        except ServiceError as e:
+            self.create_note.value = message(f"The labfleet service said: {e.message}", error=True).value
+            return
+        self.create_note.value = message(f"Created user {made['username']} in domain {made['domain']}.").value
+        for w in (self.new_username, self.new_email, self.new_full_name, self.new_password):
+            w.value = ""
+        self.new_projects.value = ()
+        self.refresh()
+
+    # ---- many new users
+
+    def _uploaded(self, change: Any) -> None:
+        """A file chosen with "Open CSV" goes into the text box, where it can be read and fixed."""
+        files = change["new"] or ()
+        if not files:
+            return
+        f = files[0]
+        content = bytes(f["content"])
+        if len(content) > MAX_CSV_BYTES:
+            self.csv_note.value = message(
+                f"{f['name']} is larger than {MAX_CSV_BYTES // 1000} kB.", error=True
+            ).value
+            return
+        try:
+            self.csv_text.value = content.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            self.csv_note.value = message(f"{f['name']} is not UTF-8 text.", error=True).value
+
+    def _csv_edited(self, _: Any = None) -> None:
+        """A changed file needs a new preview before anything is created."""
+        self.csv = None
+        self.import_button.disabled = True
+        if self.csv_table.children:
+            self.csv_note.value = _hint("Changed: preview again.")
+            self.csv_table.children = []
+
+    def _preview(self) -> None:
+        """Parse the CSV and show each row with its problems; arm the create button for the rows
+        without any (the users in reach are read to flag names already taken)."""
+        default = None if self.csv_domain.value == NONE else self.csv_domain.value
+        existing = {u["username"] for u in self.c.everything("/users")}
+        self.csv = parsed = parse_csv(self.csv_text.value, default, existing)
+        self.csv_note.value = message(parsed.summary(), error=bool(parsed.problems or not parsed.ready)).value
+        self.csv_table.children = [self._csv_grid(parsed, {})] if parsed.rows else []
+        self.import_button.description = f"Create {len(parsed.ready)} user(s)"
+        self.import_button.disabled = not (self.can_change and parsed.ready)
+
+    def _csv_grid(self, parsed: CsvImport, results: Mapping[int, tuple[bool, str]]) -> Any:
+        """The preview: one line per row with what it would create and its problems (or, after the
+        import, what the service answered)."""
+        lines = []
+        for r in parsed.rows:
+            b = r.body
+            if r.line in results:
+                ok, text = results[r.line]
+                verdict = _html(text, "lf-ok" if ok else "lf-error")
+            elif r.problems:
+                verdict = _html("; ".join(r.problems), "lf-error")
+            else:
+                verdict = _html("ready", "lf-ok")
+            lines.append(
+                [
+                    r.line,
+                    b.get("username") or r.fields.get("username") or "—",
+                    b.get("email", "—"),
+                    b.get("domain", "—"),
+                    b.get("role", "user"),
+                    ", ".join(b.get("projects", [])) or "—",
+                    "set" if b.get("password") else "—",
+                    verdict,
+                ]
+            )
+        g = grid(["line", "username", "e-mail", "domain", "role", "projects", "password", "check"], lines)
+        g.add_class("lf-csv-preview-table")
+        return g
+
+    def _import(self) -> None:
+        """Create every ready row, one request each: a refusal is that row's, the others go on."""
+        parsed = self.csv
+        if parsed is None or not parsed.ready:
+            return
+        self.import_button.disabled = True  # once per preview: no double creation
+        results: dict[int, tuple[bool, str]] = {}
+        for r in parsed.ready:
+            try:
+                self.c.post("/users", r.body)
+                results[r.line] = (True, "created")
+            except ServiceError as e:
+                results[r.line] = (False, f"The labfleet service said: {e.message}")
+        made = sum(ok for ok, _ in results.values())
+        refused = len(results) - made
+        skipped = len(parsed.rows) - len(parsed.ready)
+        text = f"Created {made} user(s)"
+        if refused:
+            text += f"; the service refused {refused}"
+        if skipped:
+            text += f"; {skipped} row(s) with problems not created"
+        self.csv_note.value = message(text + ".", error=bool(refused or not made)).value
+        self.csv_table.children = [self._csv_grid(parsed, results)]
+        self.refresh()
+
+    # ---- keypairs
+
+    def _open_keypairs(self, name: str) -> None:
+        """The Keypairs tab, showing ``name``'s keypairs (the Keypairs button of a user's row)."""
+        self.tabs.selected_index = 3
+        if self.kp_user.value == name:
+            self._show_keypairs()
+        else:
+            self.kp_user.value = name  # observed: shows them
+
+    def _show_keypairs(self, keep_secret: bool = False) -> None:
+        """List the chosen user's keypairs with their policy, rate limit and a revoke button."""
+        if not keep_secret:
+            self.kp_secret.children = []
+        name = self.kp_user.value.strip()
+        if not name:
+            self.kp_list.children = [message("Choose a user (or press Keypairs on the user's row).")]
+            return
+        try:
+            keys = self.c.get("/keypairs", username=name)
+        except ServiceError as e:
+            self.kp_list.children = [message(f"The labfleet service said: {e.message}", error=True)]
+            return
+        if not keys:
+            self.kp_list.children = [message(f"{name} has no keypair in your reach.")]
+            return
+        policies = self._policy_names("keypair")
+        rows = []
+        for k in keys:
+            ak = k["access_key"]
+            options = policies if k["resource_policy"] in policies else [*policies, k["resource_policy"]]
+            policy = W.Dropdown(options=options, value=k["resource_policy"], layout=W.Layout(width="140px"))
+            rate = W.BoundedIntText(
+                value=k["rate_limit"], min=1, max=MAX_RATE_LIMIT, layout=W.Layout(width="110px")
+            )
+            policy.disabled = rate.disabled = not self.can_change or not k["is_active"]
+            save = self._button(
+                "Set",
+                f"Set the policy and rate limit of {ak}",
+                partial(self._set_keypair_from, ak, policy, rate),
+            )
+            revoke = self._button("Revoke", f"Revoke {ak}", partial(self._revoke, ak), style="danger")
+            save.disabled = save.disabled or not k["is_active"]
+            revoke.disabled = revoke.disabled or k["is_main"] or not k["is_active"]
+            for b in (save, revoke):
+                b.layout.width = "auto"
+            rows.append(
+                [
+                    _html(ak, "" if k["is_active"] else "lf-badge-inactive"),
+                    "main" if k["is_main"] else "",
+                    "active" if k["is_active"] else "revoked",
+                    policy,
+                    rate,
+                    save,
+                    (k.get("created_at") or "—")[:19].replace("T", " "),
+                    (k.get("last_used") or "never")[:19].replace("T", " "),
+                    revoke,
+                ]
+            )
+        g = grid(["access key", "", "state", "policy", "rate limit", "", "created", "last used", ""], rows)
+        g.add_class("lf-kp-list")
+        self.kp_list.children = [g]
+
+    def _issue(self) -> None:
+        """Issue a keypair for the chosen user and show its secret key once, in a box that stays
+        until it is hidden or the keypairs of another user are shown (the service never shows it
+        again)."""
+        name = self.kp_user.value.strip()
+        if not name:
+            self.kp_note.value = message("Choose a user first.", error=True).value
+            return
+        if problem := check_rate_limit(self.kp_rate.value):
+            self.kp_note.value = message(problem, error=True).value
+            return
+        kp = self.c.post(
+            "/keypairs",
+            {"username": name, "resource_policy": self.kp_policy.value, "rate_limit": self.kp_rate.value},
+        )
+        box = W.HTML(
+            '<div class="lf-secret"><b>New keypair for '
+            f"{html.escape(name)}. Copy the secret key now: it is shown this once, and never again.</b>"
+            f'<table><tr><th>Access key</th><td><code class="lf-access-key">{html.escape(kp["access_key"])}</code></td></tr>'
+            f'<tr><th>Secret key</th><td><code class="lf-secret-key">{html.escape(kp["secret_key"])}</code></td></tr>'
+            "</table></div>"
+        )
+        hide = W.Button(
+            description="I have copied it: hide",
+            tooltip="Hide the secret key for good",
+            layout=W.Layout(width="auto"),
+        )
+        hide.add_class("lf-secret-hide")
+        hide.on_click(lambda _: setattr(self.kp_secret, "children", []))
+        self._show_keypairs()
+        self.kp_secret.children = [box, W.HBox([hide])]
+        self.kp_note.value = message(f"Issued keypair {kp['access_key']} for {name}.").value
+
+    def _set_keypair_from(self, access_key: str, policy: W.Dropdown, rate: W.BoundedIntText) -> None:
+        """The Set button of a keypair's row: the values of its row's policy and rate limit."""
+        self._set_keypair(access_key, policy.value, rate.value)
+
+    def _set_keypair(self, access_key: str, policy: str, rate: int) -> None:
+        """Give a keypair another resource policy and rate limit (requests per 15 minutes)."""
+        if problem := check_rate_limit(rate):
+            self.kp_note.value = message(problem, error=True).value
+            return
+        self.c.patch(f"/keypairs/{access_key}", {"resource_policy": policy, "rate_limit": rate})
+        self._show_keypairs(keep_secret=True)
+        self.kp_note.value = message(
+            f"Keypair {access_key}: policy {policy}, {rate} requests per 15 minutes."
+        ).value
+
+    def _revoke(self, access_key: str) -> None:
+        """Revoke a keypair: it signs no request any more (the main keypair cannot be revoked)."""
+        self.c.delete(f"/keypairs/{access_key}")
+        self._show_keypairs()
+        self.kp_note.value = message(f"Revoked keypair {access_key}: it signs no request any more.").value
+
+
+def show() -> None:
+    """The notebook's one call: build the page as the viewer and display it (or the service's
+    refusal, when the viewer may not read users)."""
+    try:
+        page = UsersPage()
+    except ServiceError as e:
+        display(header("Users"), message(f"The labfleet service said: {e.message}", error=True))
+        return
+    display(*page.widgets())
