@@ -268,6 +268,13 @@ MATRIX = [
     # No Upload-Offset header: the owner hears what is missing, everyone else no more than before.
     ("PATCH", "/vfolders/{shared}/uploads/{upload}", {"x": 1}, _row(401, 400, 404, 403, 404, 403, 403)),
     ("DELETE", "/vfolders/{shared}/uploads/{upload_del}", None, _row(401, 200, 404, 403, 404, 403, 403)),
+    # ---- the admin console: the announcement (everyone reads it), information and configuration
+    ("GET", "/announcement", None, _row(401, 200, 200, 200, 200, 200, 200)),
+    ("PUT", "/announcement", {"text": "from {a}"}, _row(401, 403, 403, 403, 403, 403, 200)),
+    ("PUT", "/announcement", {"text": "x", "level": "loud"}, _row(401, 403, 403, 403, 403, 403, 400)),
+    ("DELETE", "/announcement", None, _row(401, 403, 403, 403, 403, 403, 200)),
+    ("GET", "/info", None, _row(401, 403, 403, 200, 200, 200, 200)),
+    ("GET", "/configuration", None, _row(401, 403, 403, 200, 200, 200, 200)),
 ]
 
 

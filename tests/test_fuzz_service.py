@@ -60,6 +60,18 @@ VALID_BUT_400 = {
     ("POST", "/sessions"): "the shares of every gpu.shares slot together, at most one GPU model, the image's "
     "minimum resources; and the Hub's own refusals (here: its limit of MAX_SERVERS named servers)",
     ("POST", "/images"): "with inspect, the Docker engine must have the image",
+    (
+        "GET",
+        "/usage",
+    ): "start and end must be ISO 8601 times from the years 2000 to 9000, end after start, at "
+    "most 400 days apart, and the range must make at most 3,000 buckets",
+    ("POST", "/idle-checkers"): "which options a checker takes depends on its kind, and bindings must name a "
+    "domain, project or resource group that exists",
+    (
+        "PATCH",
+        "/idle-checkers/{name}",
+    ): "options must suit the checker's kind; bindings must name what exists",
+    ("POST", "/sessions/{id}/activity"): "last_activity must be an ISO 8601 time",
 }
 # What the world made by the `world` fixture holds, for generated names to hit.
 KNOWN = {

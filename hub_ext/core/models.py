@@ -785,3 +785,26 @@ class SessionActivity(Base):
     busy_kernels: Mapped[int] = mapped_column(Integer, default=0)
     reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     still_here_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+# ---------------------------------------------------------------- announcements
+
+ANNOUNCEMENT_LEVELS = ("info", "warning")
+
+
+class Announcement(Base):
+    """A banner for everyone, on the Hub's pages and in the Fleet sidebar (hub_ext.tenancy.announcements).
+
+    Each publication is a row; the announcement in force is the newest one not cleared (publishing
+    a new one clears the one before), so the table is also its history."""
+
+    __tablename__ = "announcements"
+    __table_args__ = (Index("ix_announcements_cleared_at", "cleared_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    level: Mapped[str] = mapped_column(String(_ENUM_LEN))  # ANNOUNCEMENT_LEVELS
+    published_by: Mapped[str] = mapped_column(String(255))
+    published_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    cleared_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    cleared_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -10,6 +10,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import type {
+  IAnnouncementAnswer,
   IApp,
   IFolder,
   IFolderCreate,
@@ -204,6 +205,11 @@ export class FleetAPI {
 
   storageHosts(): Promise<IStorageHost[]> {
     return this.request('api/storage-hosts');
+  }
+
+  /** The announcement in force (a superadmin publishes it from the admin console). */
+  announcement(): Promise<IAnnouncementAnswer> {
+    return this.request('api/announcement');
   }
 
   /** My GPU- and CPU-time, allocated and used: the last 7 and 30 days and day by day. */

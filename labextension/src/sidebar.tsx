@@ -7,6 +7,7 @@ import { Poll } from '@lumino/polling';
 import type { Message } from '@lumino/messaging';
 import * as React from 'react';
 
+import { AnnouncementBanner } from './components/Announcement';
 import { Apps } from './components/Apps';
 import { Section } from './components/common';
 import { Folders } from './components/Folders';
@@ -80,6 +81,7 @@ export function FleetPanel(props: {
           dataset={{ testid: 'lf-refresh' }}
         />
       </div>
+      <AnnouncementBanner announcement={d.announcement} />
       {section(
         'session',
         idle ? idle.short : (d.session?.status ?? undefined),

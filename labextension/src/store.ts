@@ -13,6 +13,8 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { FleetAPI, LabfleetError } from './api';
 import { instantMs } from './model';
 import type {
+  IAnnouncement,
+  IAnnouncementAnswer,
   IApp,
   IFolder,
   IFolderCreate,
@@ -33,6 +35,7 @@ export type SectionId = 'session' | 'quota' | 'usage' | 'sessions' | 'folders' |
 export const SECTIONS: SectionId[] = ['session', 'quota', 'usage', 'sessions', 'folders', 'apps'];
 
 export type Resource =
+  | 'announcement'
   | 'session'
   | 'quota'
   | 'usage'
@@ -61,6 +64,8 @@ const SECTION_RESOURCES: Record<SectionId, Resource[]> = {
 };
 
 export interface IFleetData {
+  /** The announcement in force: the banner at the top of the panel, whatever section is open. */
+  announcement: IAnnouncement | null;
   session: ISessionInfo | null;
   quota: IQuota | null;
   usage: IMyUsage | null;
@@ -249,6 +254,8 @@ export class FleetStore {
     if (this._data.session === null) {
       wanted.add('session');
     }
+    // The banner shows above every section.
+    wanted.add('announcement');
     const now = this._now();
     const due = [...wanted].filter(r => {
       const at = this._fetchedAt[r];
@@ -370,6 +377,8 @@ export class FleetStore {
   private _load(resource: Resource): Promise<unknown> {
     const api = this.api;
     switch (resource) {
+      case 'announcement':
+        return api.announcement().then((a: IAnnouncementAnswer) => a?.announcement ?? null);
       case 'session':
         return api.session();
       case 'quota':
@@ -394,6 +403,7 @@ export class FleetStore {
   }
 
   private _data: IFleetData = {
+    announcement: null,
     session: null,
     quota: null,
     usage: null,

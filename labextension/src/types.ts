@@ -306,3 +306,19 @@ export interface IMyUsage {
   /** The last 30 days, oldest first; days with nothing are there with zeros. */
   daily: IUsageDay[];
 }
+
+/** The announcement in force (`GET labfleet/api/announcement`): a banner at the top of the panel. */
+export interface IAnnouncement {
+  id: number;
+  /** Plain text, shown as text (line breaks kept). */
+  text: string;
+  level: 'info' | 'warning';
+  published_at: string | null;
+  /** The superadmin who published it (admins and monitors only). */
+  published_by?: string;
+}
+
+/** `GET labfleet/api/announcement`: the announcement, or null when there is none. */
+export interface IAnnouncementAnswer {
+  announcement: IAnnouncement | null;
+}

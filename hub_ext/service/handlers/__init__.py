@@ -13,7 +13,17 @@ from hub_ext.compute.quota import me_view
 from hub_ext.core import audit
 from hub_ext.core.errors import NotFound
 from hub_ext.service.base import APIHandler, BaseHandler, page_answer, page_args
-from hub_ext.service.handlers import auth, compute, maintenance, metrics, reclaim, storage, tenancy, usage
+from hub_ext.service.handlers import (
+    auth,
+    compute,
+    console,
+    maintenance,
+    metrics,
+    reclaim,
+    storage,
+    tenancy,
+    usage,
+)
 
 SPEC_FILE = Path(__file__).parent.parent / "openapi.yaml"
 
@@ -90,4 +100,5 @@ def routes(prefix: str) -> list[tuple]:
         *maintenance.routes(api),
         *usage.routes(api),
         *reclaim.routes(api),
+        *console.routes(api),
     ]

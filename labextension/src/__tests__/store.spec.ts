@@ -9,6 +9,7 @@ function fakeApi(handlers: Record<string, Handler>): { api: FleetAPI; log: strin
   const log: string[] = [];
   const api = Object.create(FleetAPI.prototype) as FleetAPI;
   const names = [
+    'announcement',
     'session',
     'usage',
     'myUsage',
@@ -56,6 +57,7 @@ describe('FleetStore', () => {
     await store.refresh();
     expect(log.sort()).toEqual(
       [
+        'announcement',
         'apps',
         'folders',
         'invitations',
@@ -67,7 +69,7 @@ describe('FleetStore', () => {
       ].sort()
     );
     expect(store.data.session?.project).toBe('acme/ml');
-    expect(changes).toBe(8);
+    expect(changes).toBe(9);
   });
 
   it('stops asking for a closed section', async () => {
@@ -80,7 +82,7 @@ describe('FleetStore', () => {
     store.toggle('usage');
     log.length = 0;
     await store.refresh();
-    expect(log.sort()).toEqual(['session', 'sessions']);
+    expect(log.sort()).toEqual(['announcement', 'session', 'sessions']);
     expect(store.isOpen('folders')).toBe(false);
   });
 
