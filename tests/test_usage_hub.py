@@ -283,7 +283,7 @@ def test_my_usage_for_the_sidebar(hub, ran):
         ({"bucket": "fortnight"}, "bucket must be one of"),
         ({"start": "2024-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "at most 400 days"),
         ({"start": "2026-01-01T00:00:00Z", "end": "2026-06-01T00:00:00Z", "bucket": "15m"}, "more than 3000"),
-        ({"format": "xlsx"}, "format must be json or csv"),
+        ({"format": "xlsx"}, "format must be one of json, csv"),
         ({"limit": "5"}, "unknown query argument"),
     ],
 )

@@ -105,7 +105,7 @@ def test_efficiency_is_none_where_nothing_was_allocated():
     [
         ({"group_by": "team"}, "group_by must be one of"),
         ({"bucket": "week"}, "bucket must be one of"),
-        ({"format": "xml"}, "format must be json or csv"),
+        ({"format": "xml"}, "format must be one of json, csv"),
         ({"start": "yesterday"}, "start must be an ISO 8601 time"),
         ({"end": "2026-13-01"}, "end must be an ISO 8601 time"),
         ({"start": "2026-11-02T00:00:00Z", "end": "2026-11-01T00:00:00Z"}, "end must be after start"),

@@ -69,6 +69,16 @@ def _time(value: str, name: str) -> datetime:
     return t
 
 
+def _choice(args: Mapping[str, str | None], name: str, choices: tuple[str, ...], default: str) -> str:
+    """A query argument that names one of ``choices``; ``default`` when absent (an empty one is wrong)."""
+    value = args.get(name)
+    if value is None:
+        return default
+    if value not in choices:
+        raise InvalidInput(f"{name} must be one of {', '.join(choices)}, not {value[:40]!r}")
+    return value
+
+
 def parse_query(args: Mapping[str, str | None], now: datetime) -> UsageQuery:
     """The query of ``GET /api/usage`` from its arguments; InvalidInput (400) with a message otherwise."""
     unknown = sorted(k for k in args if k not in PARAMS)
@@ -76,18 +86,12 @@ def parse_query(args: Mapping[str, str | None], now: datetime) -> UsageQuery:
         raise InvalidInput(
             f"unknown query argument(s) {', '.join(unknown)[:100]}; known: {', '.join(PARAMS)}"
         )
-    group_by = args.get("group_by") or "user"
-    if group_by not in GROUPS:
-        raise InvalidInput(f"group_by must be one of {', '.join(GROUPS)}, not {group_by[:40]!r}")
-    bucket = args.get("bucket") or "none"
-    if bucket not in BUCKETS:
-        raise InvalidInput(f"bucket must be one of {', '.join(BUCKETS)}, not {bucket[:40]!r}")
-    fmt = args.get("format") or "json"
-    if fmt not in FORMATS:
-        raise InvalidInput(f"format must be json or csv, not {fmt[:40]!r}")
+    group_by = _choice(args, "group_by", GROUPS, "user")
+    bucket = _choice(args, "bucket", tuple(BUCKETS), "none")
+    fmt = _choice(args, "format", FORMATS, "json")
     end_arg, start_arg = args.get("end"), args.get("start")
-    end = _time(end_arg, "end") if end_arg else now
-    start = _time(start_arg, "start") if start_arg else end - DEFAULT_RANGE
+    end = _time(end_arg, "end") if end_arg is not None else now
+    start = _time(start_arg, "start") if start_arg is not None else end - DEFAULT_RANGE
     if end <= start:
         raise InvalidInput("end must be after start")
     if end - start > MAX_RANGE:
