@@ -249,3 +249,30 @@ def test_the_statistics_page_plots_usage_and_exports_csv(hub, browser):
     assert "erin" in body and "Viewing as root (superadmin)" in body
     shot(page, "statistics-root")
     page.close()
+
+
+PAGES = ["admin", "users", "sessions", "scheduler", "resources", "policies", "environments", "storage"]
+PAGES += ["statistics", "configurations", "maintenance", "information"]
+
+
+@pytest.mark.parametrize("name, role", [("root", "superadmin"), ("carol", "admin"), ("mona", "monitor")])
+def test_every_page_opens_for_each_kind_of_admin(hub, browser, name, role):
+    """Each page renders as the viewer (no error from the service, no traceback) and is saved."""
+    page = login(browser, hub, name)
+    for key in PAGES:
+        response = page.goto(f"{hub.url}/services/labfleet-admin/{key}")
+        assert response is not None and response.status == 200, (key, response and response.status)
+        page.wait_for_selector(f"text=Viewing as {name} ({role})", timeout=WAIT_MS)
+        page.wait_for_load_state("networkidle", timeout=WAIT_MS)
+        text = page.inner_text("body")
+        assert "Traceback" not in text and "The labfleet service said" not in text, (key, text[:500])
+        shot(page, f"page-{key}-{name}")
+    page.close()
+
+
+def test_a_plain_user_gets_403_on_every_page(hub, browser):
+    page = login(browser, hub, "alice")
+    for key in PAGES:
+        response = page.goto(f"{hub.url}/services/labfleet-admin/{key}")
+        assert response is not None and response.status == 403, key
+    page.close()
