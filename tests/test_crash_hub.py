@@ -120,8 +120,9 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
-def _service_pid(hub_pid: int) -> int | None:
-    """The labfleet service the Hub started (its child running ``python -m hub_ext.service``)."""
+def _service_pid(hub_pid: int, module: bytes = b"hub_ext.service") -> int | None:
+    """The labfleet service the Hub started (its child running ``python -m hub_ext.service``), or
+    another of its children by its module (the admin console: ``admin_dashboards``)."""
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
@@ -132,7 +133,7 @@ def _service_pid(hub_pid: int) -> int | None:
             cmd = (p / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"hub_ext.service" in cmd:
+        if module in cmd:
             return int(p.name)
     return None
 
@@ -189,8 +190,9 @@ def test_a_killed_hubs_service_goes_with_it_and_the_restarted_hub_takes_over(env
     allocated = _allocated(hub, env.root)
     assert sorted(allocated.values()) == [0.5, 1.0]
     service = _service_pid(hub.proc.pid)
-    assert service is not None
-    env.leftovers.append(service)
+    console = _service_pid(hub.proc.pid, b"admin_dashboards")
+    assert service is not None and console is not None
+    env.leftovers += [service, console]
     sessions = [_spawner_pid(env.state, u, s) for u, s in (("alice", "a"), ("bob", "b"))]
     service_port = hub.ports[3]
     log_start = len(hub.log_text())
@@ -203,6 +205,9 @@ def test_a_killed_hubs_service_goes_with_it_and_the_restarted_hub_takes_over(env
     while _alive(service) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(service), "the labfleet service outlived its killed Hub (it keeps the port)"
+    while _alive(console) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(console), "the admin console outlived its killed Hub (it keeps its port)"
     service_gone = time.monotonic() - t_killed
     assert all(_alive(pid) for pid in sessions), "the sessions must survive the Hub"
 

@@ -98,7 +98,8 @@ def admin_service(service_port: int, repo_root: str) -> dict[str, Any]:
         "name": ADMIN_SERVICE_NAME,
         "display": True,
         "url": f"http://127.0.0.1:{port}",
-        "command": [sys.executable, "-m", "jupyterhub.singleuser", f"--config={config}"],
+        # jupyterhub-singleuser, stopping with the Hub (admin_dashboards/__main__.py)
+        "command": [sys.executable, "-m", "admin_dashboards", f"--config={config}"],
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": [f"access:services!service={SERVICE_NAME}"],
         "environment": {
