@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import re
 import secrets
-import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from sqlalchemy import Table, func, insert, select
-from sqlalchemy.orm import Session, make_transient_to_detached, object_session
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, object_session
 
-from hub_ext.compute import clustercache, tenants
+from hub_ext.compute import admitrows, clustercache, shapes, tenants
 from hub_ext.compute.nodes import DEFAULT_GROUP, SESSION_TYPES
 from hub_ext.compute.scheduler import admission, queueing
 from hub_ext.compute.scheduler.placement import Placement, PlacementError, Request
@@ -48,15 +47,13 @@ from hub_ext.core.validate import (
     check_choice,
     check_fields,
     check_int,
-    check_slots,
-    check_string_list,
     check_text,
     check_username,
 )
 from hub_ext.storage import folders as vfolders
 from hub_ext.tenancy import snapshot
 
-REQUEST_SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
+REQUEST_SLOTS = shapes.REQUEST_SLOTS
 # Where the spawner may move a session; the scheduler alone makes SCHEDULED and CANCELLED.
 SPAWNER_TRANSITIONS = {
     "SCHEDULED": {"PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "ERROR"},
@@ -140,20 +137,10 @@ def parse_request(body: Any) -> dict[str, Any]:
     out["type"] = check_choice(body.get("type", "interactive"), "type", SESSION_TYPES)
     image = body.get("image")
     out["image"] = None if image is None else check_text(image, "image", 255)
-    slots = body.get("slots", {})
-    if not isinstance(slots, dict):
-        raise InvalidInput('slots must be an object like {"cpu": 2, "mem": "8g", "gpu.shares": 0.5}')
-    unknown = sorted(k for k in slots if k.split(":", 1)[0] not in REQUEST_SLOTS)
-    if unknown:
-        raise InvalidInput(
-            f"unknown slot(s) {', '.join(map(str, unknown))}; a session asks cpu, mem, gpu or gpu.shares"
-        )
-    out["slots"] = check_slots(slots, "slots")
-    try:
-        Request.from_slots(out["slots"], check_string_list(body.get("gpu_models", []), "gpu_models"))
-    except ValueError as e:
-        raise InvalidInput(str(e)) from None
-    out["gpu_models"] = check_string_list(body.get("gpu_models", []), "gpu_models")
+    # Slots and GPU models: checked and derived once per distinct request (compute.shapes).
+    shape = out["shape"] = shapes.shape_of(body.get("slots", {}), body.get("gpu_models", []))
+    out["slots"] = shape.slots
+    out["gpu_models"] = list(shape.gpu_models)
     out["name"] = check_text(body.get("name", ""), "name", 255)
     out["username"] = body.get("username")
     out["vfolders"] = body.get("vfolders", [])
@@ -181,10 +168,13 @@ def admit(
     charged to the keypair that signed it.  ``dry_run``: every check (the capacity that could ever
     hold it included) but no placement; the session returned is not added, and the caller rolls back.
 
-    In the common case five statements (plus SQLite's BEGIN): the group's lock with its
-    alloc_version and the tenancy and folder versions (one UPDATE ... RETURNING), the ledger's
-    rows changed and read back (one upsert), and the inserts of the session, its allocations
-    and the audit entry.  Tenancy comes from the per-process cache of that version.
+    Statements in the common case: the group's lock with its alloc_version and the tenancy and
+    folder versions (one UPDATE ... RETURNING), then on SQLite (after its BEGIN) the ledger's
+    upsert and the inserts of the session, its allocations and the audit entry (six in all), on
+    PostgreSQL all of those as one statement (two in all).  The ledger reads back only the rows
+    a cap checks (none when nothing is capped).  Tenancy, the request's derived values
+    (:mod:`hub_ext.compute.shapes`) and, where nothing is capped, the checks' verdict come
+    from per-process caches.
     """
     if launch is not None and isinstance(body, Mapping):
         body = {**body, "slots": launch.slots, "gpu_models": list(launch.gpu_models)}
@@ -208,20 +198,52 @@ def admit(
         named_mounts = vfolders.resolve_mounts(db, owner, req["vfolders"])
 
     entry, alloc_version, (tenancy_v, folders_v) = clustercache.lock_for_decision(
-        db, t.group.id, versions.subquery(versions.TENANCY), versions.subquery(versions.FOLDERS)
+        db, t.group.id, versions.TENANCY, versions.FOLDERS
     )
     if tenancy_v != t.version:
-        t2 = tenants.resolve(db, int(tenancy_v), actor, username, req, access_key)
+        t2 = tenants.resolve(db, tenancy_v, actor, username, req, access_key)
         if t2.group.id != t.group.id:  # the group was renamed or replaced meanwhile: lock the right one
             entry, alloc_version, _ = clustercache.lock_for_decision(db, t2.group.id)
         t = t2
-    slots = req["slots"]
-    request = _session_request(t, "", req["type"], req["image"], slots, req["gpu_models"])
+    shape: shapes.Shape = req["shape"]
+    # Placement is pure (nothing changes before apply), so it runs first: the ledger's change
+    # then also counts the session as queued when it does not fit now.
+    placement = None if dry_run else entry.cluster.place(shape.wanted, t.group.placement, shape.workload)
     scopes = tenants.scopes(t)
-    delta = quanta.session_delta(slots, live=1, pending=0, keys=quanta.request_keys(slots))
-    rows = usage_ledger.charge(db, scopes, delta)
-    before = {scope: {k: v - delta.get(k, 0) for k, v in row.items()} for scope, row in rows.items()}
-    refusal = admission.check_admission(tenants.context(t, request, before))
+    delta = shape.queued if placement is None and not dry_run else shape.admitted
+    # Nothing capped (the usual case): the charge reads nothing back, and no check needs usage.
+    reads = tenants.reads(t, shape.keys)
+    if named_mounts is not None:
+        mounts = [(v.id, perm) for v, perm in named_mounts]
+    else:
+        mounts = tenants.dot_folder_mounts(db, tenancy_v, folders_v, t.user.id)
+    now = _now()
+    row = admitrows.session_row(t, req, now)
+    allocations: list[dict[str, Any]] = []
+    if placement is not None:
+        allocations, taken, where = _allocation_rows(entry, placement, row["id"])
+        row["node_id"] = allocations[0]["node_id"]
+        admitrows.set_first_status(row, "SCHEDULED", where, now)
+    elif not dry_run:
+        reason = f"waiting for free capacity in resource group {t.group.name}"
+        admitrows.set_first_status(row, "PENDING", reason, now)
+    created = audit.entry(
+        actor,
+        "session.create",
+        row["id"],
+        target_domain=t.user.domain,
+        details={"project": t.project.full_name, "slots": dict(shape.shown), "status": row["status"]},
+    )
+    # On PostgreSQL the charge and every insert are one statement, before the checks: a refusal
+    # rolls it all back.  Elsewhere the charge comes first and the inserts only once admitted.
+    in_one = not dry_run and admitrows.one_statement(db)
+    if in_one:
+        changes = usage_ledger.charge_values(scopes, delta, reads)
+        rows = admitrows.write_in_one(db, changes, bool(reads), row, allocations, mounts, created)
+    else:
+        rows = usage_ledger.charge(db, scopes, delta, reads=reads or None)
+    before = {scope: {k: v - delta.get(k, 0) for k, v in got.items()} for scope, got in rows.items()}
+    refusal = tenants.check_new(t, shape, req["type"], req["image"], before if reads else None)
     if refusal is not None:
         refused = Refused(refusal, REFUSAL_STATUS.get(refusal.code, 409))
         details = {"reason": refusal.message, "code": refusal.code, "project": t.project.full_name}
@@ -230,84 +252,20 @@ def admit(
             db, actor, "session.refuse", username, target_domain=t.user.domain, details=details, success=False
         )
         raise refused
-    wanted = Request.from_slots(slots, req["gpu_models"])
-    if named_mounts is not None:
-        mounts = [(v.id, perm) for v, perm in named_mounts]
-    else:
-        mounts = tenants.dot_folder_mounts(db, int(tenancy_v), int(folders_v), t.user.id)
-    now = _now()
-    session = ComputeSession(
-        id=str(uuid.uuid4()),
-        name=req["name"],
-        user_id=t.user.id,
-        keypair_id=t.keypair.id,
-        project_id=t.project.id,
-        domain_id=t.user.domain_id,
-        resource_group_id=t.group.id,
-        type=req["type"],
-        image=req["image"],
-        requested_slots=slots.to_db(),
-        gpu_models=req["gpu_models"],
-        status=None,
-        status_reason="",
-        status_history=[],
-        node_id=None,
-        exit_code=None,
-        created_at=now,
-        status_changed_at=now,
-    )
+    if placement is None:
+        _check_could_fit(entry, t.group.name, shape)  # raises (the caller rolls back) if it never fits
     if dry_run:
+        session = admitrows.as_object(row)
         session.mounts = [VFolderMount(vfolder_id=vid, permission=perm) for vid, perm in mounts]
-        _check_could_fit(entry, t.group.name, session)
         return session
-    placement = entry.cluster.place(wanted, t.group.placement, None)
-    allocations: list[dict[str, Any]] = []
-    if placement is not None:
-        allocations, taken, where = _allocation_rows(entry, placement, session.id)
-        session.node_id = allocations[0]["node_id"]
-        set_status(session, "SCHEDULED", where, ledger=False)
-    else:
-        _check_could_fit(entry, t.group.name, session)  # raises: the caller rolls back
-        set_status(
-            session, "PENDING", f"waiting for free capacity in resource group {t.group.name}", ledger=False
-        )
-        usage_ledger.charge(db, scopes, {quanta.PENDING: 1})
-    # Plain inserts, not the ORM's unit of work: an admission is a hot path.
-    conn = db.connection()
-    conn.execute(insert(_table(ComputeSession)), _column_values(session))
-    if allocations:
-        conn.execute(insert(_table(Allocation)), allocations)
-    if mounts:
-        mount_rows = [
-            {"session_id": session.id, "vfolder_id": vid, "permission": perm} for vid, perm in mounts
-        ]
-        conn.execute(insert(_table(VFolderMount)), mount_rows)
+    if not in_one:
+        # Plain inserts of statements compiled once, not the ORM's unit of work: a hot path.
+        admitrows.insert_rows(db, row, allocations, mounts)
+        audit.write(db, created)
     clustercache.settle(db, t.group.id, entry, alloc_version)
     if placement is not None:
         entry.cluster.apply(taken)  # the cached cluster takes exactly what the rows say
-    audit.record(
-        db,
-        actor,
-        "session.create",
-        session.id,
-        target_domain=t.user.domain,
-        details={"project": t.project.full_name, "slots": slots.to_json(), "status": session.status},
-    )
-    # The row is written: the object joins the transaction as loaded, its relations load on first use.
-    make_transient_to_detached(session)
-    db.add(session)
-    db.expire(
-        session, ["user", "keypair", "project", "domain", "resource_group", "node", "allocations", "mounts"]
-    )
-    return session
-
-
-def _table(model: type) -> Table:
-    return model.__table__  # type: ignore[attr-defined,no-any-return]
-
-
-def _column_values(s: ComputeSession) -> dict[str, Any]:
-    return {c.key: getattr(s, c.key) for c in ComputeSession.__table__.columns}
+    return admitrows.attach(db, row)
 
 
 def _allocation_rows(
@@ -352,33 +310,11 @@ def _allocation_rows(
     return rows, exact, f"on {placement.node}" + (f": {where}" if where else "")
 
 
-def _session_request(
-    t: tenants.Tenants,
-    session_id: str,
-    session_type: str,
-    image: str | None,
-    slots: ResourceSlots,
-    gpu_models: Iterable[str],
-) -> admission.SessionRequest:
-    return admission.SessionRequest(
-        session_id=session_id,
-        user=t.user.username,
-        keypair=t.keypair.access_key,
-        project=t.project.full_name,
-        domain=t.user.domain,
-        resource_group=t.group.name,
-        session_type=session_type,
-        image=image,
-        slots=charged(slots),
-        gpu_models=tuple(gpu_models),
-    )
-
-
-def _check_could_fit(entry: clustercache.Entry, group: str, session: ComputeSession) -> None:
+def _check_could_fit(entry: clustercache.Entry, group: str, shape: shapes.Shape) -> None:
     """Refuse (409) a request that no node of the group could hold even empty: it would wait for ever."""
-    if not _fits_empty(entry, _request_of(session)):
+    if not _fits_empty(entry, shape.wanted):
         message = (
-            f"no node of resource group {group} could ever hold {session.slots.to_cli() or 'this request'}"
+            f"no node of resource group {group} could ever hold {shape.slots.to_cli() or 'this request'}"
         )
         raise Refused(admission.Refusal(code="capacity", message=message, retryable=False), 409)
 
@@ -401,7 +337,7 @@ def check(db: Session, s: ComputeSession, version: int | None = None) -> admissi
         t = tenants.resolve(db, version, actor, s.user.username, req, s.keypair.access_key)
     except LabfleetError as e:
         return admission.Refusal(code="tenancy", message=e.message, retryable=False)
-    request = _session_request(t, s.id, s.type, s.image, s.slots, s.gpu_models or ())
+    request = tenants.session_request(t, s.id, s.type, s.image, s.slots, s.gpu_models or ())
     own = quanta.session_delta(s.slots, live=1, pending=int(s.status == "PENDING"))
     rows = usage_ledger.read(db, usage_ledger.scopes_of(s))
     before = {scope: {k: v - own.get(k, 0) for k, v in row.items()} for scope, row in rows.items()}
@@ -479,7 +415,7 @@ def launch_options(req: dict[str, Any]) -> dict[str, Any]:
         options["image"] = req["image"]
     if req["resource_group"] != DEFAULT_GROUP:
         options["resource_group"] = req["resource_group"]
-    wanted = Request.from_slots(req["slots"], req["gpu_models"])
+    wanted = req["shape"].wanted
     if wanted.cpu:
         options["cpu"] = format(wanted.cpu.normalize(), "f")
     if wanted.mem:

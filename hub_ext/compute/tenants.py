@@ -7,22 +7,23 @@ Nothing here reads a session: usage comes from the ledger (:mod:`hub_ext.compute
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from hub_ext.compute.scheduler import admission
+from hub_ext.compute.shapes import Shape
 from hub_ext.core import quanta, versions
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import Conflict, Forbidden, NotFound
-from hub_ext.core.models import Image, ResourceGroup, User
-from hub_ext.core.slots import ResourceSlots
+from hub_ext.core.models import Image, ResourceGroup, User, VFolder
+from hub_ext.core.slots import ResourceSlots, charged
 from hub_ext.core.validate import parse_project_ref
 from hub_ext.storage import folders as vfolders
 from hub_ext.tenancy import snapshot
-from hub_ext.tenancy.snapshot import KeypairSnap, ProjectSnap, UserSnap
+from hub_ext.tenancy.snapshot import KeypairSnap, PolicySnap, ProjectSnap, UserSnap
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,20 @@ def image(db: Session, version: int, name: str) -> ImageSnap | None:
 def resolve(
     db: Session, version: int, actor: Actor, username: str, req: Mapping, access_key: str | None
 ) -> Tenants:
-    """The tenants of a session request at ``version``; raises as admission refuses (404, 403, 409)."""
+    """The tenants of a session request at ``version``; raises as admission refuses (404, 403, 409).
+
+    Cached as a whole under the same version (one look-up instead of one per user, project,
+    group, keypair and image); what raises is not cached."""
+    signed = actor.keypair if actor.name == username else None  # all _charged_keypair reads of the actor
+    key = ("tenants", username, req["project_ref"], req["resource_group"], req["image"], access_key, signed)
+    return snapshot.cached(  # type: ignore[no-any-return]
+        db, version, key, lambda db: _resolve(db, version, actor, username, req, access_key)
+    )
+
+
+def _resolve(
+    db: Session, version: int, actor: Actor, username: str, req: Mapping, access_key: str | None
+) -> Tenants:
     user = snapshot.user(db, version, username)
     if user is None or not user.is_active:
         raise NotFound(f"no active user {username!r}")
@@ -150,6 +164,18 @@ def _charged_keypair(
 
 
 _mounts = versions.VersionedCache(versions.FOLDERS)
+_dot_owners = versions.VersionedCache(versions.FOLDERS)
+
+
+def _users_with_dot_folders(db: Session, folders_version: int) -> frozenset[int]:
+    """Ids of the users who own a folder whose name starts with '.' (any status): one statement
+    per folders version, so that a user who has none (most) costs no folder query at all."""
+
+    def load(db: Session) -> frozenset[int]:
+        owners = select(VFolder.user_id).where(VFolder.user_id.is_not(None), VFolder.name.startswith("."))
+        return frozenset(db.scalars(owners.distinct()))
+
+    return _dot_owners.get(db, folders_version, "owners", load)  # type: ignore[no-any-return]
 
 
 def dot_folder_mounts(
@@ -162,12 +188,46 @@ def dot_folder_mounts(
         u = db.get(User, user_id)
         return [(v.id, perm) for v, perm in vfolders.resolve_mounts(db, u, [])] if u is not None else []
 
+    if user_id not in _users_with_dot_folders(db, folders_version):
+        return []  # resolve_mounts adds only the user's own dot folders when none is named
     if versions.bumped_here(db, versions.TENANCY):
         return load(db)
-    return _mounts.get(db, folders_version, (tenancy_version, user_id), load)
+    return _mounts.get(db, folders_version, (tenancy_version, user_id), load)  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------- the admission context
+
+
+_NOTHING = ResourceSlots()
+
+
+def _keypair_slots_capped(policy: PolicySnap) -> bool:
+    # LIMITED refuses any slot the policy does not name: every requested slot is capped.
+    return bool(policy.slots) or not policy.unlimited_unspecified
+
+
+def _keypair_counts_capped(policy: PolicySnap) -> bool:
+    return bool(policy.max_concurrent_sessions or policy.max_pending_sessions)
+
+
+def reads(t: Tenants, keys: Iterable[str]) -> dict[tuple[str, int], list[str]]:
+    """The ledger rows admission's checks read (see :func:`context`), per scope: the request's
+    rows (``keys``, :func:`hub_ext.core.quanta.request_keys`) of each scope whose cap could refuse
+    it, and the keypair's session counts where its policy limits them.  The rows the session's
+    own charge changes come back too; every other row would be read for nothing."""
+    slot_keys = [k for k in keys if k not in quanta.COUNTS]
+    policy = t.keypair.policy
+    out: dict[tuple[str, int], list[str]] = {}
+    keypair = slot_keys if _keypair_slots_capped(policy) else []
+    if _keypair_counts_capped(policy):
+        keypair = [*keypair, *quanta.COUNTS]
+    if keypair:
+        out[("keypair", t.keypair.id)] = keypair
+    if t.project.slots:
+        out[("project", t.project.id)] = slot_keys
+    if t.user.domain_slots:
+        out[("domain", t.user.domain_id)] = slot_keys
+    return out  # no user cap exists (context: user_limit=None); a resource group has none either
 
 
 def context(
@@ -176,34 +236,116 @@ def context(
     rows: Mapping[tuple[str, int], Mapping[str, int]],
 ) -> admission.AdmissionContext:
     """The pure admission context: limits from ``t``, usage from the ledger ``rows`` of the
-    session's scopes, without the session being decided (subtract it before calling)."""
+    session's scopes, without the session being decided (subtract it before calling).
 
-    def used(kind: str, ident: int) -> ResourceSlots:
-        return quanta.used_slots(rows.get((kind, ident), {}), request.slots)
+    A scope with no cap gets no usage (nothing to check it against; :func:`reads` does not read
+    it), and the keypair's counts are read only where its policy limits them."""
 
-    kp_row = rows.get(("keypair", t.keypair.id), {})
-    live, pending = kp_row.get(quanta.SESSIONS, 0), kp_row.get(quanta.PENDING, 0)
+    def used(kind: str, ident: int, capped: bool) -> ResourceSlots:
+        return quanta.used_slots(rows.get((kind, ident), {}), request.slots) if capped else _NOTHING
+
     policy = t.keypair.policy
+    if _keypair_counts_capped(policy):
+        kp_row = rows.get(("keypair", t.keypair.id), {})
+        live, pending = kp_row.get(quanta.SESSIONS, 0), kp_row.get(quanta.PENDING, 0)
+    else:
+        live = pending = 0
     return admission.AdmissionContext(
         request=request,
-        keypair_policy=admission.KeypairPolicySnapshot(
-            total_slots=policy.slots,
-            unlimited_unspecified=policy.unlimited_unspecified,
-            max_concurrent_sessions=policy.max_concurrent_sessions,
-            max_pending_sessions=policy.max_pending_sessions,
-        ),
-        keypair_used=used("keypair", t.keypair.id),
+        keypair_policy=_policy_snapshot(policy),
+        keypair_used=used("keypair", t.keypair.id, _keypair_slots_capped(policy)),
         keypair_active_sessions=max(live - pending, 0),
         keypair_pending_sessions=max(pending, 0),
         user_limit=None,
-        user_used=used("user", t.user.id),
+        user_used=_NOTHING,
         project_limit=t.project.slots,
-        project_used=used("project", t.project.id),
+        project_used=used("project", t.project.id, bool(t.project.slots)),
         domain_limit=t.user.domain_slots,
-        domain_used=used("domain", t.user.domain_id),
+        domain_used=used("domain", t.user.domain_id, bool(t.user.domain_slots)),
         group=t.group.admission,
         image=t.image.for_project(t.project.full_name) if t.image is not None else None,
     )
+
+
+def session_request(
+    t: Tenants,
+    session_id: str,
+    session_type: str,
+    image: str | None,
+    slots: ResourceSlots,
+    gpu_models: Iterable[str],
+    *,
+    charged_slots: ResourceSlots | None = None,
+) -> admission.SessionRequest:
+    """The session as admission's checks see it (``charged_slots``: ``charged(slots)``, when the
+    caller has it)."""
+    return admission.SessionRequest(
+        session_id=session_id,
+        user=t.user.username,
+        keypair=t.keypair.access_key,
+        project=t.project.full_name,
+        domain=t.user.domain,
+        resource_group=t.group.name,
+        session_type=session_type,
+        image=image,
+        slots=charged(slots) if charged_slots is None else charged_slots,
+        gpu_models=tuple(gpu_models),
+    )
+
+
+# (id(tenants), id(shape), type, image) -> (tenants, shape, verdict): see check_new.
+_UNCAPPED: dict[tuple[int, int, str, str | None], tuple[Tenants, Shape, admission.Refusal | None]] = {}
+
+
+def check_new(
+    t: Tenants,
+    shape: Shape,
+    session_type: str,
+    image: str | None,
+    before: Mapping[tuple[str, int], Mapping[str, int]] | None,
+) -> admission.Refusal | None:
+    """Admission's verdict on a new session: the first refusal, or None.
+
+    ``before``: the ledger rows :func:`reads` named, as they were without this session; None
+    when it named none (no cap applies).  Then the verdict depends on nothing but the tenants
+    and the request (:func:`context` reads no usage), and is kept for the next request of the
+    same shape and tenants (both cached values, compared by identity)."""
+    key = (id(t), id(shape), session_type, image)
+    if before is None:
+        got = _UNCAPPED.get(key)
+        if got is not None and got[0] is t and got[1] is shape:
+            return got[2]
+    request = session_request(
+        t, "", session_type, image, shape.slots, shape.gpu_models, charged_slots=shape.charged
+    )
+    refusal = admission.check_admission(context(t, request, before or {}))
+    if before is None:
+        if len(_UNCAPPED) > 10_000:
+            _UNCAPPED.clear()  # bounded: one entry per (user's tenants, shape) in use
+        _UNCAPPED[key] = (t, shape, refusal)
+    return refusal
+
+
+# id(policy value) -> (that value, its admission snapshot): by identity, since two policies equal
+# as values can differ for admission (a slot capped at 0 and a slot not named compare equal).
+_POLICIES: dict[int, tuple[PolicySnap, admission.KeypairPolicySnapshot]] = {}
+
+
+def _policy_snapshot(policy: PolicySnap) -> admission.KeypairPolicySnapshot:
+    """The policy as admission takes it, made once per cached policy value (it parses slots)."""
+    got = _POLICIES.get(id(policy))
+    if got is not None and got[0] is policy:
+        return got[1]
+    snap = admission.KeypairPolicySnapshot(
+        total_slots=policy.slots,
+        unlimited_unspecified=policy.unlimited_unspecified,
+        max_concurrent_sessions=policy.max_concurrent_sessions,
+        max_pending_sessions=policy.max_pending_sessions,
+    )
+    if len(_POLICIES) > 10_000:
+        _POLICIES.clear()  # bounded: each tenancy version loads its policies afresh
+    _POLICIES[id(policy)] = (policy, snap)
+    return snap
 
 
 def scopes(t: Tenants) -> list[tuple[str, int]]:

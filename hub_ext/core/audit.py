@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Select, insert, or_, select
+from sqlalchemy import Select, Table, insert, or_, select
 from sqlalchemy.orm import Session
 
 from hub_ext.core.authz import Actor
+from hub_ext.core.db import Prepared
 from hub_ext.core.models import AuditEntry, utcnow
 from hub_ext.core.pages import Page, page_of
 
@@ -15,8 +16,52 @@ from hub_ext.core.pages import Page, page_of
 _SECRET_KEYS = {"password", "secret_key", "secret", "token", "api_token"}
 
 
+COLUMNS = (
+    "timestamp",
+    "actor",
+    "actor_domain",
+    "target_domain",
+    "action",
+    "target",
+    "details",
+    "remote_addr",
+    "success",
+)
+# Compiled once (an entry is written on hot paths, an admission among them).
+_INSERT = Prepared(insert(cast(Table, AuditEntry.__table__)), COLUMNS)
+
+
 def _scrub(details: dict[str, Any]) -> dict[str, Any]:
     return {k: ("***" if k in _SECRET_KEYS else v) for k, v in details.items()}
+
+
+def entry(
+    actor: Actor,
+    action: str,
+    target: str = "",
+    *,
+    target_domain: str | None = None,
+    details: dict[str, Any] | None = None,
+    success: bool = True,
+) -> dict[str, Any]:
+    """One entry as its row (every column of :data:`COLUMNS`), dated now, secrets scrubbed: for a
+    caller that writes it in a statement of its own making (see :func:`record`)."""
+    return {
+        "timestamp": utcnow(),
+        "actor": actor.name,
+        "actor_domain": actor.domain,
+        "target_domain": target_domain,
+        "action": action,
+        "target": target,
+        "details": _scrub(details or {}),
+        "remote_addr": actor.remote_addr or "",
+        "success": success,
+    }
+
+
+def write(db: Session, row: dict[str, Any]) -> None:
+    """Write an :func:`entry` in the caller's transaction (a plain INSERT: it is on hot paths)."""
+    _INSERT.execute(db.connection(), row)
 
 
 def record(
@@ -29,21 +74,8 @@ def record(
     details: dict[str, Any] | None = None,
     success: bool = True,
 ) -> None:
-    """Write one entry, now, in the caller's transaction (a plain INSERT: it is on hot paths)."""
-    db.connection().execute(
-        insert(AuditEntry.__table__),
-        {
-            "timestamp": utcnow(),
-            "actor": actor.name,
-            "actor_domain": actor.domain,
-            "target_domain": target_domain,
-            "action": action,
-            "target": target,
-            "details": _scrub(details or {}),
-            "remote_addr": actor.remote_addr or "",
-            "success": success,
-        },
-    )
+    """Write one entry, now, in the caller's transaction."""
+    write(db, entry(actor, action, target, target_domain=target_domain, details=details, success=success))
 
 
 def entries_query(actor: Actor, action: str | None = None) -> Select:

@@ -17,13 +17,29 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any
+from itertools import chain
+from typing import Any, cast
 
-from sqlalchemy import delete, event, insert, or_, select, tuple_
+from sqlalchemy import (
+    BigInteger,
+    Dialect,
+    Integer,
+    String,
+    Table,
+    bindparam,
+    delete,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from hub_ext.core import quanta
+from hub_ext.core.db import Prepared
 from hub_ext.core.models import (
     HOLDING_STATUSES,
     LEDGER_SCOPES,
@@ -54,39 +70,149 @@ def scopes_of(s: ComputeSession) -> list[Scope]:
     ]
 
 
-_UPSERTS: dict[str, Any] = {}
+_UPSERTS: dict[tuple[str, bool], Any] = {}
+_UPSERTS_N: dict[tuple[str, int, bool], tuple[str, bool]] = {}
+_UNNESTS: dict[bool, Prepared] = {}
+# SQLite: up to this many rows a charge runs one statement compiled for exactly that many rows
+# (an admission touches 10 to 30); beyond it, one statement executed with many parameter sets.
+_PREBUILT_ROWS = 64
+_COLUMNS = ("scope_kind", "scope_id", "slot", "amount")
+_TABLE = cast(Table, UsageLedger.__table__)
 
 
-def _upsert(dialect: str) -> Any:
-    """``INSERT ... ON CONFLICT DO UPDATE SET amount = amount + excluded.amount RETURNING ...``,
-    one statement per dialect, compiled once: executed with many rows, SQLAlchemy sends them as
+def _on_conflict(ins: Any, *, returning: bool) -> Any:
+    """``ins ON CONFLICT DO UPDATE SET amount = amount + excluded.amount`` (with
+    ``RETURNING scope_kind, scope_id, slot, amount``)."""
+    table = _TABLE
+    stmt = ins.on_conflict_do_update(
+        index_elements=["scope_kind", "scope_id", "slot"],
+        set_={"amount": table.c.amount + ins.excluded.amount},
+    )
+    return stmt.returning(*(table.c[c] for c in _COLUMNS)) if returning else stmt
+
+
+def _upsert(dialect: str, returning: bool) -> Any:
+    """The upsert for many parameter sets, one statement per dialect: SQLAlchemy sends them as
     one multi-row INSERT ("insertmanyvalues")."""
-    stmt = _UPSERTS.get(dialect)
+    stmt = _UPSERTS.get((dialect, returning))
     if stmt is None:
-        table = UsageLedger.__table__
-        ins = (postgresql if dialect == "postgresql" else sqlite).insert(table)
-        stmt = _UPSERTS[dialect] = ins.on_conflict_do_update(
-            index_elements=["scope_kind", "scope_id", "slot"],
-            set_={"amount": table.c.amount + ins.excluded.amount},
-        ).returning(table.c.scope_kind, table.c.scope_id, table.c.slot, table.c.amount)
+        ins = (postgresql if dialect == "postgresql" else sqlite).insert(_TABLE)
+        stmt = _UPSERTS[(dialect, returning)] = _on_conflict(ins, returning=returning)
     return stmt
 
 
-def charge(db: Session, scopes: Iterable[Scope], delta: Mapping[str, int]) -> Rows:
-    """Add ``delta`` (slot -> quanta) to each scope's rows, creating missing rows, in one statement;
-    returns the rows touched as they are now (this transaction's change included)."""
-    values = [
-        {"scope_kind": kind, "scope_id": ident, "slot": slot, "amount": amount}
-        for kind, ident in sorted(set(scopes), key=lambda s: (_RANK[s[0]], s[1]))
-        for slot, amount in sorted(delta.items())
-    ]
-    if not values:
-        return {}
-    conn = db.connection()
+def unnest_statement(*, returning: bool) -> Any:
+    """PostgreSQL's upsert of any number of rows as one statement text: ``INSERT ... SELECT FROM
+    unnest(:kinds, :ids, :slots, :amounts) ON CONFLICT ...``, the rows as four arrays
+    (:func:`array_params`).  One text whatever the count, so the driver prepares it once and the
+    server plans it once; rows are taken in the arrays' order, the ledger's lock order."""
+    rows = (
+        func.unnest(
+            bindparam("kinds", type_=postgresql.ARRAY(String())),
+            bindparam("ids", type_=postgresql.ARRAY(Integer())),
+            bindparam("slots", type_=postgresql.ARRAY(String())),
+            bindparam("amounts", type_=postgresql.ARRAY(BigInteger())),
+        )
+        .table_valued(*_COLUMNS)
+        .render_derived(name="charge")
+    )
+    ins = postgresql.insert(_TABLE).from_select(list(_COLUMNS), select(*rows.c))
+    return _on_conflict(ins, returning=returning)
+
+
+def array_params(values: list[tuple[str, int, str, int]]) -> dict[str, list[Any]]:
+    """:func:`charge_values` as the parameters of :func:`unnest_statement`."""
+    return {name: [v[i] for v in values] for i, name in enumerate(("kinds", "ids", "slots", "amounts"))}
+
+
+def charge_values(
+    scopes: Iterable[Scope], delta: Mapping[str, int], reads: Mapping[Scope, Iterable[str]] | None = None
+) -> list[tuple[str, int, str, int]]:
+    """The rows :func:`charge` writes: (scope kind, scope id, slot, amount to add), in lock order."""
+    values: list[tuple[str, int, str, int]] = []
+    for scope in sorted(set(scopes), key=lambda s: (_RANK[s[0]], s[1])):
+        extra = reads.get(scope) if reads else None
+        keys = sorted(delta.keys() | set(extra)) if extra else sorted(delta)
+        values.extend((scope[0], scope[1], slot, delta.get(slot, 0)) for slot in keys)
+    return values
+
+
+def rows_of(result: Iterable[Any]) -> Rows:
+    """The rows a ``RETURNING scope_kind, scope_id, slot, amount`` gave back."""
     out: Rows = defaultdict(dict)
-    for kind, ident, slot, amount in conn.execute(_upsert(conn.dialect.name), values):
+    for kind, ident, slot, amount in result:
         out[(kind, ident)][slot] = int(amount)
     return dict(out)
+
+
+def _upsert_rows(dialect: Dialect, n: int, returning: bool) -> tuple[str, bool]:
+    """SQLite's upsert of ``n`` rows of bound parameters (``k0, i0, s0, a0, k1, ...``), compiled
+    once per n: its SQL, and whether its parameters are positional (in that order).
+
+    SQLAlchemy does not cache the compilation of a multi-row VALUES, and building the
+    insertmanyvalues batch on every call cost more than running it; this is executed as driver
+    SQL (``exec_driver_sql``: the engine's events still see it)."""
+    key = (dialect.name, n, returning)
+    got = _UPSERTS_N.get(key)
+    if got is None:
+        values = [
+            {
+                "scope_kind": bindparam(f"k{i}", type_=String()),
+                "scope_id": bindparam(f"i{i}", type_=Integer()),
+                "slot": bindparam(f"s{i}", type_=String()),
+                "amount": bindparam(f"a{i}", type_=BigInteger()),
+            }
+            for i in range(n)
+        ]
+        ins = sqlite.insert(_TABLE).values(values)
+        compiled = _on_conflict(ins, returning=returning).compile(dialect=dialect)
+        positional = bool(compiled.positional)
+        if positional and tuple(compiled.positiontup or ()) != tuple(
+            f"{c}{i}" for i in range(n) for c in "kisa"
+        ):
+            raise RuntimeError(f"unexpected parameter order in {compiled.string[:200]}")
+        got = _UPSERTS_N[key] = (compiled.string, positional)
+    return got
+
+
+def charge(
+    db: Session,
+    scopes: Iterable[Scope],
+    delta: Mapping[str, int],
+    *,
+    reads: Mapping[Scope, Iterable[str]] | None = None,
+) -> Rows:
+    """Add ``delta`` (slot -> quanta) to each scope's rows, creating missing rows, in one statement.
+
+    ``reads``: rows to read back, per scope, besides those ``delta`` changes (they are touched
+    with nothing added, and on PostgreSQL locked like the changed ones): given, the statement
+    returns every row it touched as it is now (this transaction's change included); not given,
+    nothing is read back (no ``RETURNING``: the common case of an admission with no cap to check,
+    and every release).  Rows are taken in the ledger's lock order (scope, then slot), so two
+    charges never deadlock."""
+    values = charge_values(scopes, delta, reads)
+    if not values:
+        return {}
+    returning = reads is not None
+    conn = db.connection()
+    if conn.dialect.name == "postgresql":
+        stmt = _UNNESTS.get(returning)
+        if stmt is None:
+            stmt = _UNNESTS[returning] = Prepared(unnest_statement(returning=returning))
+        result = stmt.execute(conn, array_params(values))
+    elif len(values) <= _PREBUILT_ROWS:
+        sql, positional = _upsert_rows(conn.dialect, len(values), returning)
+        if not positional:
+            raise RuntimeError(
+                f"{conn.dialect.name}: the ledger's prebuilt upsert expects positional parameters"
+            )
+        result = conn.exec_driver_sql(sql, tuple(chain.from_iterable(values)))
+    else:
+        result = conn.execute(
+            _upsert(conn.dialect.name, returning),
+            [dict(zip(_COLUMNS, v, strict=True)) for v in values],
+        )
+    return rows_of(result) if returning else {}
 
 
 def read(db: Session, scopes: Iterable[Scope]) -> Rows:

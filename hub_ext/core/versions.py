@@ -77,16 +77,36 @@ def read(db: Session) -> dict[str, int]:
     return {name: int(v) for name, v in db.execute(select(StateVersion.name, StateVersion.version))}
 
 
+_SUBQUERIES: dict[str, Any] = {}
+_READS: dict[str, Any] = {}
+
+
 def subquery(name: str):
-    """The counter ``name`` as a scalar subquery (to read it in another statement's RETURNING)."""
-    return select(StateVersion.version).where(StateVersion.name == name).scalar_subquery()
+    """The counter ``name`` as a scalar subquery (to read it in another statement's RETURNING).
+
+    Built once per name and shared: a statement object that is reused keeps its SQL cache key, so
+    the hot paths that read a counter pay neither the construction nor the key again."""
+    sub = _SUBQUERIES.get(name)
+    if sub is None:
+        sub = _SUBQUERIES[name] = (
+            select(StateVersion.version).where(StateVersion.name == name).scalar_subquery()
+        )
+    return sub
+
+
+def read_statement(name: str):
+    """``SELECT (counter name)``, built once per name (see :func:`subquery`)."""
+    stmt = _READS.get(name)
+    if stmt is None:
+        stmt = _READS[name] = select(subquery(name))
+    return stmt
 
 
 def read_on(engine: Engine, name: str) -> int:
     """Counter ``name`` in a short transaction of its own, without an ORM session (a hot path:
     every request checks that what it caches is still current)."""
     with engine.connect() as conn:
-        return int(conn.execute(select(subquery(name))).scalar() or 0)
+        return int(conn.execute(read_statement(name)).scalar() or 0)
 
 
 def bump(db: Session, names: Iterable[str]) -> None:

@@ -11,11 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, and_, bindparam, select
 from sqlalchemy.orm import Session, selectinload
 
 from hub_ext.core import versions
-from hub_ext.core.models import Domain, Keypair, Project, User
+from hub_ext.core.models import (
+    Domain,
+    Keypair,
+    KeypairResourcePolicy,
+    Project,
+    ProjectMember,
+    User,
+    UserStatus,
+)
 from hub_ext.core.slots import ResourceSlots
 
 
@@ -95,7 +103,7 @@ def latest(db: Session) -> int | None:
 
 def current(db: Session) -> int:
     """The tenancy counter as this transaction sees it (one statement)."""
-    return int(db.scalar(select(versions.subquery(versions.TENANCY))) or 0)
+    return int(db.scalar(versions.read_statement(versions.TENANCY)) or 0)
 
 
 def _keypair_snap(kp: Keypair) -> KeypairSnap:
@@ -117,64 +125,115 @@ def _keypair_snap(kp: Keypair) -> KeypairSnap:
     )
 
 
+_Policy = KeypairResourcePolicy
+# The statements of a cold load, built once: a service meets each user and project once per
+# tenancy version, so a fleet of a few thousand users loads them all in its first minutes.
+_USER = (
+    select(
+        User.id,
+        User.username,
+        User.role,
+        User.status,
+        User.domain_id,
+        Domain.name,
+        Domain.is_active,
+        Domain.total_resource_slots,
+        Keypair.id,
+        Keypair.access_key,
+        Keypair.is_active,
+        Keypair.rate_limit,
+        _Policy.name,
+        _Policy.total_resource_slots,
+        _Policy.default_for_unspecified,
+        _Policy.max_concurrent_sessions,
+        _Policy.max_pending_sessions,
+        _Policy.max_session_lifetime,
+    )
+    .join(Domain, User.domain_id == Domain.id)
+    # User.main_keypair: the active main one (the database allows one at most).
+    .outerjoin(
+        Keypair, and_(Keypair.user_id == User.id, Keypair.is_main.is_(True), Keypair.is_active.is_(True))
+    )
+    .outerjoin(_Policy, Keypair.resource_policy_id == _Policy.id)
+    .where(User.username == bindparam("username"))
+    .order_by(Keypair.id)
+    .limit(1)
+)
+_USER_PROJECTS = select(ProjectMember.project_id).where(ProjectMember.user_id == bindparam("user_id"))
+_PROJECT = (
+    select(
+        Project.id,
+        Project.name,
+        Project.domain_id,
+        Domain.name,
+        Project.is_active,
+        Project.total_resource_slots,
+    )
+    .join(Domain, Project.domain_id == Domain.id)
+    .where(Domain.name == bindparam("domain"), Project.name == bindparam("name"))
+)
+
+
 def user(db: Session, version: int, username: str) -> UserSnap | None:
     def load(db: Session) -> UserSnap | None:
-        u = db.scalar(
-            select(User)
-            .where(User.username == username)
-            .options(
-                selectinload(User.domain),
-                selectinload(User.projects),
-                selectinload(User.keypairs).selectinload(Keypair.resource_policy),
-            )
-        )
-        if u is None:
+        # Core statements (two), not ORM objects: this is what a first admission of a user waits on.
+        conn = db.connection()
+        row = conn.execute(_USER, {"username": username}).first()
+        if row is None:
             return None
-        main = u.main_keypair
+        (uid, name, role, status, domain_id, domain, domain_active, domain_slots, kp_id, access_key) = row[
+            :10
+        ]
+        kp_active, rate_limit, policy, policy_slots, unspecified, concurrent, pending, lifetime = row[10:]
+        main = None
+        if kp_id is not None:
+            main = KeypairSnap(
+                id=kp_id,
+                access_key=access_key,
+                user_id=uid,
+                is_active=bool(kp_active),
+                rate_limit=rate_limit,
+                policy=PolicySnap(
+                    name=policy,
+                    slots=ResourceSlots.parse(policy_slots),
+                    unlimited_unspecified=unspecified == "UNLIMITED",
+                    max_concurrent_sessions=concurrent,
+                    max_pending_sessions=pending,
+                    max_session_lifetime=lifetime,
+                ),
+            )
         return UserSnap(
-            id=u.id,
-            username=u.username,
-            role=u.role,
-            is_active=u.is_active,
-            domain_id=u.domain_id,
-            domain=u.domain.name,
-            domain_active=u.domain.is_active,
-            domain_slots=u.domain.slots,
-            project_ids=frozenset(p.id for p in u.projects),
-            main_keypair=_keypair_snap(main) if main is not None else None,
+            id=uid,
+            username=name,
+            role=role,
+            is_active=status == UserStatus.active.value,
+            domain_id=domain_id,
+            domain=domain,
+            domain_active=bool(domain_active),
+            domain_slots=ResourceSlots.parse(domain_slots),
+            project_ids=frozenset(conn.execute(_USER_PROJECTS, {"user_id": uid}).scalars()),
+            main_keypair=main,
         )
 
-    return _cache.get(db, version, ("user", username), load)
+    return _cache.get(db, version, ("user", username), load)  # type: ignore[no-any-return]
 
 
 def project(db: Session, version: int, domain: str, name: str) -> ProjectSnap | None:
     def load(db: Session) -> ProjectSnap | None:
-        row = db.execute(
-            select(
-                Project.id,
-                Project.name,
-                Project.domain_id,
-                Domain.name,
-                Project.is_active,
-                Project.total_resource_slots,
-                Domain.is_active,
-            )
-            .join(Domain, Project.domain_id == Domain.id)
-            .where(Domain.name == domain, Project.name == name)
-        ).first()
+        row = db.connection().execute(_PROJECT, {"domain": domain, "name": name}).first()
         if row is None:
             return None
-        pid, pname, did, dname, active, slots, _ = row
+        pid, pname, did, dname, active, slots = row
         return ProjectSnap(
             id=pid,
             name=pname,
             domain_id=did,
             domain=dname,
-            is_active=active,
+            is_active=bool(active),
             slots=ResourceSlots.parse(slots),
         )
 
-    return _cache.get(db, version, ("project", domain, name), load)
+    return _cache.get(db, version, ("project", domain, name), load)  # type: ignore[no-any-return]
 
 
 def keypair(db: Session, version: int, access_key: str) -> KeypairSnap | None:
