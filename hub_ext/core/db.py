@@ -280,7 +280,7 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         db.rollback()
         follow = getattr(e, "after_rollback", None)
         if follow is not None:
-            e.after_rollback = None  # once, even if the error passes another scope
+            e.after_rollback = None  # type: ignore[attr-defined]  # once, even if the error passes another scope
             with session_scope(factory) as record:
                 follow(record)
         raise
