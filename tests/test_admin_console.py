@@ -12,6 +12,7 @@ Screenshots go to test-artifacts/admin/.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import time
@@ -152,6 +153,50 @@ def test_a_domain_admin_sees_only_their_domain(hub, browser):
     assert hub.sessions["erin"][:8] not in page.inner_text("body")
     shot(page, "sessions-carol")
     page.close()
+
+
+def _signed_cookie_value(raw: str) -> str | None:
+    """The value of a tornado signed cookie (format 2: ``2|1:0|len:ts|len:name|len:b64|sig``),
+    read without checking its signature (the test only wants what the console's server holds)."""
+    fields = raw.strip('"').split("|")
+    if len(fields) != 6 or fields[0] != "2":
+        return None
+    try:
+        return base64.b64decode(fields[4].split(":", 1)[1]).decode()
+    except (ValueError, IndexError):
+        return None
+
+
+def _the_kernels_token(hub, page) -> str:
+    """The token carol's dashboard kernels call the service with: the one the Hub gave the console
+    when she logged in to it (``viewer.viewer_of`` hands it to each kernel), kept in the console's
+    signed login cookie."""
+    for cookie in page.context.cookies():
+        token = _signed_cookie_value(cookie["value"])
+        if token and hub.api("GET", "/me", token).status_code == 200:
+            return token
+    raise AssertionError(f"no console login cookie among {[c['name'] for c in page.context.cookies()]}")
+
+
+def test_the_kernels_own_credentials_are_refused_for_another_domain(hub, browser):
+    page = _sessions_page(browser, hub, "carol")
+    token = _the_kernels_token(hub, page)
+    page.close()
+    assert hub.api("GET", "/me", token).json()["username"] == "carol"
+    # Her own domain answers; beta's session, user and domain do not, and nothing is created there
+    assert hub.api("GET", f"/sessions/{hub.sessions['alice']}", token).status_code == 200
+    assert hub.api("GET", f"/sessions/{hub.sessions['erin']}", token).status_code in (403, 404)
+    assert hub.api("GET", "/users/dave", token).status_code in (403, 404)
+    sessions = hub.api("GET", "/sessions", token, params={"limit": 1000}).json()
+    assert hub.sessions["erin"] not in {s["id"] for s in sessions}
+    body = {"username": "mallory", "domain": "beta", "role": "user", "password": PASSWORD}
+    assert hub.api("POST", "/users", token, json=body).status_code in (403, 404)
+    assert hub.api("GET", "/users/mallory", hub.root_token).status_code == 404
+    r = hub.api("PATCH", "/domains/beta", token, json={"description": "carol was here"})
+    assert r.status_code in (403, 404)
+    assert hub.api("GET", "/domains/beta", hub.root_token).json().get("description") != "carol was here"
+    # The token reaches the labfleet service only: not the Hub's API
+    assert hub.hub_api("GET", "/users", token).status_code == 403
 
 
 def test_the_monitor_reads_everything_and_its_buttons_are_disabled(hub, browser):
