@@ -238,7 +238,8 @@ def list_scope(role: str) -> str:
 
 
 def matches(folder: Mapping[str, Any], text: str) -> bool:
-    """Does a search text (case-insensitive) occur in the folder's name, owner, host or domain?"""
+    """Does a search text (case-insensitive) occur in the folder's name, owner, host, domain or id?
+    The service's ``GET /api/vfolders?search=`` in Python (a test holds the two together)."""
     needle = text.strip().lower()
     hay = " ".join(str(folder.get(k) or "") for k in ("name", "owner", "host", "domain", "id")).lower()
     return needle in hay
@@ -450,18 +451,18 @@ def folder_browser(client: Any) -> W.VBox:
             params["status"] = status.value
         try:
             if search.value.strip():
-                found = [f for f in client.everything("/vfolders", **params) if matches(f, search.value)]
-                total = len(found)
-                state["offset"] = min(state["offset"], max(total - 1, 0) // PAGE_SIZE * PAGE_SIZE)
-                items = found[state["offset"] : state["offset"] + PAGE_SIZE]
-            else:
-                answer = client.request(
-                    "GET",
-                    "/vfolders",
-                    params={**params, "offset": state["offset"], "limit": PAGE_SIZE},
-                    pages=True,
-                )
-                items, total = answer["items"], int(answer["_pagination"]["total"])
+                params["search"] = search.value.strip()
+            answer = client.request(
+                "GET",
+                "/vfolders",
+                params={**params, "offset": state["offset"], "limit": PAGE_SIZE},
+                pages=True,
+            )
+            items, total = answer["items"], int(answer["_pagination"]["total"])
+            if not items and state["offset"] and total:  # the last page emptied: go back one
+                state["offset"] = max(total - 1, 0) // PAGE_SIZE * PAGE_SIZE
+                load()
+                return
         except ServiceError as e:
             table_out.value = message(f"The labfleet service said: {e.message}", error=True).value
             return

@@ -13,9 +13,8 @@ can be read, tested and reused. Two halves:
   monitor may see and do, and its refusals are shown in its own words. Buttons that change something
   are disabled for monitors (``client().can_change``); the service refuses them anyway.
 
-The service's user list filters by domain and pages by offset/limit; it has no search, role or
-status filter, so with one of those set the page reads every user in reach (one paginated walk)
-and filters and pages in the kernel.
+The service's user list filters (domain, search, role, status) and pages (offset/limit) in its
+DB; :func:`matches` is the same rule in Python (a test holds the two together).
 """
 
 from __future__ import annotations
@@ -687,27 +686,23 @@ class UsersPage:
         self.refresh()
 
     def fetch(self) -> tuple[list[dict[str, Any]], int]:
-        """(this page's users, how many match in all). Only the domain filter is the service's; a
-        search, role or status filter reads every user in reach and filters here."""
-        domain = None if self.domain_filter.value == ALL else self.domain_filter.value
-        role = None if self.role_filter.value == ANY else self.role_filter.value
-        status = None if self.status_filter.value == ANY else self.status_filter.value
-        search = self.search.value.strip()
+        """(this page's users, how many match in all): the service filters and pages."""
+        filters = {
+            "domain": None if self.domain_filter.value == ALL else self.domain_filter.value,
+            "role": None if self.role_filter.value == ANY else self.role_filter.value,
+            "status": None if self.status_filter.value == ANY else self.status_filter.value,
+            "search": self.search.value.strip() or None,
+        }
+        params = {k: v for k, v in filters.items() if v}
         limit = self.page_size.value
-        params = {"domain": domain} if domain else {}
-        if not (search or role or status):
-            answer = self.c.request(
-                "GET", "/users", params={**params, "offset": self.offset, "limit": limit}, pages=True
-            )
-            total = int(answer["_pagination"]["total"])
-            if not answer["items"] and self.offset and total:  # the last page emptied: go back one
-                self.offset = max(0, (total - 1) // limit * limit)
-                return self.fetch()
-            return answer["items"], total
-        found = [u for u in self.c.everything("/users", **params) if matches(u, search, role, status)]
-        if self.offset >= len(found):
-            self.offset = max(0, (len(found) - 1) // limit * limit) if found else 0
-        return found[self.offset : self.offset + limit], len(found)
+        answer = self.c.request(
+            "GET", "/users", params={**params, "offset": self.offset, "limit": limit}, pages=True
+        )
+        total = int(answer["_pagination"]["total"])
+        if not answer["items"] and self.offset and total:  # the last page emptied: go back one
+            self.offset = max(0, (total - 1) // limit * limit)
+            return self.fetch()
+        return answer["items"], total
 
     def refresh(self) -> None:
         """Read the page of users again (after every change, so the list shows what is)."""

@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.hubfixture import ADMIN_PASSWORD, start_hub
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.browserfixture import WAIT_MS, console_page, create_people, hub_login, whole_page_shot
+from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("LABFLEET_TEST_ARTIFACTS", REPO / "test-artifacts")) / "admin"
 PASSWORD = "maintenance-password-1"
-WAIT_MS = 60_000
 PEOPLE = [
     ("carol", "acme", "admin", []),
     ("mona", "acme", "monitor", []),
@@ -51,16 +49,7 @@ def hub(tmp_path_factory):
         root = h.wait_token("root")
         for path, body in [("/domains", {"name": "acme"}), ("/projects", {"domain": "acme", "name": "ml"})]:
             assert h.api("POST", path, root, json=body).status_code == 201
-        for name, domain, role, projects in PEOPLE:
-            body = {
-                "username": name,
-                "domain": domain,
-                "role": role,
-                "projects": projects,
-                "password": PASSWORD,
-            }
-            r = h.api("POST", "/users", root, json=body)
-            assert r.status_code == 201, r.text
+        create_people(h, root, PEOPLE, PASSWORD)
         h.root_token = root
         h.tokens = {name: h.wait_token(name) for name, *_ in PEOPLE}
         yield h
@@ -69,44 +58,17 @@ def hub(tmp_path_factory):
         h.stop()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert shutil.which(CHROMIUM), "Chromium is missing: bash scripts/setup.sh --test installs it"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 def login(browser, hub, name: str):
     """A new browser context logged in as ``name`` through the Hub's form."""
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", name)
-    page.fill("#password_input", ADMIN_PASSWORD if name == "root" else PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/**", timeout=WAIT_MS)
-    return page
+    return hub_login(browser, hub, name, PASSWORD, width=1400, own_context=True)
 
 
 def open_console(browser, hub, name: str, path: str, ready: str):
-    page = login(browser, hub, name)
-    page.goto(f"{hub.url}/services/labfleet-admin/{path}")
-    page.wait_for_selector("text=Viewing as", timeout=WAIT_MS)
-    page.wait_for_selector(ready, state="attached", timeout=WAIT_MS)
-    assert "The labfleet service said" not in page.inner_text("body")
-    return page
+    return console_page(login(browser, hub, name), hub, path, ready)
 
 
 def shot(page, name: str) -> None:
-    """A screenshot of the whole page: Voila scrolls inside the page, so the viewport grows to it."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    height = page.evaluate("Math.max(...Array.from(document.querySelectorAll('*'), e => e.scrollHeight))")
-    page.set_viewport_size({"width": 1400, "height": min(max(int(height) + 40, 900), 6000)})
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    whole_page_shot(page, ARTIFACTS / f"{name}.png")
 
 
 def announced(hub) -> dict | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -26,8 +25,8 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.hubfixture import ADMIN_PASSWORD, start_hub
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.browserfixture import WAIT_MS, console_page, hub_login, whole_page_shot
+from tests.hubfixture import start_hub
 from tests.test_docker_backend import _run_script
 
 pytestmark = pytest.mark.hub
@@ -35,7 +34,6 @@ pytestmark = pytest.mark.hub
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("LABFLEET_TEST_ARTIFACTS", REPO / "test-artifacts")) / "admin"
 PASSWORD = "pages-password-1"
-WAIT_MS = 60_000
 GIB = 2**30
 PEOPLE = [
     ("carol", "acme", "admin", []),
@@ -96,39 +94,13 @@ def hub(tmp_path_factory):
         h.stop()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert shutil.which(CHROMIUM), "Chromium is missing: bash scripts/setup.sh --test installs it"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 def open_page(browser, hub, name: str, path: str, ready: str):
     """Log ``name`` in through the Hub's form, open the console's ``path`` and wait for ``ready``."""
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.set_default_timeout(WAIT_MS)
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", name)
-    page.fill("#password_input", ADMIN_PASSWORD if name == "root" else PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/**", timeout=WAIT_MS)
-    page.goto(f"{hub.url}/services/labfleet-admin/{path}")
-    page.wait_for_selector("text=Viewing as", timeout=WAIT_MS)
-    page.wait_for_selector(ready, state="attached", timeout=WAIT_MS)
-    assert "The labfleet service said" not in page.inner_text("body")
-    return page
+    return console_page(hub_login(browser, hub, name, PASSWORD, width=1400), hub, path, ready)
 
 
 def shot(page, name: str) -> None:
-    """A screenshot of the whole page: Voila scrolls inside the page, so the viewport grows to it."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    height = page.evaluate("Math.max(...Array.from(document.querySelectorAll('*'), e => e.scrollHeight))")
-    page.set_viewport_size({"width": 1400, "height": min(max(int(height) + 40, 900), 8000)})
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    whole_page_shot(page, ARTIFACTS / f"{name}.png", max_height=8000)
 
 
 def field(form, label: str):

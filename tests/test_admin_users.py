@@ -13,20 +13,18 @@ Screenshots go to test-artifacts/admin/users-*.png.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.hubfixture import ADMIN_PASSWORD, start_hub
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.browserfixture import WAIT_MS, create_people, hub_login
+from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("LABFLEET_TEST_ARTIFACTS", REPO / "test-artifacts")) / "admin"
 PASSWORD = "users-page-password-1"
-WAIT_MS = 60_000  # every wait on the page is bounded
 PEOPLE = [
     ("carol", "acme", "admin", []),
     ("dave", "beta", "admin", []),
@@ -55,43 +53,16 @@ def hub(tmp_path_factory):
             r = h.api("POST", path, root, json=body)
             assert r.status_code == 201, r.text
         people = PEOPLE + [(s, "beta", "user", []) for s in STUDENTS]
-        for name, domain, role, projects in people:
-            body = {
-                "username": name,
-                "domain": domain,
-                "role": role,
-                "projects": projects,
-                "password": PASSWORD,
-            }
-            r = h.api("POST", "/users", root, json=body)
-            assert r.status_code == 201, r.text
+        create_people(h, root, people, PASSWORD)
         h.root_token = root
         yield h
     finally:
         h.stop()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert shutil.which(CHROMIUM), "Chromium is missing: bash scripts/setup.sh --test installs it"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 def login(browser, hub, name: str):
     """A new browser page logged in to the Hub as ``name``."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.set_default_timeout(WAIT_MS)
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", name)
-    page.fill("#password_input", ADMIN_PASSWORD if name == "root" else PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/**", timeout=WAIT_MS)
-    return page
+    return hub_login(browser, hub, name, PASSWORD)
 
 
 def shot(page, name: str) -> None:

@@ -34,19 +34,6 @@ pytestmark = pytest.mark.hub
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("LABFLEET_TEST_ARTIFACTS", REPO / "test-artifacts")) / "browser"
-CHROMIUM = "/usr/bin/chromium"
-# Debian's Chromium, headless, with nothing that phones home (NOTES.md); tests/test_widgets_voila.py too.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-dev-shm-usage",
-]
 APPS_BIN = REPO / ".labfleet-tools" / "apps" / "bin"
 PASSWORD = "alice-password-1"
 WAIT_MS = 60_000
@@ -78,17 +65,6 @@ def hub(tmp_path_factory):
     for server in ("work", "second"):
         hub.hub_api("DELETE", f"/users/alice/servers/{server}")
     hub.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert shutil.which(CHROMIUM), "Chromium is missing: bash scripts/setup.sh --test installs it"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def tid(name: str) -> str:

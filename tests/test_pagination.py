@@ -256,6 +256,23 @@ def test_users_sql_matches_the_authz_rule(world):
                 assert page.total == len(expected) and [u.username for u in page.items] == expected[2:4]
 
 
+@pytest.mark.parametrize(
+    "search, role, status",
+    [("", None, None), ("a", None, None), ("AC", "user", None), ("o r", None, "active"), ("", "admin", None)],
+)
+def test_users_filter_in_sql_matches_the_consoles_rule(world, search, role, status):
+    from admin_dashboards.users import matches
+
+    wanted = userlist.UserFilter.parse(search, role, status)
+    with lfdb.session_scope(world) as db:
+        for name, actor in _actors(db).items():
+            views = [directory.user_view(u) for u in directory.list_users(db, actor, None)]
+            expected = [v["username"] for v in views if matches(v, search, role, status)]
+            page = userlist.page_users(db, actor, None, offset=0, limit=100, wanted=wanted)
+            assert [u.username for u in page.items] == expected, (name, search, role, status)
+            assert page.total == len(expected)
+
+
 def test_audit_sql_matches_the_authz_rule(world):
     with lfdb.session_scope(world) as db:
         everything = list(db.scalars(select(AuditEntry).order_by(AuditEntry.id.desc())))
@@ -331,6 +348,24 @@ def test_vfolders_sql_matches_access_of(world):
         assert {v.name for v, _ in folders.list_folders(db, a["carol"], {})} == set()
         dave = {v.name for v, _ in folders.list_folders(db, a["dave"], {})}
         assert dave == {"g1"}  # a user folder shared with him
+
+
+@pytest.mark.parametrize("needle", ["a", "B1", "acme/", "globex", "h", "p", "%", "zz"])
+def test_vfolders_search_in_sql_matches_the_consoles_rule(world, needle):
+    from admin_dashboards.storage import matches
+
+    with lfdb.session_scope(world) as db:
+        for name, actor in _actors(db).items():
+            for scope in ("mine", "domain", "all"):
+                try:
+                    views = folders.page_folder_views(db, actor, {"scope": scope}, offset=0, limit=1000).items
+                except Forbidden:
+                    continue
+                expected = [f["id"] for f in views if matches(f, needle)]
+                filters = {"scope": scope, "search": needle}
+                page = folders.page_folder_views(db, actor, filters, offset=0, limit=1000)
+                assert [f["id"] for f in page.items] == expected, (name, scope, needle)
+                assert page.total == len(expected)
 
 
 def test_nodes_page_matches_the_groups_rule(world):
@@ -701,6 +736,27 @@ def test_filters_with_pages(hub_world):
     body = _get(hub, "/vfolders?status=READY&limit=5&offset=1095", tokens["alice"], paginated=True).json()
     assert [f["name"] for f in body["items"]] == [f"f{i:04d}" for i in range(1095, 1100)]
     assert body["_pagination"]["total"] == BULK
+
+
+@pytest.mark.hub
+def test_users_search_role_and_status_with_pages(hub_world):
+    hub, tokens = hub_world
+    everything = []
+    for offset in (0, 1000):
+        everything += _get(hub, f"/users?limit=1000&offset={offset}", tokens["root"]).json()
+    for query, keep in [
+        ("search=ALI", lambda u: "ali" in u["username"]),
+        ("role=admin", lambda u: u["role"] == "admin"),
+        ("role=user&status=active&search=k00", lambda u: u["role"] == "user" and "k00" in u["username"]),
+        ("search=%25", lambda u: "%" in u["username"]),  # LIKE's wildcards are plain characters
+    ]:
+        expected = [u["username"] for u in everything if keep(u)]
+        body = _get(hub, f"/users?{query}&limit=20&offset=1", tokens["root"], paginated=True).json()
+        assert body["_pagination"]["total"] == len(expected), query
+        assert [u["username"] for u in body["items"]] == expected[1:21], query
+    for bad in ("role=wizard", "status=asleep", "role="):
+        r = _get(hub, f"/users?{bad}", tokens["root"])
+        assert r.status_code == 400 and "must be one of" in r.json()["message"], (bad, r.text)
 
 
 @pytest.mark.hub

@@ -20,8 +20,8 @@ import pytest
 import requests
 from jupyter_client.manager import start_new_kernel
 
+from tests.browserfixture import CHROMIUM, CHROMIUM_ARGS
 from tests.hubfixture import free_port
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "widgets" / "examples" / "fleet.ipynb"

@@ -22,6 +22,13 @@ DEFAULT_LIMIT = 200
 MAX_LIMIT = 1000
 
 
+def contains_text(column: Any, needle: str) -> Any:
+    """A condition: ``needle`` occurs in ``column``, case-insensitive, taken literally (``%`` and
+    ``_`` are plain characters here, not LIKE's wildcards): the search box of a list."""
+    escaped = needle.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return func.lower(column).like(f"%{escaped}%", escape="\\")
+
+
 @dataclass(frozen=True)
 class Page(Generic[T]):
     """``items``: at most ``limit`` rows from ``offset`` on; ``total``: every row the query matches."""

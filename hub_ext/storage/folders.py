@@ -31,12 +31,13 @@ from hub_ext.core.models import (
     Domain,
     Project,
     ProjectMember,
+    StorageHost,
     User,
     VFolder,
     VFolderMount,
     VFolderPermission,
 )
-from hub_ext.core.pages import Page, page_of
+from hub_ext.core.pages import Page, contains_text, page_of
 from hub_ext.core.validate import check_choice, check_fields, check_int, check_username, parse_project_ref
 from hub_ext.storage import hosts
 from hub_ext.storage import quota as vfquota
@@ -223,7 +224,26 @@ def folders_query(db: Session, actor: Actor, filters: Mapping[str, str | None]) 
     status = filters.get("status")
     if status:
         q = q.where(VFolder.status == check_choice(status, "status", STATUSES))
+    search = (filters.get("search") or "").strip()
+    if search:
+        q = q.where(_found_by(search))
     return q.order_by(VFolder.name, VFolder.id)
+
+
+def _found_by(needle: str) -> Any:
+    """A folder whose name, owner (user name, or project as ``domain/project``), host, domain or
+    id contains ``needle`` (case-insensitive): the console's search."""
+    project_name = Domain.name + "/" + Project.name
+    return or_(
+        contains_text(VFolder.name, needle),
+        contains_text(VFolder.id, needle),
+        VFolder.user_id.in_(select(User.id).where(contains_text(User.username, needle))),
+        VFolder.project_id.in_(
+            select(Project.id).join(Project.domain).where(contains_text(project_name, needle))
+        ),
+        VFolder.host_id.in_(select(StorageHost.id).where(contains_text(StorageHost.name, needle))),
+        VFolder.domain_id.in_(select(Domain.id).where(contains_text(Domain.name, needle))),
+    )
 
 
 # What folder_view reads: host, domain, the owning user or project (its domain) and their policies.

@@ -73,7 +73,7 @@ class StorageHostHandler(VFolderAPIHandler):
 class VFolderListHandler(VFolderAPIHandler):
     async def get(self):
         def op(db, actor):
-            filters = {k: self.query_arg(k) for k in ("scope", "status", "domain")}
+            filters = {k: self.query_arg(k) for k in ("scope", "status", "domain", "search")}
             for name in ("scope", "status"):
                 if filters[name] == "":  # not "the default": an empty choice is a mistake
                     raise InvalidInput(f"{name} must not be empty: leave it out for the default")

@@ -134,8 +134,11 @@ class UserListHandler(APIHandler):
     async def get(self):
         def op(db, actor):
             domain = self.query_arg("domain")
+            wanted = userlist.UserFilter.parse(
+                self.query_arg("search"), self.query_arg("role"), self.query_arg("status")
+            )
             offset, limit = page_args(self)
-            page = userlist.page_users(db, actor, domain, offset=offset, limit=limit)
+            page = userlist.page_users(db, actor, domain, offset=offset, limit=limit, wanted=wanted)
             return page_answer(self, page.map(directory.user_view)), None
 
         await self.run(op)
