@@ -273,10 +273,17 @@ class FakeService:
     ) -> Any:
         assert (method, path, pages) == ("GET", "/users", True)
         off, lim = params["offset"], params["limit"]
-        nxt = {"offset": off + lim, "limit": lim, "url": ""} if off + lim < len(self.users) else None
+        # The service's filters, by the rule tests/test_pagination.py holds its SQL to
+        found = [
+            u
+            for u in self.users
+            if U.matches(u, params.get("search", ""), params.get("role"), params.get("status"))
+            and params.get("domain") in (None, u.get("domain"))
+        ]
+        nxt = {"offset": off + lim, "limit": lim, "url": ""} if off + lim < len(found) else None
         return {
-            "items": self.users[off : off + lim],
-            "_pagination": {"offset": off, "limit": lim, "total": len(self.users), "next": nxt},
+            "items": found[off : off + lim],
+            "_pagination": {"offset": off, "limit": lim, "total": len(found), "next": nxt},
         }
 
     def everything(self, path: str, **params: Any) -> list[Any]:
