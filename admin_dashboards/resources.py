@@ -27,6 +27,7 @@ from urllib.parse import quote
 import ipywidgets as W
 
 from admin_dashboards.console import ServiceError, guarded, message, table
+from admin_dashboards.nodecontrol import node_switches
 
 # Sessions that hold what they were given (PENDING waits for it; the final ones gave it back).
 HOLDING = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
@@ -479,6 +480,7 @@ def node_rows(
                 "name": str(n.get("name", "")),
                 "group": str(n.get("resource_group", "")),
                 "status": str(n.get("status", "")),
+                "drained": n.get("schedulable", True) is False,
                 "plugin": str(n.get("plugin") or ""),
                 "cpu": (number(alloc.get("cpu")), number(cap.get("cpu"))),
                 "mem": (number(alloc.get("mem")), number(cap.get("mem"))),
@@ -520,7 +522,9 @@ def nodes_html(rows: Sequence[Mapping[str, Any]]) -> str:
             "<tr>"
             f"<td><b>{esc(r['name'])}</b><div class='lf-muted'>{esc(r['plugin'])}</div></td>"
             f"<td>{esc(r['group'])}</td>"
-            f"<td><span class='lf-badge {badge}'>{esc(status)}</span></td>"
+            f"<td><span class='lf-badge {badge}'>{esc(status)}</span>"
+            + (" <span class='lf-badge lf-badge-bad'>drained</span>" if r.get("drained") else "")
+            + "</td>"
             f"<td>{meter_html(cu, ct, f'{trim(cu)} of {trim(ct)}')}</td>"
             f"<td>{meter_html(mu, mt, f'{fmt_bytes(mu)} of {fmt_bytes(mt)}')}</td>"
             f"<td>{meter_html(gu, gt, f'{trim(gu)} of {trim(gt, 0)}') if gt else 'none'}</td>"
@@ -890,6 +894,7 @@ def page(client: Any) -> W.VBox:
         nodes = client.everything("/nodes")
         sessions = holding_sessions(client)
         said, state["said"] = state["said"], ""
+        node_said, state["node_said"] = state.get("node_said", ""), ""
         return W.VBox(
             [
                 section(
@@ -900,10 +905,12 @@ def page(client: Any) -> W.VBox:
                 occupancy_view(nodes, sessions),
                 section("Nodes", "What each node has and what its sessions hold now."),
                 W.HTML(STYLE + nodes_html(node_rows(nodes, sessions, now))),
-                W.HTML(
-                    '<div class="lf-placeholder">Schedulable / drain switch per node: comes with issue 7/8 '
-                    "(node maintenance).</div>"
+                section(
+                    "Drain a node",
+                    "A drained node takes no new session; running ones stay until they end.",
                 ),
+                *([message(node_said)] if node_said else []),
+                node_switches(client, nodes, drained),
                 section(
                     "Resource groups",
                     "Scheduler, placement, allowed session types, pending timeout and who may use each group.",
@@ -920,6 +927,10 @@ def page(client: Any) -> W.VBox:
 
     def saved(text: str, group: str) -> None:
         state["group"], state["said"] = group, text
+        refresh()
+
+    def drained(text: str) -> None:
+        state["node_said"] = text
         refresh()
 
     refresh_button.on_click(refresh)

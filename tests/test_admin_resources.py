@@ -208,6 +208,36 @@ def test_the_monitor_reads_resources_and_changes_nothing(hub, browser):
     page.close()
 
 
+def test_a_superadmin_drains_and_undrains_a_node_through_the_page(hub, browser):
+    (node, *_) = hub.api("GET", "/nodes", hub.root_token).json()
+    name = node["name"]
+    assert node["schedulable"] is True
+    # The monitor's switch is disabled (and the service would refuse her anyway)
+    page = open_page(browser, hub, "mona", "resources", f".lf-node-switch-{name}")
+    assert page.locator(f".lf-node-switch-{name}").is_disabled()
+    mona = hub.wait_token("mona")
+    assert hub.api("PATCH", f"/nodes/{name}", mona, json={"schedulable": False}).status_code == 403
+    page.close()
+    page = open_page(browser, hub, "root", "resources", f".lf-node-switch-{name}")
+    switch = page.locator(f".lf-node-switch-{name}")
+    assert switch.inner_text().strip() == "Drain"
+    switch.click()
+    page.wait_for_selector(f"text=Node {name} is drained", timeout=WAIT_MS)
+    page.locator(f".lf-node-switch-{name}", has_text="Undrain").wait_for(timeout=WAIT_MS)
+    assert "drained" in page.locator(".lf-nodes").inner_text()  # the table's badge follows
+    shot(page, "resources-root-drained")
+    assert hub.api("GET", "/nodes", hub.root_token).json()[0]["schedulable"] is False
+    page.locator(f".lf-node-switch-{name}").click()
+    page.wait_for_selector(f"text=Node {name} takes new sessions again.", timeout=WAIT_MS)
+    page.close()
+    assert hub.api("GET", "/nodes", hub.root_token).json()[0]["schedulable"] is True
+    audit = hub.api("GET", "/audit", hub.root_token, params={"limit": 1000}).json()
+    done = [
+        (a["action"], a["actor"]) for a in audit if a["target"] == name and a["action"].startswith("node.")
+    ]
+    assert ("node.drain", "root") in done and ("node.undrain", "root") in done
+
+
 # ---------------------------------------------------------------- scheduler
 
 

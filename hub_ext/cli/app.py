@@ -11,6 +11,7 @@ from hub_ext.cli.compute import IMAGE
 from hub_ext.cli.init import Demo, Init
 from hub_ext.cli.keypairs import KEYPAIR
 from hub_ext.cli.maintenance import MAINTENANCE
+from hub_ext.cli.nodes import NODE, Agent
 from hub_ext.cli.policies import POLICY
 from hub_ext.cli.reclaim import IDLE_CHECKER
 from hub_ext.cli.storage import STORAGE_HOST
@@ -42,6 +43,8 @@ def root() -> Group:
             "policy": POLICY,
             "keypair": KEYPAIR,
             "image": IMAGE,
+            "node": NODE,
+            "agent": Agent,
             "storage-host": STORAGE_HOST,
             "idle-checker": IDLE_CHECKER,
             "maintenance": MAINTENANCE,
@@ -54,6 +57,7 @@ def root() -> Group:
             "labfleet project create acme/vision --slots gpu.shares=2.5",
             "labfleet user create alice --domain acme --project acme/vision",
             "labfleet keypair issue alice",
+            "labfleet node token create --node gpu-02",
             "labfleet maintenance recalc-usage --dry-run",
             "labfleet --db-url sqlite:////srv/labfleet/labfleet.sqlite domain list",
         ),

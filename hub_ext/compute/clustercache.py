@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, cast
 
-from sqlalchemy import Engine, Table, bindparam, event, inspect, or_, select, update
+from sqlalchemy import Engine, Table, and_, bindparam, event, inspect, or_, select, update
 from sqlalchemy.orm import Session
 
 from hub_ext.compute.scheduler.placement import Cluster
@@ -80,6 +80,9 @@ class Entry:
     owner: object | None = None  # the uncommitted transaction that changed it, if any
     device_uuids: dict[int, str] = field(default_factory=dict)  # device row id -> uuid
     node_names: dict[int, str] = field(default_factory=dict)  # node row id -> name
+    # The group's drained and LOST nodes, empty: placement skips them, but a request one of them
+    # could hold waits in the queue (the node comes back) instead of being refused as never fitting.
+    resting: tuple[PNode, ...] = ()
     _empty: Cluster | None = None
 
     def __post_init__(self) -> None:
@@ -87,9 +90,9 @@ class Entry:
         self.node_names = {node_id: name for name, node_id in self.nodes.items()}
 
     def empty(self) -> Cluster:
-        """The same nodes with nothing allocated: could a request ever fit?"""
+        """The same nodes with nothing allocated, and the resting ones: could a request ever fit?"""
         if self._empty is None:
-            self._empty = Cluster(
+            working = (
                 PNode(
                     name=n.name,
                     cpu=n.cpu,
@@ -101,6 +104,7 @@ class Entry:
                 )
                 for n in self.cluster.nodes.values()
             )
+            self._empty = Cluster([*working, *self.resting])
         return self._empty
 
 
@@ -217,17 +221,46 @@ def settle(db: Session, group_id: int, entry: Entry, new: int) -> None:
     entry.version = new
 
 
+# The nodes a placement sees: ALIVE and not drained. A LOST or drained node keeps its sessions (their
+# release finds no cached node and leaves the rebuild to the next decision); marking one (a Node row
+# through the ORM) bumps its group, so no cached cluster outlives the change.
+_PLACEABLE = (Node.status == "ALIVE", Node.schedulable.is_(True))
+_RESTING = (Node.status.in_(("ALIVE", "LOST")), ~and_(*_PLACEABLE))
+
+
+def _resting_nodes(db: Session, group_id: int) -> tuple[PNode, ...]:
+    """The group's drained and LOST nodes as empty shapes (for :meth:`Entry.empty` only)."""
+    rows = db.execute(
+        select(Node.id, Node.name, Node.cpu, Node.mem, Node.labels).where(
+            Node.resource_group_id == group_id, *_RESTING
+        )
+    ).all()
+    if not rows:
+        return ()
+    devs: dict[int, list[PDevice]] = defaultdict(list)
+    for node_id, uuid_, model, memory in db.execute(
+        select(Device.node_id, Device.uuid, Device.model, Device.memory_bytes)
+        .where(Device.node_id.in_([r[0] for r in rows]))
+        .order_by(Device.node_id, Device.index, Device.id)
+    ):
+        devs[node_id].append(PDevice(id=uuid_, index=len(devs[node_id]), model=model, memory=memory))
+    return tuple(
+        PNode(name=name, cpu=Decimal(cpu), mem=mem, devices=devs[node_id], labels=dict(labels or {}))
+        for node_id, name, cpu, mem, labels in rows
+    )
+
+
 def build(db: Session, group_id: int, version: int) -> Entry:
-    """The group's ALIVE nodes with what their allocations hold, read from the DB."""
+    """The group's ALIVE, schedulable nodes with what their allocations hold, read from the DB."""
     node_rows = db.execute(
         select(Node.id, Node.name, Node.cpu, Node.mem, Node.labels).where(
-            Node.resource_group_id == group_id, Node.status == "ALIVE"
+            Node.resource_group_id == group_id, *_PLACEABLE
         )
     ).all()
     dev_rows = db.execute(
         select(Device.id, Device.node_id, Device.uuid, Device.index, Device.model, Device.memory_bytes)
         .join(Node, Device.node_id == Node.id)
-        .where(Node.resource_group_id == group_id, Node.status == "ALIVE")
+        .where(Node.resource_group_id == group_id, *_PLACEABLE)
         .order_by(Device.node_id, Device.index, Device.id)
     ).all()
     held_cpu: dict[int, int] = defaultdict(int)
@@ -242,7 +275,7 @@ def build(db: Session, group_id: int, version: int) -> Entry:
             Allocation.shares_centi,
         )
         .join(Node, Allocation.node_id == Node.id)
-        .where(Node.resource_group_id == group_id, Node.status == "ALIVE")
+        .where(Node.resource_group_id == group_id, *_PLACEABLE)
     ).all()
     for node_id, device_id, cpu_milli, mem, centi in alloc_rows:
         held_cpu[node_id] += cpu_milli
@@ -280,6 +313,7 @@ def build(db: Session, group_id: int, version: int) -> Entry:
         cluster=Cluster(pnodes),
         devices=devices,
         nodes={name: node_id for node_id, name, *_ in node_rows},
+        resting=_resting_nodes(db, group_id),
     )
 
 

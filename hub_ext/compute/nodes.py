@@ -266,6 +266,9 @@ def node_view(
         "free": {"cpu": float(cpu_total - cpu_used), "mem": node.mem - mem},
         "devices": devices,
         "last_seen": node.last_seen.isoformat() if node.last_seen else None,
+        "schedulable": bool(node.schedulable),
+        "agent": node.agent_token_id is not None,
+        "labels": dict(node.labels or {}),
     }
 
 

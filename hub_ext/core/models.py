@@ -30,6 +30,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy import true as sa_true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from hub_ext.core.slots import ResourceSlots
@@ -337,11 +338,36 @@ class Node(Base):
     status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="ALIVE")  # ALIVE | LOST | DISABLED
     plugin: Mapped[str] = mapped_column(String(64), default="")
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # False: drained, no new placement (its running sessions stay).
+    schedulable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sa_true())
+    # The node token whose agent registered it (hub_ext.compute.agents); None: the service's own node,
+    # kept alive by the service. No foreign key: the column is added in place on SQLite (migration 0010).
+    agent_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     resource_group: Mapped[ResourceGroup] = relationship(back_populates="nodes")
     devices: Mapped[list[Device]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="Device.index"
     )
+
+
+class NodeToken(Base):
+    """A token a node agent (``labfleet agent``) presents to the service: shown once, stored hashed.
+
+    ``node``: the only node name it may register (None: any name no other token's agent holds);
+    ``resource_group``: the group its nodes join (None: the agent's request, else ``default``).
+    """
+
+    __tablename__ = "node_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(255))  # hub_ext.core.passwords format
+    node: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    resource_group: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class Device(Base):

@@ -19,6 +19,7 @@ import sys
 import time
 from copy import deepcopy
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -29,7 +30,7 @@ from tornado import web
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Application, catch_config_error
 
-from hub_ext.compute import images, nodes, reconcile, sessions
+from hub_ext.compute import agents, images, nodes, reconcile, sessions
 from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
 from hub_ext.core import audit, bootstrap
 from hub_ext.core import db as lfdb
@@ -49,7 +50,7 @@ from hub_ext.storage.hosts import RIGHTS
 from hub_ext.storage.usage import FolderUsage
 from hub_ext.usage import records
 from hub_ext.usage.metrics import Metrics
-from hub_ext.usage.sampler import Sampler, sample_interval
+from hub_ext.usage.sampler import Reading, Sampler, sample_interval
 
 
 class OAuthCallbackHandler(PathOnlyLogs, HubOAuthCallbackHandler):
@@ -390,6 +391,31 @@ class LabfleetService(Application):
             raise TraitError(f"usage_retention_days must be 1 or more, not {proposal['value']}")
         return proposal["value"]
 
+    agent_heartbeat = Float(
+        help="""Seconds between two heartbeats of a node agent (`labfleet agent`: it takes this from the
+        service's answers). Default: $LABFLEET_AGENT_HEARTBEAT, else 10.""",
+    ).tag(config=True)
+
+    @default("agent_heartbeat")
+    def _agent_heartbeat(self):
+        return float(os.environ.get("LABFLEET_AGENT_HEARTBEAT") or agents.DEFAULT_HEARTBEAT)
+
+    node_lost_after = Integer(
+        help="""Missed heartbeats after which an agent's node is LOST: its sessions end in ERROR ("node
+        lost"), their slots go back and the Hub stops their servers. The node the service registers
+        itself has no agent and is never LOST. Default: $LABFLEET_NODE_LOST_AFTER, else 3.""",
+    ).tag(config=True)
+
+    @default("node_lost_after")
+    def _node_lost_after(self):
+        return int(os.environ.get("LABFLEET_NODE_LOST_AFTER") or agents.DEFAULT_LOST_AFTER)
+
+    @validate("agent_heartbeat", "node_lost_after")
+    def _check_heartbeat(self, proposal):
+        if not proposal["value"] > 0:
+            raise TraitError(f"{proposal['trait'].name} must be more than 0, not {proposal['value']}")
+        return proposal["value"]
+
     register_local_node = Bool(
         True, help="Register this machine as a node of the 'default' resource group."
     ).tag(config=True)
@@ -421,6 +447,8 @@ class LabfleetService(Application):
         self.parent_pid = os.getppid()  # first: the parent may die while this starts
         self.plugins: list[DevicePlugin] = []  # this node's device plugins (register_node)
         self.sampler: Sampler | None = None  # made on the first usage tick
+        self.started_at = datetime.now(timezone.utc)  # heartbeats missed before it do not count
+        self.agent_readings: dict[str, Reading] = {}  # node agents' latest, until the next usage tick
         self.parse_command_line(argv)  # --help-all and the like print and exit here
         cli_config = deepcopy(self.config)
         path = Path(self.config_file)
@@ -577,9 +605,11 @@ class LabfleetService(Application):
         return 202, {**view, "server": launch.server}
 
     async def account_usage(self) -> records.Accrued:
-        """Sample this node's sessions (in a worker thread) and accrue every session's usage."""
+        """Sample this node's sessions (in a worker thread) and accrue every session's usage, with
+        what the node agents measured on theirs."""
         if self.sampler is None:
             self.sampler = Sampler(self.plugins)
+        taken, self.agent_readings = list(self.agent_readings.values()), {}
         return await jobs.account_usage(
             self.session_factory,
             self.sampler,
@@ -587,6 +617,25 @@ class LabfleetService(Application):
             self.log,
             max_gap=2 * self.sample_interval,
             retention_days=self.usage_retention_days,
+            agent_readings=taken,
+        )
+
+    def agent_readings_in(self, readings: list[Reading]) -> None:
+        """Keep a node agent's readings (checked, of its own node's sessions) for the next usage tick."""
+        if self.sample_interval > 0:
+            for r in readings:
+                self.agent_readings[r.session_id] = r
+
+    async def watch_nodes(self) -> dict[str, list]:
+        """Mark LOST the agent nodes that stopped heartbeating (see ``jobs.watch_nodes``)."""
+        return await jobs.watch_nodes(
+            self.session_factory,
+            self.hub_sync.stop_server if self.hub_sync.enabled else None,
+            self.log,
+            heartbeat=self.agent_heartbeat,
+            lost_after=self.node_lost_after,
+            since=self.started_at,
+            observe_waits=self.metrics.observe_queue_waits,
         )
 
     async def serve_queues(self) -> list[str]:
@@ -655,6 +704,7 @@ class LabfleetService(Application):
             # At start (after a restart of the Hub or of this service), then on a clock.
             self.jobs.add("reconcile", max(self.reconcile_interval, 0), self.reconcile_with_hub, first_in=0)
         self.jobs.add("schedule", self.schedule_interval, self.serve_queues)
+        self.jobs.add("nodes", self.agent_heartbeat, self.watch_nodes)
         if self.idle_check_interval > 0 and self.hub_sync.enabled:
             self.jobs.add("idle", self.idle_check_interval, self.reclaim_idle)
         if self.vfolder_scan_interval > 0:

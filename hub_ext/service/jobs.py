@@ -10,6 +10,8 @@ Jobs (see ``LabfleetService.start_async``):
   follow what the Hub reports, and slots held with no server go back after a grace period.
 - ``usage``: sample this node's sessions from outside them (in a worker thread) and accrue every
   session's usage records (hub_ext.usage.records).
+- ``nodes``: mark LOST the agent nodes that missed their heartbeats; their sessions end in ERROR
+  (hub_ext.compute.agents), their slots go back and the Hub is asked to stop their servers.
 - ``parent``: stop the service when the Hub that started it is gone (a killed Hub's service must
   not keep the port from the next Hub's).
 
@@ -23,18 +25,18 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.compute import reconcile, sessions
+from hub_ext.compute import agents, reconcile, sessions
 from hub_ext.core import db as lfdb
 from hub_ext.core.models import ResourceGroup
 from hub_ext.usage import records
-from hub_ext.usage.sampler import Sampler
+from hub_ext.usage.sampler import Reading, Sampler
 
 # ---------------------------------------------------------------- the jobs
 
@@ -79,13 +81,16 @@ async def account_usage(
     *,
     max_gap: float,
     retention_days: int,
+    agent_readings: Sequence[Reading] = (),
 ) -> records.Accrued:
-    """One usage tick: read what runs on ``node_name``, sample it off the event loop, accrue."""
+    """One usage tick: read what runs on ``node_name`` (unless an agent samples it), sample it off
+    the event loop, accrue, with the readings node agents sent since the last tick."""
     with lfdb.session_scope(session_factory) as db:
-        targets = records.targets_on(db, node_name)
+        targets = [] if agents.has_agent(db, node_name) else records.targets_on(db, node_name)
     readings = (
         await asyncio.get_running_loop().run_in_executor(None, sampler.sample, targets) if targets else []
     )
+    readings = [*readings, *agent_readings]
     for r in readings:
         if not r.alive and r.error:
             log.debug("Usage: session %s not sampled: %s", r.session_id, r.error)
@@ -157,6 +162,52 @@ async def reconcile_sessions(
             f.reason,
         )
     return fixes
+
+
+StopServer = Callable[[str, str], Awaitable[bool]]
+
+
+async def watch_nodes(
+    session_factory: sessionmaker[Session],
+    stop_server: StopServer | None,
+    log: logging.Logger,
+    *,
+    heartbeat: float,
+    lost_after: int,
+    since: datetime | None = None,
+    now: datetime | None = None,
+    observe_waits: QueueWaits | None = None,
+) -> dict[str, list[agents.LostSession]]:
+    """Mark LOST the agent nodes that missed ``lost_after`` heartbeats (:func:`agents.judge`), one
+    transaction each: their sessions end in ERROR and give their slots back, the queues are served;
+    then the Hub is asked to stop those sessions' servers. ``since``: the service's start (heartbeats
+    missed before it do not count). Returns {node: its sessions ended}."""
+    now = now or datetime.now(timezone.utc)
+    with lfdb.session_scope(session_factory) as db:
+        names = agents.judge(agents.node_beats(db), now, heartbeat, lost_after, since)
+    out: dict[str, list[agents.LostSession]] = {}
+    for name in names:
+        with lfdb.session_scope(session_factory) as db:
+            lost = agents.mark_lost(db, name, now, heartbeat, lost_after, since)
+        waits = sessions.take_queue_waits(db)
+        if observe_waits is not None and waits:
+            observe_waits(waits)
+        if lost is None:
+            continue
+        out[name] = lost
+        log.warning(
+            "Node %s is LOST (no heartbeat for %g s): %d session(s) ended in ERROR: %s",
+            name,
+            heartbeat * lost_after,
+            len(lost),
+            ", ".join(s.id for s in lost) or "none",
+        )
+        for s in lost:
+            if stop_server is not None and not await stop_server(s.user, s.server):
+                log.info(
+                    "The Hub did not stop server %r of %s (session %s, node lost)", s.server, s.user, s.id
+                )
+    return out
 
 
 def parent_changed(parent_pid: int) -> bool:

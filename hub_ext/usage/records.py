@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -30,6 +30,7 @@ from sqlalchemy import and_, delete, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from hub_ext.core.errors import InvalidInput
 from hub_ext.core.models import (
     FINAL_STATUSES,
     HOLDING_STATUSES,
@@ -47,8 +48,9 @@ from hub_ext.core.models import (
     UsageSessionState,
     User,
 )
+from hub_ext.core.validate import check_bool, check_fields, check_text
 from hub_ext.usage import accrual
-from hub_ext.usage.sampler import Reading, Target
+from hub_ext.usage.sampler import GpuReading, Reading, Target
 
 log = logging.getLogger(__name__)
 
@@ -408,6 +410,95 @@ def targets_on(db: Session, node_name: str) -> list[Target]:
                     devices=tuple(sorted(devices[sid])),
                 )
             )
+    return out
+
+
+# ---------------------------------------------------------------- readings from node agents
+
+MAX_AGENT_READINGS = 10_000  # one heartbeat's readings
+MAX_READING_GPUS = 64
+READING_SKEW = 600.0  # seconds a reading's time may lie before the service's clock (60 after it)
+
+
+def _number(value: Any, field: str, maximum: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= maximum:
+        raise InvalidInput(f"{field} must be null or a number from 0 to {maximum:g}")
+    return float(value)
+
+
+def _whole(value: Any, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**60:
+        raise InvalidInput(f"{field} must be null or a whole number of bytes")
+    return value
+
+
+def parse_agent_readings(raw: Any, now: float) -> list[Reading]:
+    """A node agent's readings (the sampler's :class:`Reading` as JSON), checked whole: InvalidInput
+    for anything malformed. Which of them count is :func:`accept_agent_readings`' call."""
+    if not isinstance(raw, list) or len(raw) > MAX_AGENT_READINGS:
+        raise InvalidInput(f"readings must be a list of at most {MAX_AGENT_READINGS} readings")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"readings[{i}]"
+        r = check_fields(
+            item,
+            required=["session_id", "at", "alive"],
+            optional=["cpu_seconds", "mem_bytes", "gpus", "error"],
+            what=where,
+        )
+        sid = r["session_id"]
+        if not isinstance(sid, str) or not 1 <= len(sid) <= 64:
+            raise InvalidInput(f"{where}.session_id must be a session id")
+        at = _number(r["at"], f"{where}.at", 1e11)
+        if at is None or not now - READING_SKEW <= at <= now + 60:
+            raise InvalidInput(
+                f"{where}.at must be the reading's time (epoch seconds), within minutes of now"
+            )
+        gpus_raw = r.get("gpus") or []
+        if not isinstance(gpus_raw, list) or len(gpus_raw) > MAX_READING_GPUS:
+            raise InvalidInput(f"{where}.gpus must be a list of at most {MAX_READING_GPUS} devices")
+        gpus = []
+        for j, g in enumerate(gpus_raw):
+            g = check_fields(
+                g, required=["uuid"], optional=["util_percent", "mem_bytes"], what=f"{where}.gpus[{j}]"
+            )
+            gpus.append(
+                GpuReading(
+                    uuid=check_text(g["uuid"], f"{where}.gpus[{j}].uuid", 128),
+                    util_percent=_number(g.get("util_percent"), f"{where}.gpus[{j}].util_percent", 100),
+                    mem_bytes=_whole(g.get("mem_bytes"), f"{where}.gpus[{j}].mem_bytes"),
+                )
+            )
+        error = r.get("error")
+        out.append(
+            Reading(
+                session_id=sid,
+                at=at,
+                alive=check_bool(r["alive"], f"{where}.alive"),
+                cpu_seconds=_number(r.get("cpu_seconds"), f"{where}.cpu_seconds", 1e12),
+                mem_bytes=_whole(r.get("mem_bytes"), f"{where}.mem_bytes"),
+                gpus=tuple(gpus),
+                error=check_text(error, f"{where}.error", 1000) if error is not None else None,
+            )
+        )
+    return out
+
+
+def accept_agent_readings(readings: Iterable[Reading], targets: Iterable[Target]) -> list[Reading]:
+    """The readings of sessions the service lists on the agent's node (``targets``), with only the
+    devices each holds; the rest is dropped (the agent's word is not trusted beyond its own node)."""
+    held = {t.session_id: set(t.devices) for t in targets}
+    out = []
+    for r in readings:
+        devices = held.get(r.session_id)
+        if devices is None:
+            continue
+        gpus = tuple(g for g in r.gpus if g.uuid in devices)
+        out.append(r if len(gpus) == len(r.gpus) else replace(r, gpus=gpus))
     return out
 
 

@@ -1,6 +1,6 @@
 """Imports inside hub_ext run one way (../shared/DESIGN.md, "The house").
 
-    core  <-  tenancy  <-  storage  <-  compute  <-  usage  <-  reclaim  <-  service, cli
+    core  <-  tenancy  <-  storage  <-  compute  <-  usage  <-  reclaim  <-  service, agent  <-  cli
 
 A context imports only from contexts below it (and from itself); ``hub/`` (the Hub process)
 imports only the pure parts of ``core``, never SQLAlchemy or the DB layer. Read from the source
@@ -25,7 +25,8 @@ RANKS = {
     "usage": 4,
     "reclaim": 5,
     "service": 6,
-    "cli": 6,
+    "agent": 6,  # the node agent: a process of its own, on top like the service
+    "cli": 7,  # the `labfleet` command, which starts the agent too (`labfleet agent`)
 }
 # What the Hub process may import of hub_ext: modules that touch neither SQLAlchemy nor the DB.
 HUB_MAY_IMPORT = {

@@ -22,6 +22,7 @@ from hub_ext.service.base import (
     required_body,
     whole_number_arg,
 )
+from hub_ext.service.handlers import agents
 from hub_ext.tenancy import directory
 
 # ---------------------------------------------------------------- resource groups, nodes, sessions
@@ -235,4 +236,5 @@ def routes(api: str) -> list[tuple]:
         (api + r"/images", ImageListHandler),
         (api + r"/images/(.+)", ImageHandler),
         (api + rf"/users/{name}/launch-options", LaunchOptionsHandler),
+        *agents.routes(api),  # node tokens, drain, the agent API
     ]

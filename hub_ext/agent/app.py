@@ -1,0 +1,443 @@
+"""``labfleet agent``: the node agent. One runs on every node but the service's own.
+
+It describes its node with the device plugins (the service's own code), registers it with the labfleet
+service (``POST /api/agent/register``, authenticated with a node token), then heartbeats every
+``heartbeat`` seconds (the service's answer says how many): it samples the sessions the service lists
+on this node with the trusted sampler (:mod:`hub_ext.usage.sampler`, the code the service runs on its
+own node), and reports what it sees running, what ended and the readings. The service answers what it
+believes runs here, and ``stop``: sessions this agent saw running that the service no longer holds
+(after the node was LOST, say); the agent stops them (SIGTERM to a local session's process, ``docker
+stop`` for a container). It retries with backoff while the service is down, and exits cleanly on
+SIGTERM. It never touches the DB.
+
+Exit status: 0 on SIGTERM/SIGINT, 1 when the service refuses the token, 2 for bad options or a
+registration the service refuses (wrong node for the token, a device another node has, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from traitlets import Float, Unicode, default
+from traitlets.config import Application, catch_config_error
+
+from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
+from hub_ext.usage.sampler import Reading, Sampler, Target
+
+# A reading whose error says the session's process or container is gone (not that the engine did not
+# answer): reported as ended once seen twice in a row.
+GONE = ("is gone", "has exited", "no such container", "is not running")
+GONE_TICKS = 2
+MOCK_GPU = {"model": "A100-80GB", "memory": "80g"}
+
+
+class ServiceError(Exception):
+    """The service answered 4xx: ``status`` and its message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status, self.message = status, message
+
+
+class Unreachable(Exception):
+    """No answer from the service (down, restarting, 5xx): retry later."""
+
+
+def _env(name: str, fallback: str = "") -> str:
+    return os.environ.get(name) or fallback
+
+
+def mock_devices_of(value: str) -> list[dict[str, Any]]:
+    """``--mock-devices``: a count of mock 80 GB GPUs (``2``) or the service's JSON list."""
+    value = value.strip()
+    if not value:
+        return []
+    if value.isdigit():
+        return [{**MOCK_GPU, "count": int(value)}] if int(value) else []
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise ValueError(f"--mock-devices must be a count or a JSON list, not {value!r:.60}") from None
+    if not isinstance(parsed, list):
+        raise ValueError("--mock-devices: the JSON must be a list of {model, memory, count}")
+    return parsed
+
+
+def reading_json(r: Reading) -> dict[str, Any]:
+    out = asdict(r)
+    out["gpus"] = [asdict(g) for g in r.gpus]
+    if out["error"] is not None:
+        out["error"] = out["error"][:1000]
+    return out
+
+
+def target_of(value: Any) -> Target | None:
+    """A target from the service's answer, or None if it is not one."""
+    if not isinstance(value, dict) or not isinstance(value.get("session_id"), str):
+        return None
+    pid, container, devices = value.get("pid"), value.get("container"), value.get("devices") or []
+    return Target(
+        value["session_id"],
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        container=container if isinstance(container, str) else None,
+        devices=tuple(d for d in devices if isinstance(d, str)),
+    )
+
+
+class LabfleetAgent(Application):
+    name = "labfleet-agent"
+    description = """The labfleet node agent: registers this machine as a node with the labfleet service,
+    heartbeats, and measures the sessions that run here. Each option also reads its environment variable."""
+
+    service_url = Unicode(
+        help="""The labfleet service's API base, e.g. http://HUB:PORT/services/labfleet/api
+        (default: $LABFLEET_AGENT_SERVICE_URL).""",
+    ).tag(config=True)
+
+    @default("service_url")
+    def _service_url(self):
+        return _env("LABFLEET_AGENT_SERVICE_URL")
+
+    token_file = Unicode(
+        help="""A file holding the node token (`labfleet node token create`); default:
+        $LABFLEET_AGENT_TOKEN_FILE. Or give the token itself in $LABFLEET_AGENT_TOKEN.""",
+    ).tag(config=True)
+
+    @default("token_file")
+    def _token_file(self):
+        return _env("LABFLEET_AGENT_TOKEN_FILE")
+
+    node_name = Unicode(help="This node's name (default: $LABFLEET_AGENT_NODE, else the host name).").tag(
+        config=True
+    )
+
+    @default("node_name")
+    def _node_name(self):
+        return _env("LABFLEET_AGENT_NODE", socket.gethostname())
+
+    resource_group = Unicode(
+        help="""The resource group this node joins, when the token does not say (default:
+        $LABFLEET_AGENT_RESOURCE_GROUP, else the node's group, else 'default').""",
+    ).tag(config=True)
+
+    @default("resource_group")
+    def _resource_group(self):
+        return _env("LABFLEET_AGENT_RESOURCE_GROUP")
+
+    device_plugins = Unicode(
+        help="""Device plugins, comma-separated: nvidia (NVML) and/or mock (default:
+        $LABFLEET_AGENT_DEVICE_PLUGINS, else mock).""",
+    ).tag(config=True)
+
+    @default("device_plugins")
+    def _device_plugins(self):
+        return _env("LABFLEET_AGENT_DEVICE_PLUGINS", "mock")
+
+    mock_devices = Unicode(
+        help="""Mock devices: a count of 80 GB GPUs (2), or the service's JSON list
+        [{"model": "A100-80GB", "memory": "80g", "count": 2}] (default: $LABFLEET_AGENT_MOCK_DEVICES,
+        else $LABFLEET_MOCK_DEVICES).""",
+    ).tag(config=True)
+
+    @default("mock_devices")
+    def _mock_devices(self):
+        return _env("LABFLEET_AGENT_MOCK_DEVICES", _env("LABFLEET_MOCK_DEVICES"))
+
+    docker_host = Unicode(
+        help="""The Docker engine of this node, e.g. unix:///var/run/docker.sock (default: $DOCKER_HOST):
+        the sampler reads containers' stats there, and when the engine is in a swarm the node gets
+        the label swarm.node_id. Empty: no Docker.""",
+    ).tag(config=True)
+
+    @default("docker_host")
+    def _docker_host(self):
+        return _env("DOCKER_HOST")
+
+    address = Unicode(
+        help="""The IP address where sessions on this node are reached (label `address`; default:
+        $LABFLEET_AGENT_ADDRESS).""",
+    ).tag(config=True)
+
+    @default("address")
+    def _address(self):
+        return _env("LABFLEET_AGENT_ADDRESS")
+
+    heartbeat = Float(10.0, help="Seconds between heartbeats until the service's answer says otherwise.").tag(
+        config=True
+    )
+    request_timeout = Float(10.0, help="Seconds to wait for the service's answer to one request.").tag(
+        config=True
+    )
+
+    aliases = {
+        "service-url": "LabfleetAgent.service_url",
+        "token-file": "LabfleetAgent.token_file",
+        "node-name": "LabfleetAgent.node_name",
+        "resource-group": "LabfleetAgent.resource_group",
+        "device-plugins": "LabfleetAgent.device_plugins",
+        "mock-devices": "LabfleetAgent.mock_devices",
+        "docker-host": "LabfleetAgent.docker_host",
+        "address": "LabfleetAgent.address",
+        "heartbeat": "LabfleetAgent.heartbeat",
+        "log-level": "Application.log_level",
+    }
+
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO
+
+    @classmethod
+    def help_text(cls) -> str:
+        lines = ["Usage: labfleet agent [options]", "", " ".join(cls.description.split()), "", "Options:"]
+        for alias, target in cls.aliases.items():
+            trait = cls.class_traits().get(target.split(".")[1]) if target.startswith(cls.__name__) else None
+            text = " ".join(
+                (trait.help if trait is not None else "The log level (DEBUG, INFO, ...).").split()
+            )
+            lines.append(f"  --{alias}=VALUE")
+            lines.append(f"      {text}")
+        lines += [
+            "",
+            "Example:",
+            "  labfleet agent --service-url http://10.0.0.1:8000/services/labfleet/api \\",
+            "      --token-file /etc/labfleet/node-token --node-name gpu-02 --device-plugins nvidia",
+        ]
+        return "\n".join(lines)
+
+    @catch_config_error
+    def initialize(self, argv=None) -> None:
+        self.parse_command_line(argv)
+        problems = []
+        if not self.service_url:
+            problems.append("--service-url (or $LABFLEET_AGENT_SERVICE_URL) is required")
+        self.token = ""
+        if self.token_file:
+            try:
+                self.token = Path(self.token_file).read_text().strip()
+            except OSError as e:
+                problems.append(f"cannot read --token-file {self.token_file}: {e.strerror}")
+        else:
+            self.token = _env("LABFLEET_AGENT_TOKEN").strip()
+        if not self.token and not problems:
+            problems.append("a node token is required: --token-file or $LABFLEET_AGENT_TOKEN")
+        self.plugins: list[DevicePlugin] = []
+        try:
+            mock = mock_devices_of(self.mock_devices)
+            for name in [p.strip() for p in self.device_plugins.split(",") if p.strip()]:
+                self.plugins.append(
+                    get_plugin(name, devices=mock, node=self.node_name)
+                    if name == "mock"
+                    else get_plugin(name)
+                )
+        except (ValueError, KeyError, LookupError) as e:
+            problems.append(f"device plugins: {e}")
+        if problems:
+            for p in problems:
+                self.log.error("labfleet agent: %s", p)
+            self.exit(2)
+        if self.docker_host:
+            os.environ["DOCKER_HOST"] = self.docker_host  # the sampler's docker.from_env() reads it
+        self.base = self.service_url.rstrip("/")
+        self.stopping = threading.Event()
+        self.sampler = Sampler(self.plugins)
+        self.targets: dict[str, Target] = {}  # what the service listed on this node last
+        self.gone: dict[str, int] = {}  # session -> ticks in a row it read gone
+        self.reported: set[str] = set()  # sessions already reported ended
+
+    # ------------------------------------------------------------ talking to the service
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.base}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.request_timeout) as reply:
+                answer = json.loads(reply.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            try:
+                message = json.loads(e.read() or b"{}").get("message", "")
+            except (ValueError, AttributeError):
+                message = ""
+            if e.code >= 500 or e.code == 429:
+                raise Unreachable(f"the service answered {e.code} {message}".strip()) from None
+            raise ServiceError(e.code, message or e.reason) from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise Unreachable(str(getattr(e, "reason", e))) from None
+        if not isinstance(answer, dict):
+            raise Unreachable("the service's answer is not a JSON object")
+        return answer
+
+    def labels(self) -> dict[str, str]:
+        out = {}
+        if self.address:
+            out["address"] = self.address
+        node_id = self.swarm_node_id()
+        if node_id:
+            out["swarm.node_id"] = node_id
+        return out
+
+    def swarm_node_id(self) -> str | None:
+        """The Swarm node id of this node's Docker engine (`docker info`), when it is in a swarm."""
+        if not self.docker_host:
+            return None
+        try:
+            import docker
+
+            client = docker.DockerClient(base_url=self.docker_host, version="auto", timeout=10)
+            try:
+                swarm = client.info().get("Swarm") or {}
+            finally:
+                client.close()
+        except Exception as e:  # no engine, no docker package: no label
+            self.log.warning("Could not read `docker info` from %s: %s", self.docker_host, e)
+            return None
+        if swarm.get("LocalNodeState") == "active" and swarm.get("NodeID"):
+            return str(swarm["NodeID"])
+        return None
+
+    def register(self) -> dict[str, Any]:
+        info = describe_node(self.node_name, self.plugins).to_dict()
+        body: dict[str, Any] = {
+            "node": self.node_name,
+            "cpu": info["cpu"],
+            "mem": info["mem"],
+            "devices": info["devices"],
+            "plugin": info["plugin"],
+            "labels": self.labels(),
+        }
+        if self.resource_group:
+            body["resource_group"] = self.resource_group
+        answer = self.call("/agent/register", body)
+        self.log.info(
+            "Registered node %s (%d device(s)) in resource group %s",
+            self.node_name,
+            len(info["devices"]),
+            answer.get("resource_group"),
+        )
+        return answer
+
+    def beat(self) -> dict[str, Any]:
+        targets = list(self.targets.values())
+        readings = self.sampler.sample(targets) if targets else []
+        running, ended = [], []
+        for r in readings:
+            if r.alive:
+                running.append(r.session_id)
+                self.gone.pop(r.session_id, None)
+            elif r.error and any(g in r.error for g in GONE) and r.session_id not in self.reported:
+                self.gone[r.session_id] = self.gone.get(r.session_id, 0) + 1
+                if self.gone[r.session_id] >= GONE_TICKS:
+                    ended.append({"session": r.session_id, "exit_code": None})
+                    self.reported.add(r.session_id)
+        body = {
+            "node": self.node_name,
+            "running": running,
+            "ended": ended,
+            "readings": [reading_json(r) for r in readings],
+        }
+        return self.call("/agent/heartbeat", body)
+
+    def apply(self, answer: dict[str, Any]) -> None:
+        beat = answer.get("heartbeat")
+        if isinstance(beat, (int, float)) and not isinstance(beat, bool) and 0.1 <= beat <= 3600:
+            self.heartbeat = float(beat)
+        listed = [t for t in (target_of(v) for v in answer.get("sessions") or []) if t is not None]
+        stop = [s for s in answer.get("stop") or [] if isinstance(s, str)]
+        known = {**self.targets, **{t.session_id: t for t in listed}}
+        self.targets = {t.session_id: t for t in listed}
+        self.gone = {k: v for k, v in self.gone.items() if k in self.targets}
+        self.reported &= set(self.targets)
+        for sid in stop:
+            self.stop_session(known.get(sid), sid)
+
+    def stop_session(self, target: Target | None, sid: str) -> None:
+        """Stop a session the service no longer holds (it ended it while this node was LOST)."""
+        if target is None:
+            return
+        self.log.warning("Stopping session %s: the service no longer holds it on this node", sid)
+        try:
+            if target.pid is not None:
+                os.kill(target.pid, signal.SIGTERM)
+            elif target.container is not None:
+                import docker
+
+                client = docker.DockerClient(base_url=self.docker_host or None, version="auto", timeout=30)
+                try:
+                    client.containers.get(target.container).stop(timeout=10)
+                finally:
+                    client.close()
+        except ProcessLookupError:
+            pass
+        except Exception as e:
+            self.log.warning("Could not stop session %s: %s", sid, e)
+
+    # ------------------------------------------------------------ the loop
+
+    def run_loop(self) -> int:
+        """Register, then heartbeat until stopped; the exit status."""
+        registered = False
+        backoff = 1.0
+        while not self.stopping.is_set():
+            try:
+                if not registered:
+                    self.apply(self.register())
+                    registered = True
+                else:
+                    self.apply(self.beat())
+                backoff = 1.0
+                wait = self.heartbeat
+            except Unreachable as e:
+                self.log.warning("The service is unreachable (%s): retrying in %g s", e, backoff)
+                wait, backoff = backoff, min(backoff * 2, max(self.heartbeat, 1.0))
+            except ServiceError as e:
+                if e.status == 401:
+                    self.log.error("The service refused the node token: %s", e.message)
+                    return 1
+                if not registered:
+                    self.log.error("The service refused to register node %s: %s", self.node_name, e.message)
+                    return 2
+                if e.status in (403, 404):
+                    self.log.warning(
+                        "The service does not know this node as ours (%s): registering again", e.message
+                    )
+                    registered = False
+                    wait = 0.0
+                else:
+                    self.log.error("The service refused a heartbeat: %s", e.message)
+                    wait = self.heartbeat
+            self.stopping.wait(wait)
+        return 0
+
+    def start(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stopping.set())
+        self.log.info("labfleet agent for node %s, service %s", self.node_name, self.base)
+        started = time.monotonic()
+        code = self.run_loop()
+        self.sampler.close()
+        self.log.info("labfleet agent stopping after %.0f s", time.monotonic() - started)
+        self.exit(code)
+
+
+def main(argv=None) -> None:
+    app = LabfleetAgent.instance()
+    app.initialize(argv)
+    app.start()
+
+
+if __name__ == "__main__":
+    main()

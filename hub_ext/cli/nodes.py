@@ -1,0 +1,181 @@
+"""``labfleet node``: the nodes (list, drain, undrain) and node tokens for node agents; and
+``labfleet agent``, the node agent itself (:mod:`hub_ext.agent`).
+
+Every change goes through :mod:`hub_ext.compute.agents`, like the REST API's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hub_ext.cli.base import Command, Group, ListCommand, Option, bytes_text
+
+
+def _node_row(v: dict[str, Any]) -> list[Any]:
+    gpus = len(v["devices"])
+    return [
+        v["name"],
+        v["resource_group"],
+        v["status"],
+        "yes" if v["schedulable"] else "drained",
+        "agent" if v["agent"] else "service",
+        f"{v['allocated']['cpu']:g}/{v['capacity']['cpu']:g}",
+        f"{bytes_text(v['allocated']['mem'])}/{bytes_text(v['capacity']['mem'])}",
+        f"{v['allocated']['gpu.shares']:g}/{gpus}",
+        v["last_seen"] or "-",
+    ]
+
+
+class NodeList(ListCommand):
+    name = "labfleet node list"
+    description = "List the nodes: status (ALIVE, LOST), whether they take new sessions, who registered them."
+
+    def run(self) -> None:
+        from hub_ext.compute import nodes
+
+        views = self.transaction(
+            lambda db: [nodes.node_view(db, n) for n in nodes.list_nodes(db, self.actor)]
+        )
+        self.emit(
+            views,
+            ["node", "group", "status", "schedulable", "by", "cpu", "mem", "gpu.shares", "last seen"],
+            _node_row,
+        )
+
+
+class NodeDrain(Command):
+    name = "labfleet node drain"
+    description = "Drain a node: no new session is placed there; the sessions running there stay."
+    arguments = ("NAME",)
+    schedulable = False
+
+    def run(self) -> None:
+        from hub_ext.compute import agents
+
+        name = self.args[0]
+        self.transaction(
+            lambda db: agents.set_schedulable(db, self.actor, name, {"schedulable": self.schedulable})
+        )
+        self.out(f"Node {name} {'takes new sessions again' if self.schedulable else 'is drained'}.")
+
+
+class NodeUndrain(NodeDrain):
+    name = "labfleet node undrain"
+    description = "Undrain a node: it takes new sessions again."
+    schedulable = True
+
+
+class TokenCreate(Command):
+    name = "labfleet node token create"
+    description = """Issue a node token for `labfleet agent`. It is printed once and stored hashed. With
+    --node it registers that node only; without, any node name no other token's agent holds."""
+    options = (
+        Option("--node", "The only node name this token may register.", metavar="NAME"),
+        Option(
+            "--resource-group", "The resource group its nodes join.", metavar="GROUP", dest="resource_group"
+        ),
+        Option("--note", "A note for the token list (where it runs, who asked).", metavar="TEXT"),
+    )
+    examples = ("labfleet node token create --node gpu-02 --resource-group a100",)
+
+    def run(self) -> None:
+        from hub_ext.compute import agents
+
+        body = {
+            k: v
+            for k, v in (
+                ("node", self.opts.node),
+                ("resource_group", self.opts.resource_group),
+                ("note", self.opts.note),
+            )
+            if v is not None
+        }
+
+        def work(db):
+            token, plain = agents.create_token(db, self.actor, body)
+            return token.id, plain
+
+        token_id, plain = self.transaction(work)
+        self.out(
+            f"Node token {token_id} (shown once; give it to the agent with --token-file or LABFLEET_AGENT_TOKEN):"
+        )
+        self.out(plain)
+
+
+def _token_row(v: dict[str, Any]) -> list[Any]:
+    return [
+        v["id"],
+        v["node"] or "any",
+        v["resource_group"] or "-",
+        "revoked" if v["revoked"] else "active",
+        ",".join(v["nodes"]) or "-",
+        v["last_used"] or "-",
+        v["note"] or "",
+    ]
+
+
+class TokenList(ListCommand):
+    name = "labfleet node token list"
+    description = "List the node tokens (never their secret)."
+
+    def run(self) -> None:
+        from hub_ext.compute import agents
+
+        views = self.transaction(
+            lambda db: [agents.token_view(db, t) for t in agents.list_tokens(db, self.actor)]
+        )
+        self.emit(views, ["id", "node", "group", "state", "holds", "last used", "note"], _token_row)
+
+
+class TokenRevoke(Command):
+    name = "labfleet node token revoke"
+    description = "Revoke a node token: its agent is refused from now on, and its nodes go LOST in time."
+    arguments = ("ID",)
+
+    def run(self) -> None:
+        from hub_ext.compute import agents
+
+        token_id = self.args[0]
+        self.transaction(lambda db: agents.revoke_token(db, self.actor, token_id))
+        self.out(f"Revoked node token {token_id}.")
+
+
+class Agent(Command):
+    """``labfleet agent [options]``: hands its arguments to the agent application (traitlets)."""
+
+    name = "labfleet agent"
+    description = """Run the node agent on this machine: register it with the labfleet service (a node
+    token), heartbeat, sample the sessions that run here. It never touches the DB."""
+
+    @classmethod
+    def parse(cls, argv: Sequence[str], given: Mapping[str, Any]) -> Command:
+        return cls(argv, argparse.Namespace(db_url=None))
+
+    @classmethod
+    def help_text(cls) -> str:
+        from hub_ext.agent.app import LabfleetAgent
+
+        return LabfleetAgent.help_text()
+
+    def run(self) -> None:
+        from hub_ext.agent.app import main
+
+        main(self.args)
+
+
+NODE = Group(
+    "labfleet node",
+    "Manage nodes and the tokens of their agents.",
+    {
+        "list": NodeList,
+        "drain": NodeDrain,
+        "undrain": NodeUndrain,
+        "token": Group(
+            "labfleet node token",
+            "Issue, list and revoke node tokens (for `labfleet agent`).",
+            {"create": TokenCreate, "list": TokenList, "revoke": TokenRevoke},
+        ),
+    },
+)

@@ -1,0 +1,155 @@
+"""REST handlers for node agents and node administration: node tokens (superadmins), draining a node,
+and the agent API (``/api/agent/...``, authenticated with a node token only)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict
+from typing import Any
+
+from hub_ext.compute import agents, nodes
+from hub_ext.compute.sessions import take_queue_waits
+from hub_ext.core.authz import Actor
+from hub_ext.core.errors import Forbidden, LabfleetError, Unauthorized
+from hub_ext.core.models import NodeToken
+from hub_ext.service.base import APIHandler, request_json, required_body
+from hub_ext.usage import records
+from hub_ext.usage.sampler import Target
+
+# ---------------------------------------------------------------- node tokens, drain
+
+
+class NodeTokenListHandler(APIHandler):
+    async def get(self):
+        await self.run(lambda db, a: ([agents.token_view(db, t) for t in agents.list_tokens(db, a)], None))
+
+    async def post(self):
+        body = request_json(self)
+
+        def op(db, actor):
+            token, plain = agents.create_token(db, actor, body)
+            return {**agents.token_view(db, token), "token": plain}, None
+
+        await self.run(op, status=201)
+
+
+class NodeTokenHandler(APIHandler):
+    async def delete(self, token_id):
+        await self.run(lambda db, a: (agents.token_view(db, agents.revoke_token(db, a, token_id)), None))
+
+
+class NodeHandler(APIHandler):
+    async def patch(self, name):
+        def op(db, actor):
+            node = agents.set_schedulable(db, actor, name, required_body(self))
+            return nodes.node_view(db, node), None
+
+        await self.run(op)
+
+
+# ---------------------------------------------------------------- the agent API
+
+
+def target_json(t: Target) -> dict[str, Any]:
+    return {**asdict(t), "devices": list(t.devices)}
+
+
+class AgentHandler(APIHandler):
+    """A request of a node agent: ``Authorization: token lfnode_...``; anyone else is refused."""
+
+    token_id: int
+
+    async def authenticate(self) -> Actor:
+        header = self.request.headers.get("Authorization", "")
+        presented = header[len("token ") :].strip() if header.lower().startswith("token ") else ""
+        if not agents.looks_like_token(presented):
+            await super().authenticate()  # 401 for no credentials at all
+            raise Forbidden("only node agents (with a node token) call /api/agent")
+        # A first check of a token costs a PBKDF2 hash: off the event loop.
+        self.token_id = await asyncio.to_thread(self._check_token, presented)
+        return Actor(
+            name=f"agent#{self.token_id}",
+            role="agent",
+            kind="agent",
+            remote_addr=self.request.remote_ip or "",
+        )
+
+    def _check_token(self, presented: str) -> int:
+        with self.db() as db:
+            return agents.authenticate(db, presented).id
+
+    def token(self, db) -> NodeToken:
+        token = db.get(NodeToken, self.token_id)
+        if token is None or token.revoked_at is not None:
+            raise Unauthorized("unknown or revoked node token")
+        return token
+
+    def answer(self, work, *, poke: bool) -> None:
+        """Run ``work(db)`` in one transaction and answer its result; serve the queues if ``poke``
+        (an agent's heartbeat changes nothing most of the time: it does not poke the clock)."""
+        try:
+            with self.db() as db:
+                result, changed = work(db)
+        except LabfleetError as e:
+            self.send_error_json(e.status, e.message)
+            return
+        self.lf.metrics.observe_queue_waits(take_queue_waits(db))
+        if poke or changed:
+            self.lf.jobs.poke("schedule")
+        self.write_json(result)
+
+
+class AgentRegisterHandler(AgentHandler):
+    async def post(self):
+        body = request_json(self)
+        remote = self.request.remote_ip or ""
+
+        def work(db):
+            node = agents.register(db, self.token(db), body, remote)
+            targets = records.targets_on(db, node.name)
+            return {
+                "node": node.name,
+                "resource_group": node.resource_group.name,
+                "heartbeat": self.lf.agent_heartbeat,
+                "sessions": [target_json(t) for t in targets],
+                "stop": [],
+            }, True
+
+        self.answer(work, poke=True)
+
+
+class AgentHeartbeatHandler(AgentHandler):
+    async def post(self):
+        beat, raw = agents.parse_heartbeat(request_json(self))
+        readings = records.parse_agent_readings(raw, time.time())
+        remote = self.request.remote_ip or ""
+        accepted: list = []
+
+        def work(db):
+            result = agents.heartbeat(db, self.token(db), beat, remote)
+            targets = records.targets_on(db, beat.node)
+            accepted.extend(records.accept_agent_readings(readings, targets))
+            return {
+                "node": beat.node,
+                "heartbeat": self.lf.agent_heartbeat,
+                "sessions": [target_json(t) for t in targets],
+                "stop": result.stop,
+                "released": result.released,
+            }, bool(result.released or result.came_back)
+
+        self.answer(work, poke=False)
+        if self.get_status() == 200:
+            self.lf.agent_readings_in(accepted)
+
+
+def routes(api: str) -> list[tuple]:
+    """Node tokens, a node's drain flag, the agent API under ``api``."""
+    name = r"([^/]+)"
+    return [
+        (api + r"/node-tokens", NodeTokenListHandler),
+        (api + rf"/node-tokens/{name}", NodeTokenHandler),
+        (api + rf"/nodes/{name}", NodeHandler),
+        (api + r"/agent/register", AgentRegisterHandler),
+        (api + r"/agent/heartbeat", AgentHeartbeatHandler),
+    ]
