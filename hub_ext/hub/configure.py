@@ -40,6 +40,11 @@ LOCAL_IMAGE = {"name": "local/host", "display_name": "JupyterLab on the Hub host
 DOCKER_IMAGE_ENV = "LABFLEET_DOCKER_IMAGE"
 DEFAULT_DOCKER_IMAGE = "labfleet/singleuser:test"
 DEFAULT_SERVICE_PORT = 10101
+# The swarm backend: the address of the Hub's manager node that the other nodes reach (the Hub's API
+# listens there), and the labfleet service's URL as sessions on those nodes reach it.
+HUB_ADDRESS_ENV = "LABFLEET_HUB_ADDRESS"
+SESSION_SERVICE_URL_ENV = "LABFLEET_SESSION_SERVICE_URL"
+SWARM_SPAWNER = "spawner.swarm.LabfleetSwarmSpawner"
 
 # What the labfleet service may do on the Hub: keep users and groups in step, read servers.
 SERVICE_SCOPES = [
@@ -148,7 +153,7 @@ def configure(
                 "path": str(state / "vfolders"),
                 "default_permissions": list(RIGHTS),
                 # Docker sessions run as uid 1000: what the API writes must be theirs to change.
-                **({"owner_uid": 1000, "owner_gid": 1000} if backend == "docker" else {}),
+                **({"owner_uid": 1000, "owner_gid": 1000} if backend in ("docker", "swarm") else {}),
             }
         ]
     settings: dict[str, Any] = {
@@ -160,6 +165,9 @@ def configure(
         settings["device_plugins"] = device_plugins
     if mock_devices is not None:
         settings["mock_devices"] = mock_devices
+    if backend == "swarm":
+        # The nodes' agents register them (with their Swarm node ids); the Hub host is not a node by itself.
+        settings["register_local_node"] = False
     settings.update(service_config or {})
 
     c.JupyterHub.services = [
@@ -219,7 +227,7 @@ def configure(
 
 
 def configure_spawner(c, backend: str, state: Path) -> list[dict]:
-    """The labfleet spawner for ``backend`` (local | docker); returns the images to register."""
+    """The labfleet spawner for ``backend`` (local | docker | swarm); returns the images to register."""
     c.Spawner.default_url = "/lab"
     # A user runs several sessions at once (named servers); labfleet's policies limit how many.
     c.JupyterHub.allow_named_servers = True
@@ -256,4 +264,31 @@ def configure_spawner(c, backend: str, state: Path) -> list[dict]:
         c.DockerSpawner.network_name = "host"
         c.JupyterHub.hub_connect_ip = "127.0.0.1"
         return [{"name": image, "inspect": True}]
-    raise ValueError(f"{BACKEND_ENV} must be local or docker, not {backend!r}")
+    if backend == "swarm":
+        return configure_swarm(c)
+    raise ValueError(f"{BACKEND_ENV} must be local, docker or swarm, not {backend!r}")
+
+
+def configure_swarm(c) -> list[dict]:
+    """Sessions as Swarm services (spawner/swarm.py), the Hub on a manager node.
+
+    Host networking: each server listens on its node's ``address`` label and the Hub connects there;
+    the sessions reach the Hub's API on $LABFLEET_HUB_ADDRESS (the manager's address, default
+    127.0.0.1: a one-node swarm) and the labfleet service at $LABFLEET_SESSION_SERVICE_URL (through the
+    Hub's proxy, which must listen where the nodes reach it)."""
+    image = os.environ.get(DOCKER_IMAGE_ENV, DEFAULT_DOCKER_IMAGE)
+    address = os.environ.get(HUB_ADDRESS_ENV) or "127.0.0.1"
+    session_service_url = os.environ.get(SESSION_SERVICE_URL_ENV, "")
+    if not session_service_url and address not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(
+            f"{BACKEND_ENV}=swarm with {HUB_ADDRESS_ENV}={address}: set {SESSION_SERVICE_URL_ENV} to the labfleet "
+            f"service's URL as the nodes reach it, e.g. http://{address}:8000/services/labfleet/api (the Hub's proxy)"
+        )
+    c.JupyterHub.spawner_class = SWARM_SPAWNER
+    c.LabfleetSpawnerMixin.default_image = image
+    c.SwarmSpawner.network_name = "host"
+    c.JupyterHub.hub_ip = address
+    c.JupyterHub.hub_connect_ip = address
+    if session_service_url:
+        c.LabfleetSpawnerMixin.session_service_url = session_service_url
+    return [{"name": image, "inspect": True}]

@@ -1,0 +1,333 @@
+"""Two real Docker Swarm nodes on this machine and a real Hub with the swarm backend, for tests.
+
+- :func:`swarm_up` runs ``scripts/build-image.sh`` and ``scripts/swarm.sh`` (idempotent): node 1 is
+  the main engine (the manager), node 2 a second dockerd in the network namespace
+  ``$LABFLEET_SWARM_NETNS``; :func:`swarm_down` removes the sessions' services, leaves the swarm on
+  both engines and tears node 2 down (``scripts/swarm.sh --stop``).
+- :func:`start_swarm_hub` starts the Hub on node 1's address ($LABFLEET_SWARM_ADDR1): its proxy and
+  its API listen there, so node 2 (which reaches the root namespace only through that address)
+  reaches both; the labfleet service stays on 127.0.0.1 behind the proxy.
+- :func:`register_node` registers a node straight in labfleet's DB with its labels (what a node
+  agent does through the service), for tests that run without agents; :class:`Agent` runs
+  ``labfleet agent`` for a node (node 2's inside the namespace, through ``nsenter --net``).
+
+A missing engine, namespace or node is a failure with the reason, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hubfixture import REPO, Hub, free_port, seed, wait_for
+
+IMAGE = "labfleet/singleuser:test"
+SERVICE_PREFIX = "lfswarm"
+GIB = 2**30
+
+
+def run_script(args: list[str], timeout: float, env: dict | None = None) -> str:
+    """``bash scripts/<args>``; a failure or a timeout fails the test with the script's output."""
+    try:
+        r = subprocess.run(
+            ["bash", str(REPO / "scripts" / args[0]), *args[1:]],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"scripts/{' '.join(args)} did not finish in {timeout}s:\n{e.stdout}\n{e.stderr}")
+    if r.returncode != 0:
+        pytest.fail(
+            f"scripts/{' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        )
+    return r.stdout
+
+
+@dataclass
+class SwarmNodes:
+    netns: str
+    addr1: str
+    addr2: str
+    sock2: str
+    node1_id: str
+    node2_id: str
+
+    def docker2(self):
+        """A docker-py client of node 2's engine."""
+        import docker
+
+        return docker.DockerClient(base_url=f"unix://{self.sock2}", version="auto", timeout=60)
+
+
+def swarm_up() -> SwarmNodes:
+    """Both nodes Ready and the session image on both (built here if missing or stale)."""
+    run_script(["build-image.sh"], 900)
+    out = run_script(["swarm.sh", "--start"], 600)
+    print(out)
+    values = dict(
+        line.split("=", 1) for line in run_script(["swarm.sh", "--env"], 60).splitlines() if "=" in line
+    )
+    nodes = SwarmNodes(
+        netns=values["LABFLEET_SWARM_NETNS"],
+        addr1=values["LABFLEET_SWARM_ADDR1"],
+        addr2=values["LABFLEET_SWARM_ADDR2"],
+        sock2=values["LABFLEET_SWARM_SOCK2"],
+        node1_id=values["LABFLEET_SWARM_NODE1_ID"],
+        node2_id=values["LABFLEET_SWARM_NODE2_ID"],
+    )
+    if not nodes.node1_id or not nodes.node2_id:
+        pytest.fail(f"scripts/swarm.sh left a node out of the swarm: {values}\n{out}")
+    return nodes
+
+
+def remove_services(prefix: str = SERVICE_PREFIX) -> None:
+    import docker
+
+    client = docker.from_env(version="auto", timeout=60)
+    try:
+        for s in client.services.list(filters={"name": prefix}):
+            s.remove()
+    finally:
+        client.close()
+
+
+def swarm_down() -> None:
+    """The sessions' services removed, the swarm left on both engines, node 2 torn down."""
+    try:
+        remove_services()
+    except Exception as e:  # the engine may be gone already: the script says what it finds
+        print(f"removing the sessions' services failed: {e}")
+    run_script(["swarm.sh", "--stop"], 300)
+
+
+def register_node(
+    db_url: str,
+    name: str,
+    labels: dict[str, Any],
+    gpus: int,
+    *,
+    cpu: int = 2,
+    mem: int = 8 * GIB,
+    group: str = "default",
+) -> None:
+    """A node with ``gpus`` mock 80 GB GPUs and ``labels`` in labfleet's DB (no agent needed)."""
+    from hub_ext.compute import nodes
+    from hub_ext.compute.devices.base import DeviceInfo, NodeInfo
+    from hub_ext.core import db as lfdb
+
+    engine = lfdb.make_engine(db_url)
+    try:
+        factory = lfdb.make_session_factory(engine)
+        with lfdb.session_scope(factory) as db:
+            info = NodeInfo(
+                name=name,
+                cpu=cpu,
+                mem=mem,
+                plugin="mock",
+                devices=[DeviceInfo(f"GPU-mock-{name}-{i}", i, "A100-80GB", 80 * 10**9) for i in range(gpus)],
+            )
+            node = nodes.register_node(db, info, group)
+            node.labels = dict(labels)
+    finally:
+        engine.dispose()
+
+
+def start_swarm_hub(state: Path, nodes: SwarmNodes, extra_config: str = "", env: dict | None = None) -> Hub:
+    """The Hub with LABFLEET_BACKEND=swarm, listening on node 1's address (proxy and Hub API)."""
+    if not shutil.which("configurable-http-proxy"):
+        raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
+    state.mkdir(parents=True, exist_ok=True)
+    db_url = f"sqlite:///{state / 'labfleet.sqlite'}"
+    admin_token = os.urandom(16).hex()
+    service_token = os.urandom(16).hex()
+    ports = tuple(free_port() for _ in range(4))
+    port, hub_port, proxy_api, service_port = ports
+    public = f"http://{nodes.addr1}:{port}"
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    full_env.update(env or {})
+    full_env.setdefault("LABFLEET_ADMIN_PORT", str(free_port()))
+    full_env.update(
+        LABFLEET_BACKEND="swarm",
+        LABFLEET_DOCKER_IMAGE=IMAGE,
+        LABFLEET_HUB_ADDRESS=nodes.addr1,
+        LABFLEET_SESSION_SERVICE_URL=f"{public}/services/labfleet/api",
+        LABFLEET_STATE_DIR=str(state),
+        LABFLEET_DB_URL=db_url,
+        LABFLEET_SERVICE_PORT=str(service_port),
+        LABFLEET_SERVICE_TOKEN=service_token,
+        LABFLEET_SECRET_KEY_FILE=str(state / "labfleet_secret.key"),
+    )
+    from hub_ext.core.secretbox import ensure_key_file
+
+    os.environ["LABFLEET_SECRET_KEY_FILE"] = full_env["LABFLEET_SECRET_KEY_FILE"]
+    ensure_key_file(state / "labfleet_secret.key")
+    seed(db_url)
+    cfg = state / "test_config.py"
+    cfg.write_text(
+        f"load_subconfig({str(REPO / 'jupyterhub_config.py')!r})\n"
+        "c.JupyterHub.services.append({'name': 'test-admin', 'api_token': %r})\n"
+        "c.JupyterHub.load_roles.append({'name': 'test-admin', 'scopes': ['admin:users', 'admin:groups', "
+        "'admin:servers', 'tokens', 'read:roles', 'list:users', 'read:users', 'access:servers'], "
+        "'services': ['test-admin']})\n"
+        "c.JupyterHub.hub_port = %d\n"
+        "c.ConfigurableHTTPProxy.api_url = 'http://127.0.0.1:%d'\n"
+        "c.JupyterHub.log_level = 'DEBUG'\n"
+        "c.SwarmSpawner.name_template = %r\n"
+        "c.LabfleetSpawnerMixin.queue_poll_interval = 0.3\n"
+        "c.LabfleetSwarmSpawner.task_pending_timeout = 90\n"
+        % (admin_token, hub_port, proxy_api, SERVICE_PREFIX + "-{username}--{servername}")
+        + extra_config
+    )
+    log_path = state / "jupyterhub.log"
+    log = open(log_path, "a")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterhub", "-f", str(cfg), "--ip", nodes.addr1, "--port", str(port)],
+        cwd=state,
+        env=full_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    hub = Hub(public, state, db_url, admin_token, service_token, proc, log_path, full_env, ports)
+    try:
+        wait_for(f"{public}/hub/api", proc, log_path)
+        wait_for(f"{public}/services/labfleet/api/openapi.yaml", proc, log_path)
+    except Exception:
+        hub.stop()
+        raise
+    return hub
+
+
+def agent_available() -> str | None:
+    """None when ``labfleet agent`` runs here, else why not."""
+    if not (REPO / "hub_ext" / "agent").is_dir():
+        return "hub_ext/agent/ is not in this checkout (the node agent has not landed)"
+    r = subprocess.run(
+        [sys.executable, "-m", "hub_ext.cli", "agent", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    if r.returncode != 0:
+        return f"`labfleet agent --help` failed ({r.returncode}): {(r.stderr or r.stdout)[-500:]}"
+    return None
+
+
+class Agent:
+    """``labfleet agent`` for one node; node 2's runs inside its network namespace (nsenter --net)."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        name: str,
+        *,
+        token: str,
+        address: str,
+        docker_host: str,
+        group: str = "default",
+        gpus: int = 1,
+        netns: str | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        state = hub.state / f"agent-{name}"
+        state.mkdir(exist_ok=True)
+        token_file = state / "token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        self.log_path = state / "agent.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "hub_ext.cli",
+            "agent",
+            "--service-url",
+            hub.env["LABFLEET_SESSION_SERVICE_URL"],
+            "--token-file",
+            str(token_file),
+            "--node-name",
+            name,
+            "--resource-group",
+            group,
+            "--mock-devices",
+            str(gpus),
+            "--docker-host",
+            docker_host,
+            "--address",
+            address,
+            *extra,
+        ]
+        if netns:
+            cmd = ["nsenter", f"--net=/var/run/netns/{netns}", *cmd]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=state,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.log_path, "a"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def node_token(hub: Hub, name: str) -> str:
+    """``labfleet node token create --node NAME`` against the Hub's DB: the token, shown once."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LABFLEET_DB_URL": hub.db_url}
+    env["LABFLEET_SECRET_KEY_FILE"] = hub.env["LABFLEET_SECRET_KEY_FILE"]
+    r = subprocess.run(
+        [sys.executable, "-m", "hub_ext.cli", "node", "token", "create", "--node", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=hub.state,
+        env=env,
+    )
+    if r.returncode != 0:
+        pytest.fail(
+            f"labfleet node token create --node {name} failed ({r.returncode}): {r.stderr or r.stdout}"
+        )
+    lines = [x.strip() for x in r.stdout.splitlines() if x.strip()]
+    if not lines:
+        pytest.fail(f"labfleet node token create --node {name} printed no token: {r.stderr}")
+    return lines[-1].split()[-1]
+
+
+def wait_until(what: str, check, timeout: float, interval: float = 0.3, detail=lambda: ""):
+    """Poll ``check()`` until it answers something true (returned); fail naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s\n{detail()}")
+        time.sleep(interval)

@@ -1,0 +1,418 @@
+"""The swarm backend on two real Swarm nodes of this machine (scripts/swarm.sh) and a real Hub.
+
+Node 1 is the main Docker engine, the swarm's manager, where the Hub runs; node 2 a second engine in
+its own network namespace. labfleet places each session on a node and its devices; the Swarm
+service is pinned to that node (node.id constraint) and answers through the Hub's proxy.
+
+Without agents (nodes registered in labfleet's DB with their labels, as an agent would):
+- a session lands on node 2 when node 1 is full, runs there (its task, its container on engine 2,
+  its limits and devices) and answers through the proxy; stopping it frees its allocation;
+- a folder written from a session on node 1 is read from a session on node 2;
+- a batch session on node 2 ends with its command's exit code and its output in the session log.
+With an agent per node (`labfleet agent`, node 2's inside the namespace):
+- a drained node (`labfleet node drain`) gets no new session; killing node 2's agent makes the
+  node LOST and frees its allocations.
+
+The module starts Docker, the swarm and node 2 itself and stops them at its end (the swarm left,
+node 2 torn down); anything that cannot start is a failure that says why, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+import requests
+
+from tests.swarmfixture import (
+    IMAGE,
+    SERVICE_PREFIX,
+    Agent,
+    agent_available,
+    node_token,
+    register_node,
+    start_swarm_hub,
+    swarm_down,
+    swarm_up,
+    wait_until,
+)
+
+pytestmark = pytest.mark.docker
+
+OPTIONS = {"project": "ml", "image": IMAGE, "cpu": 0.5, "mem": "512m", "gpu": 1}
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    try:
+        yield swarm_up()
+    finally:
+        swarm_down()
+
+
+@pytest.fixture(scope="module")
+def engines(nodes):
+    import docker
+
+    one = docker.from_env(version="auto", timeout=60)
+    two = nodes.docker2()
+    yield one, two
+    one.close()
+    two.close()
+
+
+@pytest.fixture(scope="module")
+def env(nodes, engines, tmp_path_factory):
+    state = tmp_path_factory.mktemp("swarm-hub")
+    base = tmp_path_factory.getbasetemp()
+    for p in (state, base, base.parent):
+        # The session user (uid 1000) must reach the folders under the state directory.
+        os.chmod(p, p.stat().st_mode | 0o011)
+    # Agents heartbeat every second; three missed make their node LOST.
+    hub = start_swarm_hub(
+        state, nodes, env={"LABFLEET_AGENT_HEARTBEAT": "1", "LABFLEET_NODE_LOST_AFTER": "3"}
+    )
+    box = {"hub": hub, "state": state, "nodes": nodes, "servers": set()}
+    try:
+        root = hub.wait_token("root")
+        for method, path, body in [
+            ("POST", "/domains", {"name": "acme"}),
+            ("POST", "/projects", {"domain": "acme", "name": "ml"}),
+            ("POST", "/users", {"username": "alice", "domain": "acme", "projects": ["ml"]}),
+        ]:
+            r = hub.api(method, path, root, json=body)
+            assert r.status_code == 201, (path, r.text)
+        box.update(root=root, alice=hub.wait_token("alice"))
+        yield box
+    finally:
+        for server in box["servers"]:
+            hub.hub_api("DELETE", f"/users/alice/servers/{server}")
+        hub.stop()
+        print(hub.log_text()[-3000:])
+
+
+def _spawn(env, server, options=OPTIONS):
+    env["servers"].add(server)
+    r = env["hub"].hub_api("POST", f"/users/alice/servers/{server}", json=options)
+    assert r.status_code in (201, 202), r.text
+
+
+def _wait_ready(env, server, timeout=180):
+    hub = env["hub"]
+
+    def ready():
+        model = hub.hub_api("GET", "/users/alice").json()["servers"].get(server)
+        return model if model and model.get("ready") else None
+
+    return wait_until(f"alice/{server} ready", ready, timeout, detail=lambda: hub.log_text()[-6000:])
+
+
+def _stop(env, server):
+    hub = env["hub"]
+    r = hub.hub_api("DELETE", f"/users/alice/servers/{server}")
+    assert r.status_code in (202, 204), r.text
+    wait_until(
+        f"alice/{server} stopped",
+        lambda: server not in hub.hub_api("GET", "/users/alice").json()["servers"],
+        90,
+        detail=lambda: hub.log_text()[-4000:],
+    )
+    env["servers"].discard(server)
+
+
+def _session(env, server):
+    live = [
+        s
+        for s in env["hub"].api("GET", "/sessions", env["alice"]).json()
+        if s["name"] == server and s["status"] not in ("TERMINATED", "CANCELLED", "ERROR")
+    ]
+    assert len(live) == 1, live
+    return live[0]
+
+
+def _service(engines, server):
+    one, _ = engines
+    found = one.services.list(filters={"name": f"{SERVICE_PREFIX}-alice--{server}"})
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _container(client, sid):
+    found = client.containers.list(filters={"label": f"ai.labfleet.session-id={sid}"})
+    assert len(found) == 1, (sid, found)
+    return found[0]
+
+
+def _exec(container, cmd):
+    r = container.exec_run(["bash", "-c", cmd])
+    return r.exit_code, r.output.decode(errors="replace")
+
+
+def _lab_status(env, server):
+    hub = env["hub"]
+    return requests.get(
+        f"{hub.url}/user/alice/{server}/api/status",
+        headers={"Authorization": f"token {env['alice']}"},
+        timeout=30,
+    )
+
+
+def _nodes_view(env):
+    r = env["hub"].api("GET", "/nodes", env["root"])
+    assert r.status_code == 200, r.text
+    return {n["name"]: n for n in r.json()}
+
+
+def test_two_swarm_nodes_are_ready(nodes, engines):
+    one, two = engines
+    by_id = {n.id: n.attrs for n in one.nodes.list()}
+    assert by_id[nodes.node1_id]["Status"]["State"] == "ready"
+    assert by_id[nodes.node2_id]["Status"]["State"] == "ready"
+    assert by_id[nodes.node1_id]["ManagerStatus"]["Addr"] == f"{nodes.addr1}:2377"
+    assert by_id[nodes.node2_id]["Status"]["Addr"] == nodes.addr2
+    assert two.info()["Swarm"]["NodeID"] == nodes.node2_id
+    # Engine 2 runs in node 2's network namespace, and has the session image.
+    pids = subprocess.run(["ip", "netns", "pids", nodes.netns], capture_output=True, text=True).stdout.split()
+    assert any(open(f"/proc/{p}/comm").read().strip() == "dockerd" for p in pids), pids
+    assert two.images.get(IMAGE).id == one.images.get(IMAGE).id
+
+
+def test_session_lands_on_node_2_when_node_1_is_full(env, nodes, engines):
+    """Nodes registered as their agents would (labels swarm.node_id and address); node 1 first."""
+    hub, alice = env["hub"], env["alice"]
+    one, two = engines
+    register_node(hub.db_url, "swarm-1", {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, gpus=1)
+    labels = _nodes_view(env)["swarm-1"].get("labels")
+    assert labels == {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, labels
+
+    _spawn(env, "a")
+    _wait_ready(env, "a")
+    a = _session(env, "a")
+    assert a["node"] == "swarm-1" and [d["shares"] for d in a["devices"]] == [1.0]
+    svc = _service(engines, "a").attrs["Spec"]
+    assert svc["TaskTemplate"]["Placement"]["Constraints"] == [f"node.id=={nodes.node1_id}"]
+
+    # Node 1's only GPU is taken: the next session goes to node 2, once node 2 is there.
+    register_node(hub.db_url, "swarm-2", {"swarm.node_id": nodes.node2_id, "address": nodes.addr2}, gpus=1)
+    t0 = time.monotonic()
+    _spawn(env, "b")
+    _wait_ready(env, "b")
+    print(f"spawn to ready on node 2: {time.monotonic() - t0:.1f}s")
+    b = _session(env, "b")
+    assert b["node"] == "swarm-2", b
+    spec = _service(engines, "b").attrs["Spec"]
+    task = spec["TaskTemplate"]
+    assert task["Placement"]["Constraints"] == [f"node.id=={nodes.node2_id}"]
+    assert task["RestartPolicy"]["Condition"] == "none"
+    assert task["Resources"]["Limits"] == {"NanoCPUs": 500_000_000, "MemoryBytes": 512 * 2**20, "Pids": 4096}
+    assert task["Resources"]["Reservations"] == {"NanoCPUs": 500_000_000, "MemoryBytes": 512 * 2**20}
+    assert [n.get("Target") for n in task.get("Networks", [])] != []
+    cs = task["ContainerSpec"]
+    assert (
+        [c.upper() for c in cs["CapabilityDrop"]] == ["ALL"]
+        and cs["Init"] is True
+        and cs["User"] == "1000:1000"
+    )
+    tasks = _service(engines, "b").tasks(filters={"desired-state": "running"})
+    assert [t["NodeID"] for t in tasks] == [nodes.node2_id]
+
+    # The container runs on engine 2 (not engine 1), in node 2's namespace, with the placement's devices.
+    assert not one.containers.list(filters={"label": f"ai.labfleet.session-id={b['id']}"})
+    c = _container(two, b["id"])
+    info = two.api.inspect_container(c.id)
+    assert info["HostConfig"]["NetworkMode"] == "host"
+    env_ = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env_["NVIDIA_VISIBLE_DEVICES"] == b["devices"][0]["uuid"] == "GPU-mock-swarm-2-0"
+    assert env_["LABFLEET_NODE"] == "swarm-2"
+    assert env_["JUPYTERHUB_SERVICE_URL"].startswith(f"http://{nodes.addr2}:")
+    assert env_["JUPYTERHUB_API_URL"].startswith(f"http://{nodes.addr1}:")
+    code, out = _exec(
+        c,
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; id -u",
+    )
+    assert code == 0, out
+    assert out.split() == [str(512 * 2**20), "1000"]
+
+    # JupyterLab on node 2 through the Hub's proxy; the session reaches the labfleet service too.
+    r = _lab_status(env, "b")
+    assert r.status_code == 200, r.text
+    code, out = _exec(
+        c,
+        "python3 -c \"import os,urllib.request as u; r=u.Request(os.environ['LABFLEET_SERVICE_URL']+'/sessions/'+"
+        "os.environ['LABFLEET_SESSION_ID'], headers={'Authorization': 'token '+os.environ['JUPYTERHUB_API_TOKEN']}); "
+        'print(u.urlopen(r, timeout=20).status)"',
+    )
+    assert code == 0 and out.strip().endswith("200"), out
+
+    # Stop: the service goes, the allocation comes back.
+    _stop(env, "b")
+    assert hub.api("GET", f"/sessions/{b['id']}", alice).json()["status"] == "TERMINATED"
+    assert not one.services.list(filters={"name": f"{SERVICE_PREFIX}-alice--b"})
+    view = _nodes_view(env)["swarm-2"]
+    assert view["allocated"]["gpu.shares"] == 0 and view["allocated"]["cpu"] == 0
+    _stop(env, "a")
+    assert _nodes_view(env)["swarm-1"]["allocated"]["gpu.shares"] == 0
+
+
+def test_folder_written_on_node_1_is_read_on_node_2(env, nodes, engines):
+    hub, alice = env["hub"], env["alice"]
+    one, two = engines
+    # The nodes of the test above (registered again: idempotent), each with one free GPU.
+    register_node(hub.db_url, "swarm-1", {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, gpus=1)
+    register_node(hub.db_url, "swarm-2", {"swarm.node_id": nodes.node2_id, "address": nodes.addr2}, gpus=1)
+    r = hub.api("POST", "/vfolders", alice, json={"name": "shared"})
+    assert r.status_code == 201, r.text
+    options = {**OPTIONS, "vfolders": ["shared"]}
+    _spawn(env, "w", options)
+    _wait_ready(env, "w")
+    _spawn(env, "r", options)
+    _wait_ready(env, "r")
+    w, rd = _session(env, "w"), _session(env, "r")
+    assert {w["node"], rd["node"]} == {"swarm-1", "swarm-2"}, (w, rd)
+    writer, reader = (w, rd) if w["node"] == "swarm-1" else (rd, w)
+    code, out = _exec(
+        _container(one, writer["id"]), "echo written-on-node-1 > ~/vfolders/shared/note.txt && echo ok"
+    )
+    assert code == 0 and out.strip() == "ok", out
+    code, out = _exec(_container(two, reader["id"]), "cat ~/vfolders/shared/note.txt")
+    assert code == 0 and out.strip() == "written-on-node-1", out
+    _stop(env, "w")
+    _stop(env, "r")
+
+
+def test_batch_session_on_node_2_ends_with_its_exit_code_and_logs(env, nodes, engines):
+    hub, alice = env["hub"], env["alice"]
+    one, _ = engines
+    register_node(hub.db_url, "swarm-1", {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, gpus=1)
+    register_node(hub.db_url, "swarm-2", {"swarm.node_id": nodes.node2_id, "address": nodes.addr2}, gpus=1)
+    _spawn(env, "a")  # node 1's GPU: the batch session goes to node 2
+    _wait_ready(env, "a")
+    assert _session(env, "a")["node"] == "swarm-1"
+    options = {**OPTIONS, "type": "batch", "command": "echo from-batch-on-node-2; exit 3"}
+    _spawn(env, "job", options)
+
+    def ended():
+        found = [s for s in hub.api("GET", "/sessions", alice).json() if s["name"] == "job"]
+        return found[0] if found and found[0]["status"] in ("TERMINATED", "ERROR") else None
+
+    done = wait_until(
+        "the batch session ended", ended, 180, interval=0.5, detail=lambda: hub.log_text()[-5000:]
+    )
+    assert done["node"] == "swarm-2" and done["status"] == "TERMINATED", done
+    assert done["exit_code"] == 3, done
+    assert done["devices"] == []
+    logs = hub.api("GET", f"/sessions/{done['id']}/logs", alice)
+    assert logs.status_code == 200 and "from-batch-on-node-2" in logs.text, logs.text[-3000:]
+    # The Hub has no server left, nor Swarm a service.
+    wait_until(
+        "the batch server gone",
+        lambda: (
+            "job" not in hub.hub_api("GET", "/users/alice").json()["servers"]
+            and not one.services.list(filters={"name": f"{SERVICE_PREFIX}-alice--job"})
+        ),
+        60,
+    )
+    env["servers"].discard("job")
+    _stop(env, "a")
+
+
+def test_a_node_without_swarm_labels_fails_the_spawn_clearly(env):
+    hub, alice, root = env["hub"], env["alice"], env["root"]
+    r = hub.api("POST", "/resource-groups", root, json={"name": "nolabels", "is_public": True})
+    assert r.status_code == 201, r.text
+    register_node(hub.db_url, "plain-node", {}, gpus=1, group="nolabels")
+    env["servers"].add("x")
+    r = hub.hub_api("POST", "/users/alice/servers/x", json={**OPTIONS, "resource_group": "nolabels"})
+
+    def ended():
+        found = [s for s in hub.api("GET", "/sessions", alice).json() if s["name"] == "x"]
+        return found[0] if found and found[0]["status"] in ("TERMINATED", "ERROR", "CANCELLED") else None
+
+    done = wait_until("the spawn on a node with no labels ended", ended, 60, detail=lambda: r.text)
+    assert done["status"] == "ERROR" and done["devices"] == [], done
+    assert "has no swarm.node_id label" in done["status_reason"], done
+    view = _nodes_view(env)["plain-node"]
+    assert view["allocated"]["gpu.shares"] == 0
+    wait_until("no server x", lambda: "x" not in hub.hub_api("GET", "/users/alice").json()["servers"], 30)
+    env["servers"].discard("x")
+
+
+@pytest.fixture(scope="module")
+def agents(env, nodes):
+    """One agent per Swarm node (node 2's inside its namespace), in their own resource group."""
+    why = agent_available()
+    if why:
+        pytest.fail(f"the node agent is needed for this test: {why}")
+    hub, root = env["hub"], env["root"]
+    r = hub.api(
+        "POST", "/resource-groups", root, json={"name": "swarm", "is_public": True, "placement": "pack"}
+    )
+    assert r.status_code == 201, r.text
+    started = []
+    try:
+        for name, addr, host, netns in (
+            ("agent-1", nodes.addr1, "unix:///var/run/docker.sock", None),
+            ("agent-2", nodes.addr2, f"unix://{nodes.sock2}", nodes.netns),
+        ):
+            token = node_token(hub, name)
+            started.append(
+                Agent(
+                    hub, name, token=token, address=addr, docker_host=host, group="swarm", gpus=1, netns=netns
+                )
+            )
+        for a in started:
+            wait_until(
+                f"{a.name} registered and ALIVE",
+                lambda a=a: _nodes_view(env).get(a.name, {}).get("status") == "ALIVE",
+                120,
+                detail=a.log_text,
+            )
+        yield {a.name: a for a in started}
+    finally:
+        for a in started:
+            a.stop()
+
+
+def test_agents_register_swarm_nodes_and_a_drained_node_gets_nothing(env, nodes, agents):
+    view = _nodes_view(env)
+    assert view["agent-1"]["labels"]["swarm.node_id"] == nodes.node1_id
+    assert view["agent-2"]["labels"]["swarm.node_id"] == nodes.node2_id
+    assert view["agent-2"]["labels"]["address"] == nodes.addr2
+    drain = subprocess.run(
+        ["labfleet", "node", "drain", "agent-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **{k: v for k, v in env["hub"].env.items() if k.startswith("LABFLEET_")}},
+    )
+    assert drain.returncode == 0, drain.stderr
+    assert _nodes_view(env)["agent-1"]["schedulable"] is False
+    _spawn(env, "d", {**OPTIONS, "resource_group": "swarm"})
+    _wait_ready(env, "d")
+    assert _session(env, "d")["node"] == "agent-2"
+    _stop(env, "d")
+
+
+def test_killing_node_2s_agent_makes_it_lost_and_frees_its_allocations(env, nodes, agents):
+    _spawn(env, "k", {**OPTIONS, "resource_group": "swarm"})
+    _wait_ready(env, "k")
+    s = _session(env, "k")
+    assert s["node"] == "agent-2", s
+    agents["agent-2"].kill()
+    wait_until(
+        "agent-2 LOST",
+        lambda: _nodes_view(env)["agent-2"]["status"] == "LOST",
+        180,
+        interval=1,
+        detail=lambda: env["hub"].log_text()[-4000:],
+    )
+    wait_until(
+        "agent-2's allocations freed",
+        lambda: _nodes_view(env)["agent-2"]["allocated"]["gpu.shares"] == 0,
+        60,
+        interval=1,
+    )
+    env["hub"].hub_api("DELETE", "/users/alice/servers/k")
+    env["servers"].discard("k")

@@ -1,0 +1,247 @@
+"""spawner.swarm_config: a LaunchSpec and the placed node's labels as a Swarm service (pure, no engine)."""
+
+from decimal import Decimal
+from types import SimpleNamespace
+
+import pytest
+
+from spawner.launch import Mount, build_launch
+from spawner.options import parse_options
+from spawner.swarm_config import ServiceMount, node_placement, service_config
+
+U0 = "GPU-11111111-2222-3333-4444-555555555555"
+U1 = "GPU-66666666-7777-8888-9999-000000000000"
+GIB = 2**30
+NODE_ID = "mj04adkh57559hq575bdruq1n"
+LABELS = {"swarm.node_id": NODE_ID, "address": "10.77.0.2"}
+
+
+def _spec(devices=(), slots=None, mounts=(), mps=False, **options):
+    session = {
+        "id": "s-1",
+        "name": "gpu",
+        "user": "alice",
+        "project": "acme/ml",
+        "resource_group": "default",
+        "node": "node-2",
+        "slots": {"cpu": "2", "mem": 4 * GIB} if slots is None else slots,
+        "devices": list(devices),
+    }
+    opts = parse_options({"project": "acme/ml", "image": "lab/py:1", **options})
+    return build_launch(session, opts, mounts=tuple(mounts), mps=mps, in_container=True)
+
+
+def _gpu(uuid, index, shares):
+    return {"uuid": uuid, "index": index, "model": "A100-80GB", "memory": 80 * GIB, "shares": shares}
+
+
+def test_pinned_to_the_placed_node_with_limits_and_reservations():
+    cfg = service_config(_spec(), LABELS, user="1000:1000")
+    assert cfg.node_id == NODE_ID
+    assert cfg.constraints == [f"node.id=={NODE_ID}"]
+    assert cfg.address == "10.77.0.2"
+    assert cfg.image == "lab/py:1"
+    assert cfg.networks == ["host"]
+    assert cfg.resources == {
+        "Limits": {"NanoCPUs": 2 * 10**9, "MemoryBytes": 4 * GIB, "Pids": 4096},
+        "Reservations": {"NanoCPUs": 2 * 10**9, "MemoryBytes": 4 * GIB},
+    }
+    assert cfg.restart_policy == {"condition": "none"}
+    # The Docker backend's hardening, as far as a service can express it.
+    assert cfg.container_spec["cap_drop"] == ["ALL"]
+    assert cfg.container_spec["init"] is True
+    assert cfg.container_spec["user"] == "1000:1000"
+    assert set(cfg.dropped) == {"security_opt", "memswap_limit"}
+    assert cfg.labels == {
+        "ai.labfleet.session-id": "s-1",
+        "ai.labfleet.user": "alice",
+        "ai.labfleet.project": "acme/ml",
+        "ai.labfleet.node": "node-2",
+    }
+    assert cfg.container_spec["labels"] == cfg.labels
+    # No device: CUDA sees none.
+    assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert cfg.env["LABFLEET_NODE"] == "node-2"
+
+
+def test_fractional_cpu_and_no_reservations():
+    cfg = service_config(_spec(slots={"cpu": "0.25", "mem": GIB}), LABELS, reserve=False)
+    assert cfg.resources == {"Limits": {"NanoCPUs": 250_000_000, "MemoryBytes": GIB, "Pids": 4096}}
+
+
+def test_no_limits_keeps_the_pids_limit():
+    cfg = service_config(_spec(slots={}), LABELS)
+    assert cfg.resources == {"Limits": {"Pids": 4096}}
+
+
+def test_whole_gpus_by_uuid_in_the_environment():
+    cfg = service_config(_spec(devices=[_gpu(U0, 0, 1), _gpu(U1, 3, 1)]), LABELS)
+    assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == f"{U0},{U1}"
+    assert cfg.env["CUDA_VISIBLE_DEVICES"] == "0,1"  # the runtime renumbers from 0
+    assert cfg.env["LABFLEET_GPU_UUIDS"] == f"{U0},{U1}"
+    assert "device_requests" not in cfg.dropped  # never asked for: Swarm cannot give devices
+
+
+def test_fraction_with_mps_mounts_the_pipe_directory():
+    cfg = service_config(_spec(devices=[_gpu(U0, 0, 0.25)], mps=True), LABELS, mps_pipe_dir="/tmp/nvidia-mps")
+    assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == U0
+    assert cfg.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert cfg.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={20 * 1024}M"
+    assert cfg.env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert ServiceMount("/tmp/nvidia-mps", "/tmp/nvidia-mps", False) in cfg.mounts
+    assert "ipc_mode" in cfg.dropped  # a service cannot share the host's IPC namespace
+
+
+def test_fraction_with_mps_needs_the_pipe_directory():
+    with pytest.raises(ValueError, match="MPS pipe directory"):
+        service_config(_spec(devices=[_gpu(U0, 0, 0.5)], mps=True), LABELS)
+
+
+def test_fraction_without_mps_caps_the_frameworks():
+    cfg = service_config(_spec(devices=[_gpu(U0, 0, Decimal("0.5"))]), LABELS)
+    assert cfg.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in cfg.env
+
+
+def test_vfolder_mounts_are_binds_of_the_same_paths():
+    mounts = [
+        Mount("/srv/vfolders/a", "/home/jovyan/vfolders/data", "ro"),
+        Mount("/srv/vfolders/b", "/home/jovyan/vfolders/out", "wd"),
+    ]
+    cfg = service_config(_spec(mounts=mounts), LABELS)
+    assert cfg.mounts == [
+        ServiceMount("/srv/vfolders/a", "/home/jovyan/vfolders/data", True),
+        ServiceMount("/srv/vfolders/b", "/home/jovyan/vfolders/out", False),
+    ]
+
+
+def test_same_checks_as_the_docker_backend():
+    twice = [Mount("/srv/a", "/home/jovyan/x", "ro"), Mount("/srv/a", "/home/jovyan/y", "ro")]
+    with pytest.raises(ValueError, match="mounted twice"):
+        service_config(_spec(mounts=twice), LABELS)
+    with pytest.raises(ValueError, match="under Docker's minimum"):
+        service_config(_spec(slots={"mem": 1024}), LABELS)
+
+
+def test_overlay_network_listens_in_the_container():
+    cfg = service_config(_spec(), LABELS, network_name="labfleet-sessions")
+    assert cfg.networks == ["labfleet-sessions"]
+    assert cfg.address == ""
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ({}, "no swarm.node_id label"),
+        ({"address": "10.77.0.2"}, "no swarm.node_id label"),
+        ({"swarm.node_id": "Not An Id!", "address": "10.77.0.2"}, "is not a Swarm node id"),
+        ({"swarm.node_id": NODE_ID}, "no address label"),
+        ({"swarm.node_id": NODE_ID, "address": "not an address!"}, "not an IP address or a host name"),
+        ({"swarm.node_id": 7, "address": "10.77.0.2"}, "no swarm.node_id label"),
+    ],
+)
+def test_node_labels_are_checked(labels, message):
+    with pytest.raises(ValueError, match=message):
+        service_config(_spec(), labels)
+
+
+def test_node_placement_accepts_host_names_and_ipv6():
+    assert node_placement({"swarm.node_id": NODE_ID, "address": "gpu-7.example.org"}) == (
+        NODE_ID,
+        "gpu-7.example.org",
+    )
+    assert node_placement({"swarm.node_id": NODE_ID, "address": "fd00::2"}) == (NODE_ID, "fd00::2")
+
+
+# ---------------------------------------------------------------- the wiring (no engine, no Hub)
+
+
+def test_configure_swarm_backend(tmp_path, monkeypatch):
+    from traitlets.config import Config
+
+    from hub_ext.hub.configure import configure
+
+    monkeypatch.setenv("LABFLEET_HUB_ADDRESS", "10.77.0.1")
+    monkeypatch.setenv("LABFLEET_SESSION_SERVICE_URL", "http://10.77.0.1:8000/services/labfleet/api")
+    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
+    c = Config()
+    configure(c, tmp_path, backend="swarm", service_port=12345)
+    assert c.JupyterHub.spawner_class == "spawner.swarm.LabfleetSwarmSpawner"
+    assert c.SwarmSpawner.network_name == "host"
+    assert c.JupyterHub.hub_ip == c.JupyterHub.hub_connect_ip == "10.77.0.1"
+    assert c.LabfleetSpawnerMixin.session_service_url == "http://10.77.0.1:8000/services/labfleet/api"
+    command = next(s for s in c.JupyterHub.services if s["name"] == "labfleet")["command"]
+    # Agents register the nodes; the service registers none of its own.
+    assert "--LabfleetService.register_local_node=False" in command
+    assert any(a.startswith("--LabfleetService.storage_hosts=") and '"owner_uid": 1000' in a for a in command)
+
+
+def test_configure_swarm_needs_the_service_url_for_remote_nodes(tmp_path, monkeypatch):
+    from traitlets.config import Config
+
+    from hub_ext.hub.configure import configure
+
+    monkeypatch.setenv("LABFLEET_HUB_ADDRESS", "10.77.0.1")
+    monkeypatch.delenv("LABFLEET_SESSION_SERVICE_URL", raising=False)
+    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
+    with pytest.raises(ValueError, match="LABFLEET_SESSION_SERVICE_URL"):
+        configure(Config(), tmp_path, backend="swarm", service_port=12345)
+
+
+class _Reply:
+    def __init__(self, code, data):
+        self.code, self.data, self.message = code, data, ""
+
+    @property
+    def ok(self):
+        return 200 <= self.code < 300
+
+
+async def test_spawner_reads_the_placed_nodes_labels_from_the_service():
+    from spawner.swarm import LabfleetSwarmSpawner
+
+    spawner = LabfleetSwarmSpawner(node_labels={"node-2": {"address": "10.0.0.9", "extra": "x"}})
+    calls = []
+
+    async def lf_call(method, path, body=None):
+        calls.append(path)
+        return _Reply(200, [{"name": "node-1", "labels": {}}, {"name": "node-2", "labels": LABELS}])
+
+    spawner.lf_call = lf_call
+    # The service's labels win over the configured ones; what only config says stays.
+    assert await spawner.lf_node_labels("node-2") == {**LABELS, "extra": "x"}
+    assert calls == ["/nodes?offset=0&limit=1000"]
+    # The session's own node_labels, when the service puts them there, need no lookup.
+    spawner.lf_session = {"node_labels": {"swarm.node_id": "abcdefghij12", "address": "10.0.0.3"}}
+    assert (await spawner.lf_node_labels("node-2"))["swarm.node_id"] == "abcdefghij12"
+    assert len(calls) == 1
+    spawner.lf_session = None
+
+    async def down(method, path, body=None):
+        return _Reply(0, None)
+
+    spawner.lf_call = down
+    with pytest.raises(RuntimeError, match="cannot read node node-3's labels"):
+        await spawner.lf_node_labels("node-3")
+
+
+async def test_spawner_pins_the_service_and_listens_on_the_nodes_address():
+    from spawner.swarm import LabfleetSwarmSpawner
+
+    spawner = LabfleetSwarmSpawner(node_labels={"node-2": LABELS})
+    spawner.user = SimpleNamespace(name="alice", url="/user/alice/")
+
+    async def lf_call(method, path, body=None):
+        return _Reply(200, [])
+
+    spawner.lf_call = lf_call
+    await spawner.lf_prepare(_spec())
+    assert spawner.ip == "10.77.0.2" and 1024 < spawner.port < 65536
+    assert spawner.lf_service.constraints == [f"node.id=={NODE_ID}"]
+    assert spawner.image == "lab/py:1"
+    assert await spawner.get_ip_and_port() == ("10.77.0.2", spawner.port)
+    spawner.node_labels = {"node-2": {"address": "10.77.0.2"}}
+    with pytest.raises(
+        RuntimeError, match="cannot run this session in Swarm: node 'node-2' has no swarm.node_id"
+    ):
+        await spawner.lf_prepare(_spec())
