@@ -194,7 +194,14 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
         if self.network_name == "host":
             # Every server shares the host's ports: each gets its own.
             self.port = random_port()
-        # spec.env reaches the container through get_env() (the mixin adds it last).
+        # The container's environment (spec.env and what running it needs, such as the MPS pipe
+        # directory) reaches it through get_env().
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        if self.lf_container is not None:
+            env.update(self.lf_container.environment)
+        return env
 
     def _lf_merged(self, configured: Any, ours: dict[str, Any]):
         """DockerSpawner evaluates callables at create time: merge ours over the configured value then."""

@@ -370,6 +370,13 @@ def test_policy_commands(cli):
     assert students["max_concurrent_sessions"] == 3 and students["idle_timeout"] == -1
     assert cli.sql("SELECT name FROM project_resource_policies") == []
     assert "cannot be deleted" in cli.fails("policy", "delete", "keypair", "default", code=1)
+    # Model serving's limits are a user policy's
+    cli("policy", "update", "user", "standard", "--max-endpoints", "2", "--max-replicas-per-endpoint", "4")
+    standard = _by(cli.json("policy", "list", "user"), "name")["standard"]
+    assert (standard["max_endpoints"], standard["max_replicas_per_endpoint"]) == (2, 4)
+    refused = cli.fails("policy", "create", "project", "p2", "--max-endpoints", "1")
+    assert "--max-endpoints: only for user policies, not project policies" in refused
+    assert cli.sql("SELECT name FROM project_resource_policies WHERE name = 'p2'") == []
 
 
 # ---------------------------------------------------------------- keypairs

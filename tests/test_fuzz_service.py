@@ -58,6 +58,11 @@ VALID_BUT_400 = {
         "/users",
     ): "projects and resource_policy name a project of the domain and a policy that must exist",
     ("PATCH", "/users/{username}"): "projects, domain and resource_policy name things that must exist",
+    ("POST", "/policies/{kind}"): "max_endpoints and max_replicas_per_endpoint are for user policies only",
+    (
+        "PATCH",
+        "/policies/{kind}/{name}",
+    ): "max_endpoints and max_replicas_per_endpoint are for user policies only",
     ("POST", "/sessions"): "the shares of every gpu.shares slot together, at most one GPU model, the image's "
     "minimum resources; and the Hub's own refusals (here: its limit of MAX_SERVERS named servers)",
     ("POST", "/images"): "with inspect, the Docker engine must have the image",

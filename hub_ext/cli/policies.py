@@ -83,6 +83,21 @@ FOLDER_OPTIONS = (
     ),
 )
 
+USER_OPTIONS = (
+    Option(
+        "--max-endpoints",
+        "(user) Model serving endpoints its user may have (0 = unlimited).",
+        metavar="N",
+        convert=whole_number,
+    ),
+    Option(
+        "--max-replicas-per-endpoint",
+        "(user) Replicas of one of its user's endpoints (0 = unlimited).",
+        metavar="N",
+        convert=whole_number,
+    ),
+)
+
 
 def _kind(value: str) -> str:
     from hub_ext.tenancy import policies
@@ -91,13 +106,18 @@ def _kind(value: str) -> str:
 
 
 def _body(cmd: Command, kind: str) -> dict[str, Any]:
-    wrong = FOLDER_OPTIONS if kind == "keypair" else KEYPAIR_OPTIONS
-    given = [o.flag for o in wrong if getattr(cmd.opts, o.key) is not None]
-    if given:
-        applies = "user and project" if kind == "keypair" else "keypair"
-        raise UsageError(f"{', '.join(given)}: only for {applies} policies, not {kind} policies")
+    for options, applies in (
+        (KEYPAIR_OPTIONS, ("keypair",)),
+        (FOLDER_OPTIONS, ("user", "project")),
+        (USER_OPTIONS, ("user",)),
+    ):
+        given = [o.flag for o in options if getattr(cmd.opts, o.key) is not None]
+        if given and kind not in applies:
+            raise UsageError(
+                f"{', '.join(given)}: only for {' and '.join(applies)} policies, not {kind} policies"
+            )
     body: dict[str, Any] = {}
-    for option in (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS):
+    for option in (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS, *USER_OPTIONS):
         key, value = option.key, getattr(cmd.opts, option.key)
         if value is None:
             continue
@@ -154,7 +174,7 @@ class PolicyCreate(Command):
         "labfleet policy create user standard --max-vfolder-count 10 --max-quota-scope-size 50g",
     )
     arguments = ("KIND", "NAME")
-    options = (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS)
+    options = (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS, *USER_OPTIONS)
 
     def run(self) -> None:
         from hub_ext.tenancy import policies
@@ -188,7 +208,7 @@ class PolicyUpdate(Command):
     description = "Change a resource policy."
     examples = ("labfleet policy update keypair students --max-concurrent-sessions 3",)
     arguments = ("KIND", "NAME")
-    options = (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS)
+    options = (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS, *USER_OPTIONS)
 
     def run(self) -> None:
         from hub_ext.tenancy import policies

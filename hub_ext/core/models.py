@@ -118,6 +118,10 @@ class ProjectResourcePolicy(_FolderPolicy, Base):
 class UserResourcePolicy(_FolderPolicy, Base):
     __tablename__ = "user_resource_policies"
 
+    # Model serving's limits (hub_ext.serving), 0 = unlimited (migration 0011).
+    max_endpoints: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_replicas_per_endpoint: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
 
 class KeypairResourcePolicy(Base):
     __tablename__ = "keypair_resource_policies"
@@ -834,3 +838,107 @@ class Announcement(Base):
     published_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     cleared_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
     cleared_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+# ---------------------------------------------------------------- model serving (hub_ext.serving)
+
+ENDPOINT_STATUSES = ("PENDING", "DEPLOYING", "READY", "DEGRADED", "DESTROYING", "DESTROYED")
+ROUTE_STATUSES = ("PROVISIONING", "RUNNING", "TERMINATING", "TERMINATED", "FAILED")
+
+
+class ServingEndpoint(Base):
+    """A model served by ``replicas`` inference sessions of its owner in ``project`` behind one URL,
+    ``/services/labfleet/serve/<name>/``. A name is unique among the endpoints not DESTROYED; a
+    destroyed endpoint stays as history."""
+
+    __tablename__ = "serving_endpoints"
+    __table_args__ = (Index("ix_serving_endpoints_name_status", "name", "status"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # a UUID
+    name: Mapped[str] = mapped_column(String(64))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"), index=True)
+    vfolder_id: Mapped[str | None] = mapped_column(
+        ForeignKey("vfolders.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    folder_name: Mapped[str] = mapped_column(String(64))  # where it mounts: ~/vfolders/<folder_name>
+    image: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    resource_group: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    definition: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the parsed model definition
+    replicas: Mapped[int] = mapped_column(Integer, default=1)
+    open_to_public: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="PENDING")
+    status_reason: Mapped[str] = mapped_column(Text, default="")
+    # Replicas that failed in a row (a healthy one resets it): the next start waits 2**n seconds, at most 60.
+    failure_streak: Mapped[int] = mapped_column(Integer, default=0)
+    next_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    errors: Mapped[int] = mapped_column(BigInteger, default=0)
+    latency_ms_total: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    destroyed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    user: Mapped[User] = relationship()
+    project: Mapped[Project] = relationship()
+    domain: Mapped[Domain] = relationship()
+    routes: Mapped[list[ServingRoute]] = relationship(
+        back_populates="endpoint", cascade="all, delete-orphan", order_by="ServingRoute.id"
+    )
+    tokens: Mapped[list[ServingToken]] = relationship(
+        back_populates="endpoint", cascade="all, delete-orphan", order_by="ServingToken.id"
+    )
+
+
+class ServingRoute(Base):
+    """One replica of an endpoint: the owner's Hub server ``server`` (an inference session) listening
+    on ``host:port``. ``health``: NOT_CHECKED | HEALTHY | UNHEALTHY; ``traffic``: ACTIVE | INACTIVE."""
+
+    __tablename__ = "serving_routes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(
+        ForeignKey("serving_endpoints.id", ondelete="CASCADE"), index=True
+    )
+    server: Mapped[str] = mapped_column(String(255))
+    session_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    host: Mapped[str] = mapped_column(String(255), default="127.0.0.1")
+    port: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="PROVISIONING")
+    health: Mapped[str] = mapped_column(String(_ENUM_LEN), default="NOT_CHECKED")
+    traffic: Mapped[str] = mapped_column(String(_ENUM_LEN), default="INACTIVE")
+    failures: Mapped[int] = mapped_column(Integer, default=0)  # health checks failed in a row
+    last_error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    endpoint: Mapped[ServingEndpoint] = relationship(back_populates="routes")
+
+
+class ServingToken(Base):
+    """A token that calls an endpoint (``Authorization: Bearer``): shown once, stored hashed
+    (:mod:`hub_ext.core.passwords`); it reads ``lfsrv_<id>_<secret>``."""
+
+    __tablename__ = "serving_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(
+        ForeignKey("serving_endpoints.id", ondelete="CASCADE"), index=True
+    )
+    token_hash: Mapped[str] = mapped_column(String(255))
+    note: Mapped[str] = mapped_column(Text, default="")
+    rate_limit: Mapped[int] = mapped_column(Integer, default=600)  # requests per minute; 0 = unlimited
+    created_by: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_used: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    latency_ms_total: Mapped[float] = mapped_column(Float, default=0.0)
+
+    endpoint: Mapped[ServingEndpoint] = relationship(back_populates="tokens")

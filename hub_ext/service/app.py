@@ -45,6 +45,7 @@ from hub_ext.service import jobs
 from hub_ext.service.base import NotFoundHandler, PathOnlyLogs
 from hub_ext.service.handlers import routes
 from hub_ext.service.hubsync import HubSync
+from hub_ext.serving.engine import ServingEngine
 from hub_ext.storage import hosts
 from hub_ext.storage.hosts import RIGHTS
 from hub_ext.storage.usage import FolderUsage
@@ -704,6 +705,7 @@ class LabfleetService(Application):
             # At start (after a restart of the Hub or of this service), then on a clock.
             self.jobs.add("reconcile", max(self.reconcile_interval, 0), self.reconcile_with_hub, first_in=0)
         self.jobs.add("schedule", self.schedule_interval, self.serve_queues)
+        self.serving = ServingEngine.attach(self)  # model serving: replicas, health, the router's table
         self.jobs.add("nodes", self.agent_heartbeat, self.watch_nodes)
         if self.idle_check_interval > 0 and self.hub_sync.enabled:
             self.jobs.add("idle", self.idle_check_interval, self.reclaim_idle)

@@ -336,14 +336,15 @@ class APIHandler(BaseHandler):
     def query_arg(self, name: str) -> str | None:
         """A query argument, None when absent; InvalidInput (400) when it is not acceptable."""
         try:
-            value = self.get_query_argument(name, None)
+            # Checked as sent (tornado strips whitespace by default: 300 carriage returns are not short)
+            value = self.get_query_argument(name, None, strip=False)
         except web.HTTPError:  # not UTF-8
             raise InvalidInput(f"query argument {name} is not valid UTF-8") from None
         if value is not None and len(value) > 255:
             raise InvalidInput(f"query argument {name} is too long (at most 255 characters)")
         if value is not None and "\x00" in value:
             raise InvalidInput(f"query argument {name} must not contain NUL characters")
-        return value
+        return None if value is None else value.strip()
 
 
 def needs_hub(actor: Actor) -> None:

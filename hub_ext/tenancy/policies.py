@@ -46,7 +46,13 @@ _FOLDER_FIELDS = {
     "max_quota_scope_size": lambda v: check_int(v, "max_quota_scope_size", maximum=MAX_BYTES),
     "max_vfolder_size": lambda v: check_int(v, "max_vfolder_size", maximum=MAX_BYTES),
 }
-FIELDS = {"keypair": _KEYPAIR_FIELDS, "user": _FOLDER_FIELDS, "project": _FOLDER_FIELDS}
+# A user policy also limits model serving (hub_ext.serving): endpoints, and replicas of one endpoint.
+_USER_FIELDS = {
+    **_FOLDER_FIELDS,
+    "max_endpoints": lambda v: check_int(v, "max_endpoints", maximum=100_000),
+    "max_replicas_per_endpoint": lambda v: check_int(v, "max_replicas_per_endpoint", maximum=100_000),
+}
+FIELDS = {"keypair": _KEYPAIR_FIELDS, "user": _USER_FIELDS, "project": _FOLDER_FIELDS}
 
 
 def _kind(kind: str) -> type:
@@ -135,12 +141,16 @@ def policy_view(kind: str, obj) -> dict[str, Any]:
             "idle_timeout": obj.idle_timeout,
             "allowed_storage_hosts": obj.allowed_storage_hosts or [],
         }
-    return {
+    view = {
         "name": obj.name,
         "max_vfolder_count": obj.max_vfolder_count,
         "max_quota_scope_size": obj.max_quota_scope_size,
         "max_vfolder_size": obj.max_vfolder_size,
     }
+    if kind == "user":
+        view["max_endpoints"] = obj.max_endpoints
+        view["max_replicas_per_endpoint"] = obj.max_replicas_per_endpoint
+    return view
 
 
 def parse_kind(kind: str) -> str:

@@ -315,3 +315,18 @@ async def test_backend_refuses_a_spec_docker_cannot_express():
     s = _docker_spawner()
     with pytest.raises(RuntimeError, match="cannot run this session in Docker: .*no image"):
         await s.lf_prepare(replace(_spec(), image=None))
+
+
+async def test_backend_hands_the_containers_environment_to_the_session():
+    from types import SimpleNamespace
+
+    s = _docker_spawner(network_name="host", mps_pipe_dir="/run/nvidia-mps")
+    s.api_token = "t"
+    s.hub = SimpleNamespace(
+        public_host="", url="/hub/", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"
+    )
+    await s.lf_prepare(_spec(devices=[_gpu(U1, 1, 0.5)], mps=True, gpu=0.5))
+    env = s.get_env()
+    # The MPS pipe directory the container config adds, beside the spec's own variables
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and env["LABFLEET_GPU_SHARES"] == "0.5"

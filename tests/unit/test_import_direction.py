@@ -1,6 +1,6 @@
 """Imports inside hub_ext run one way (../shared/DESIGN.md, "The house").
 
-    core  <-  tenancy  <-  storage  <-  compute  <-  usage  <-  reclaim  <-  service, agent  <-  cli
+    core  <-  tenancy  <-  storage  <-  compute  <-  usage  <-  reclaim  <-  serving  <-  service, agent  <-  cli
 
 A context imports only from contexts below it (and from itself); ``hub/`` (the Hub process)
 imports only the pure parts of ``core``, never SQLAlchemy or the DB layer. Read from the source
@@ -24,9 +24,10 @@ RANKS = {
     "compute": 3,
     "usage": 4,
     "reclaim": 5,
-    "service": 6,
-    "agent": 6,  # the node agent: a process of its own, on top like the service
-    "cli": 7,  # the `labfleet` command, which starts the agent too (`labfleet agent`)
+    "serving": 6,  # model serving: endpoints of inference sessions (compute) behind one URL
+    "service": 7,
+    "agent": 7,  # the node agent: a process of its own, on top like the service
+    "cli": 8,  # the `labfleet` command, which starts the agent too (`labfleet agent`)
 }
 # What the Hub process may import of hub_ext: modules that touch neither SQLAlchemy nor the DB.
 HUB_MAY_IMPORT = {

@@ -20,6 +20,7 @@ from hub_ext.service.handlers import (
     maintenance,
     metrics,
     reclaim,
+    serving,
     storage,
     tenancy,
     usage,
@@ -101,4 +102,5 @@ def routes(prefix: str) -> list[tuple]:
         *usage.routes(api),
         *reclaim.routes(api),
         *console.routes(api),
+        *serving.routes(prefix),
     ]

@@ -1,0 +1,93 @@
+"""REST handlers for model serving: endpoints and their tokens (hub_ext.serving), and the router's route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hub_ext.core.errors import InvalidInput
+from hub_ext.service.base import APIHandler, request_json, required_body
+from hub_ext.serving import endpoints
+from hub_ext.serving.router import ServeHandler
+
+
+class _ServingHandler(APIHandler):
+    def view(self, e: Any) -> dict[str, Any]:
+        return endpoints.view(e, prefix=self.lf.prefix)
+
+    async def changed(self) -> None:
+        """After a committed change: the engine acts at once, and the router sees it."""
+        engine = getattr(self.lf, "serving", None)
+        if engine is not None:
+            engine.poke()
+            engine.rebuild()
+
+
+class EndpointListHandler(_ServingHandler):
+    async def get(self):
+        raw = self.query_arg("destroyed")
+        if raw not in (None, "true", "false"):
+            raise InvalidInput("destroyed must be true or false")
+        await self.run(
+            lambda db, a: (
+                [self.view(e) for e in endpoints.list_endpoints(db, a, include_destroyed=raw == "true")],
+                None,
+            )
+        )
+
+    async def post(self):
+        body = request_json(self)
+        view = endpoints.create(self.lf.session_factory, self.actor, body)
+        view["url"] = f"{self.lf.prefix}serve/{view['name']}/"
+        await self.changed()
+        self.write_json(view, 201)
+
+
+class EndpointHandler(_ServingHandler):
+    async def get(self, name):
+        await self.run(lambda db, a: (self.view(endpoints.readable(db, a, name)), None))
+
+    async def patch(self, name):
+        await self.run(
+            lambda db, a: (self.view(endpoints.update(db, a, name, required_body(self))), None),
+            after_commit=self.changed,
+        )
+
+    async def delete(self, name):
+        await self.run(
+            lambda db, a: (self.view(endpoints.destroy(db, a, name)), None), after_commit=self.changed
+        )
+
+
+class TokenListHandler(_ServingHandler):
+    async def get(self, name):
+        await self.run(
+            lambda db, a: ([endpoints.token_view(t) for t in endpoints.list_tokens(db, a, name)], None)
+        )
+
+    async def post(self, name):
+        def op(db, a):
+            token, plain = endpoints.create_token(db, a, name, request_json(self))
+            return {**endpoints.token_view(token), "token": plain}, None
+
+        await self.run(op, status=201, after_commit=self.changed)
+
+
+class TokenHandler(_ServingHandler):
+    async def delete(self, name, token_id):
+        await self.run(
+            lambda db, a: (endpoints.token_view(endpoints.revoke_token(db, a, name, token_id)), None),
+            after_commit=self.changed,
+        )
+
+
+def routes(prefix: str) -> list[tuple]:
+    """The endpoints' API under ``prefix + "api"``, and their one URL each under ``prefix + "serve"``."""
+    api = prefix + "api"
+    name = r"([^/]+)"
+    return [
+        (api + r"/endpoints", EndpointListHandler),
+        (api + rf"/endpoints/{name}", EndpointHandler),
+        (api + rf"/endpoints/{name}/tokens", TokenListHandler),
+        (api + rf"/endpoints/{name}/tokens/{name}", TokenHandler),
+        (prefix + rf"serve/{name}/(.*)", ServeHandler),
+    ]
