@@ -20,15 +20,33 @@ Method:
   user each time, so the service's token cache misses until the pool wraps around; reuses are
   counted), and ``warm``, where each client is one user with one token.
 
+Two kinds of load (``--rate``):
+
+- ``closed`` (the default): each client sends its next request as soon as the last one is
+  answered, with no think time.  This measures the most the service answers; at that point the
+  latency is the time spent queueing (about clients / throughput), not the cost of a request.
+- paced (open loop), ``--rate R``: R requests per second in all, spread evenly over the clients
+  (each client sends one every ``clients / R`` seconds, the clients staggered), whatever the
+  answers do.  The latency is counted from the moment the request was due, so a request sent
+  late because its client was still waiting for the previous answer counts the wait too (no
+  coordinated omission); ``late`` counts requests sent more than 10 ms after they were due (the
+  offered load is then more than the system answers).  Below saturation this shows the latency
+  a user sees at a stated load.  ``--rate closed,100,300`` runs each kind in turn, each for
+  ``--seconds``, on the same Hub.
+
 Reported per endpoint: requests answered per second, p50 and p99 latency, and errors (any status
-other than 200, or a failed connection).  The client is aiohttp with one connection pool and no
-response parsing beyond reading the body.
+other than 200, or a failed connection).  And from the Hub's log (the Hub's and the service's
+request lines, each with the time the server spent on it): how often the Hub asked labfleet for a
+user's groups and roles (``refresh_user``, every ``auth_refresh_age`` per user) and how many token
+look-ups the Hub answered, with their server-side times.  The client is aiohttp with one
+connection pool and no response parsing beyond reading the body.
 
 Usage::
 
     python benchmarks/api_load.py                       # both runs, tables
     python benchmarks/api_load.py --seconds 20 --json   # one JSON object
     python benchmarks/api_load.py --mode warm --clients 20 --users 200
+    python benchmarks/api_load.py --rate closed,100,200 --seconds 30   # closed loop, then paced
 """
 
 from __future__ import annotations
@@ -38,6 +56,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -187,6 +206,15 @@ async def make_tokens(base: str, admin: str, names: list[str], per_user: int) ->
 # ---------------------------------------------------------------- the load
 
 
+def token_pools(tokens: dict[str, list[str]], seed_: int) -> tuple[Pool, Pool]:
+    """cold: labfleet's three endpoints share one pool, so the service sees no token twice before
+    the pool wraps around; the Hub's endpoint has a pool of its own (the same tokens, rotated)."""
+    flat = [t for n in tokens for t in tokens[n]]
+    random.Random(seed_).shuffle(flat)
+    half = len(flat) // 2
+    return Pool(flat), Pool(flat[half:] + flat[:half])
+
+
 class Pool:
     """Tokens handed out in turn (cold: every request the next one; reuses counted on wrap-around)."""
 
@@ -212,33 +240,49 @@ async def load(
     max_requests: int,
     seed_: int,
     endpoints: Sequence[str] = tuple(ENDPOINTS),
+    rate: float | None = None,
+    pools: tuple[Pool, Pool] | None = None,
 ) -> dict[str, Any]:
+    """One run: closed loop (``rate`` None) or paced at ``rate`` requests/s over all clients.
+    ``pools``: the cold runs' token pools (labfleet's, the Hub's), shared by the runs of one Hub so
+    that a later cold run goes on with tokens no earlier run has used."""
     names = list(tokens)
-    rnd = random.Random(seed_)
-    flat = [t for n in names for t in tokens[n]]
-    rnd.shuffle(flat)
-    # cold: labfleet's three endpoints share one pool, so the service sees no token twice before the
-    # pool wraps around; the Hub's endpoint has a pool of its own (the same tokens, rotated).
-    lf_pool = Pool(flat)
-    half = len(flat) // 2
-    hub_pool = Pool(flat[half:] + flat[:half])
+    lf_pool, hub_pool = pools or token_pools(tokens, seed_)
+    reused_before = lf_pool.reused
     lat: dict[str, list[float]] = {ep: [] for ep in ENDPOINTS}
     errors: dict[str, int] = {ep: 0 for ep in ENDPOINTS}
+    late: dict[str, int] = {ep: 0 for ep in ENDPOINTS}
     error_kinds: dict[str, int] = {}
     sent = 0
-    deadline = time.perf_counter() + seconds
+    t_begin = time.perf_counter()
+    deadline = t_begin + seconds
+    # Paced: client c sends at t_begin + c / rate, then every clients / rate seconds.
+    interval = clients / rate if rate else 0.0
 
     async def client(c: int, session: aiohttp.ClientSession) -> None:
         nonlocal sent
         ep = endpoints[c % len(endpoints)]
         own = tokens[names[c % len(names)]][0]  # warm: this client is one user
-        while time.perf_counter() < deadline and sent < max_requests:
+        due = t_begin + (c / rate if rate else 0.0)
+        while sent < max_requests:
+            now = time.perf_counter()
+            if rate:
+                if due >= deadline:
+                    break
+                if due > now:
+                    await asyncio.sleep(due - now)
+                elif now - due > 0.010:
+                    late[ep] += 1
+            elif now >= deadline:
+                break
             sent += 1
             if mode == "warm":
                 token = own
             else:
                 token = (hub_pool if ep.startswith("hub") else lf_pool).next()
-            t0 = time.perf_counter()
+            # Paced: counted from when it was due (a late send's wait is part of its latency).
+            t0 = due if rate else time.perf_counter()
+            due += interval
             try:
                 async with session.get(
                     base + ENDPOINTS[ep], headers={"Authorization": f"token {token}"}
@@ -257,10 +301,9 @@ async def load(
 
     timeout = aiohttp.ClientTimeout(total=60)
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
-    t_start = time.perf_counter()
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         await asyncio.gather(*(client(c, session) for c in range(clients)))
-    elapsed = time.perf_counter() - t_start
+    elapsed = time.perf_counter() - t_begin
     rows = {}
     for ep in endpoints:
         xs = sorted(lat[ep])
@@ -271,16 +314,57 @@ async def load(
             "p50_ms": round(_pct(xs, 0.5), 1),
             "p99_ms": round(_pct(xs, 0.99), 1),
             "max_ms": round(xs[-1], 1) if xs else 0.0,
+            "late": late[ep],
         }
     return {
         "mode": mode,
+        "load": "closed" if not rate else "paced",
+        # paced: what was offered, in requests/s over all endpoints (each endpoint its clients' share)
+        "rate": rate,
         "clients": clients,
         "elapsed_s": round(elapsed, 2),
         "requests": sent,
-        "token_reuses": lf_pool.reused if mode == "cold" else None,
+        "token_reuses": lf_pool.reused - reused_before if mode == "cold" else None,
         "endpoints": rows,
         "error_kinds": error_kinds,
     }
+
+
+# A request line of the Hub's log (tornado's, the Hub's and the service's own format alike):
+# "... 200 GET /services/labfleet/api/auth/users/u00001 3.1ms" or "... 200 GET /hub/api/user (u@ip) 9.87ms".
+_LOG_LINE = re.compile(
+    r"\] (\d{3}) (GET|POST|PUT|PATCH|DELETE) (\S+?)(?:\?\S*)?(?: \([^)]*\))? ([\d.]+)ms\s*$"
+)
+SERVER_SIDE = {
+    # the Hub asks labfleet for a user's groups and roles (Authenticator.refresh_user)
+    "labfleet /api/auth/users/* (the Hub's refresh)": "/api/auth/users/",
+    # the Hub answering a token: the benchmark's Hub endpoint and the service's token look-ups alike
+    "hub /hub/api/user (all callers)": "/hub/api/user",
+}
+
+
+def server_side(log: str) -> dict[str, dict[str, float]]:
+    """From the Hub's log lines of one run: how many requests of each kind the servers answered
+    and how long each took inside the server (no proxy, no queue before it was read)."""
+    times: dict[str, list[float]] = {k: [] for k in SERVER_SIDE}
+    for line in log.splitlines():
+        m = _LOG_LINE.search(line)
+        if not m:
+            continue
+        path = m.group(3)
+        for k, needle in SERVER_SIDE.items():
+            if needle in path and (needle != "/hub/api/user" or path.endswith(needle)):
+                times[k].append(float(m.group(4)))
+    out = {}
+    for k, xs in times.items():
+        xs.sort()
+        out[k] = {
+            "count": len(xs),
+            "p50_ms": round(_pct(xs, 0.5), 1),
+            "p99_ms": round(_pct(xs, 0.99), 1),
+            "total_s": round(sum(xs) / 1000, 2),
+        }
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -291,20 +375,29 @@ def _pct(xs: list[float], q: float) -> float:
 
 def print_table(run: dict[str, Any]) -> None:
     reuse = f"   token reuses: {run['token_reuses']}" if run["token_reuses"] is not None else ""
+    load = "closed loop" if not run.get("rate") else f"paced at {run['rate']:g} req/s offered"
     print(
-        f"run: {run['mode']}   clients: {run['clients']}   elapsed: {run['elapsed_s']:.1f} s   "
+        f"run: {run['mode']}, {load}   clients: {run['clients']}   elapsed: {run['elapsed_s']:.1f} s   "
         f"requests: {run['requests']}{reuse}"
     )
-    head = f"{'endpoint':<24} {'ok':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}"
+    head = (
+        f"{'endpoint':<24} {'ok':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}"
+        f" {'late':>6}"
+    )
     print(head)
     print("-" * len(head))
     for ep, r in run["endpoints"].items():
         print(
             f"{ep:<24} {r['ok']:>7} {r['req_per_s']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-            f"{r['max_ms']:>8.1f} {r['errors']:>7}"
+            f"{r['max_ms']:>8.1f} {r['errors']:>7} {r.get('late', 0):>6}"
         )
     for k, v in run["error_kinds"].items():
         print(f"  error {k}: {v}")
+    for k, v in run.get("server_side", {}).items():
+        print(
+            f"  server side, {k}: {v['count']} requests, p50 {v['p50_ms']} ms, p99 {v['p99_ms']} ms,"
+            f" {v['total_s']} s in all"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -316,7 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="duration of each run (1..600)")
     ap.add_argument("--max-requests", type=int, default=200_000, help="requests per run at most")
     ap.add_argument(
-        "--tokens-per-user", type=int, default=5, help="Hub tokens per user for the cold run (1..10)"
+        "--tokens-per-user",
+        type=int,
+        default=5,
+        help="Hub tokens per user for the cold runs (1..20; the cold runs of one invocation share them)",
     )
     ap.add_argument("--mode", choices=("both", "cold", "warm"), default="both")
     ap.add_argument(
@@ -324,9 +420,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="me,sessions,vfolders,hub",
         help="which of me, sessions, vfolders, hub (the Hub's /hub/api/user) the clients call",
     )
+    ap.add_argument(
+        "--rate",
+        default="closed",
+        help="comma-separated loads to run in turn: 'closed' (closed loop, no think time) or a paced "
+        "rate in requests/s over all clients (open loop, e.g. 100), e.g. closed,100,200",
+    )
+    ap.add_argument(
+        "--auth-refresh-age",
+        type=int,
+        default=None,
+        help="the Hub's Authenticator.auth_refresh_age in seconds (default: labfleet's, 60; 0: the Hub "
+        "never asks labfleet again for a user's groups and roles): to see what that refresh costs",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    if args.auth_refresh_age is not None and not 0 <= args.auth_refresh_age <= 86400:
+        ap.error("--auth-refresh-age must be 0..86400")
+    rates: list[float | None] = []
+    for part in (p.strip() for p in args.rate.split(",")):
+        if part == "closed":
+            rates.append(None)
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            value = 0.0
+        if not 0.1 <= value <= 10_000:
+            ap.error(f"--rate: {part!r} is neither 'closed' nor a rate in 0.1..10000 requests/s")
+        rates.append(value)
     if not 10 <= args.users <= 5000:
         ap.error("--users must be 10..5000")
     if not 1 <= args.domains <= 100 or args.domains > args.users:
@@ -339,8 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--seconds must be 1..600")
     if not 1 <= args.max_requests <= 1_000_000:
         ap.error("--max-requests must be 1..1000000")
-    if not 1 <= args.tokens_per_user <= 10:
-        ap.error("--tokens-per-user must be 1..10")
+    if not 1 <= args.tokens_per_user <= 20:
+        ap.error("--tokens-per-user must be 1..20")
     short = {ep.rsplit("/", 1)[1] if ep.startswith("labfleet") else "hub": ep for ep in ENDPOINTS}
     picked = [short.get(e.strip(), e.strip()) for e in args.endpoints.split(",") if e.strip()]
     if not picked or any(e not in ENDPOINTS for e in picked):
@@ -355,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "clients": args.clients,
         "seconds": args.seconds,
         "endpoints": picked,
+        "auth_refresh_age": args.auth_refresh_age,
     }
     with tempfile.TemporaryDirectory(prefix="lf-apiload-") as tmp:
         state = Path(tmp)
@@ -367,7 +491,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = build_db(url, args.users, args.domains, args.sessions, args.seed)
         out["setup_db_s"] = round(time.monotonic() - t0, 1)
         say("starting the Hub ...")
-        hub = start_hub(state, db_url=url, do_seed=False, extra_config="c.JupyterHub.log_level = 'INFO'\n")
+        extra = "c.JupyterHub.log_level = 'INFO'\n"
+        if args.auth_refresh_age is not None:
+            extra += f"c.Authenticator.auth_refresh_age = {args.auth_refresh_age}\n"
+        hub = start_hub(state, db_url=url, do_seed=False, extra_config=extra)
         try:
             out["hub_sync_s"] = round(wait_hub_users(hub, names, timeout=600), 1)
             say(
@@ -378,23 +505,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             out["tokens_s"] = round(time.monotonic() - t0, 1)
             say(f"{sum(map(len, tokens.values()))} tokens in {out['tokens_s']} s")
             out["runs"] = []
-            for mode in ("cold", "warm") if args.mode == "both" else (args.mode,):
-                say(f"{mode} run: {args.clients} clients for {args.seconds:.0f} s ...")
-                run = asyncio.run(
-                    load(
-                        hub.url,
-                        mode,
-                        tokens,
-                        args.clients,
-                        args.seconds,
-                        args.max_requests,
-                        args.seed,
-                        picked,
+            pools = token_pools(tokens, args.seed)
+            for rate in rates:
+                for mode in ("cold", "warm") if args.mode == "both" else (args.mode,):
+                    kind = "closed loop" if rate is None else f"paced at {rate:g} req/s"
+                    say(f"{mode} run, {kind}: {args.clients} clients for {args.seconds:.0f} s ...")
+                    mark = len(hub.log_text())
+                    run = asyncio.run(
+                        load(
+                            hub.url,
+                            mode,
+                            tokens,
+                            args.clients,
+                            args.seconds,
+                            args.max_requests,
+                            args.seed,
+                            picked,
+                            rate,
+                            pools,
+                        )
                     )
-                )
-                out["runs"].append(run)
-                if not args.json:
-                    print_table(run)
+                    run["server_side"] = server_side(hub.log_text()[mark:])
+                    out["runs"].append(run)
+                    if not args.json:
+                        print_table(run)
         finally:
             hub.stop()
     if args.json:

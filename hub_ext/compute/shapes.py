@@ -39,8 +39,9 @@ class Shape:
     admitted: Mapping[str, int]  # the ledger change of admitting it
     queued: Mapping[str, int]  # the same, waiting in the queue
     # fgd's target workload when none is given: this request alone (what place() builds when
-    # given none), one object per shape, so that a cluster reuses its evaluator and the
-    # fragmentation it computed while requests of the same shape follow one another.
+    # given none). A cluster keeps an evaluator per workload content (Workload.key()) and each
+    # group's score per request, so requests of this shape find theirs whatever came between;
+    # one object per shape builds that key once.
     workload: Workload
 
 

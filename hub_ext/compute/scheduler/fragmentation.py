@@ -81,6 +81,8 @@ class Workload:
     def __init__(self, counts: Mapping[Shape, int] | None = None) -> None:
         self._counts: dict[Shape, int] = {}
         self.version = 0
+        self._key: frozenset[tuple[Shape, int]] | None = None
+        self._key_version = -1
         for shape, weight in (counts or {}).items():
             self.add_shape(shape, weight)
 
@@ -105,6 +107,15 @@ class Workload:
     def counts(self) -> dict[Shape, int]:
         """Shape -> weight, a copy."""
         return dict(self._counts)
+
+    def key(self) -> frozenset[tuple[Shape, int]]:
+        """What the workload is now, as an immutable value: equal for equal counts, whichever
+        object holds them.  Caches of what depends only on the workload (a cluster's evaluators)
+        are keyed by it.  Built once per :attr:`version`; a frozenset keeps its hash."""
+        if self._key is None or self._key_version != self.version:
+            self._key = frozenset(self._counts.items())
+            self._key_version = self.version
+        return self._key
 
     def top(self, coverage: float) -> Workload:
         """The most frequent shapes that together make up ``coverage`` (0..1] of the weight.

@@ -33,16 +33,27 @@ index.
 
 Speed: nodes in the same free state (free CPU, memory and the multiset of device states) form
 one group that is scored once, and per-state results are memoised, so a decision over a
-thousand nodes takes well under a millisecond.  A :class:`Cluster` is not thread-safe: use one
-per thread, or a lock.
+thousand nodes takes well under a millisecond.  For ``fgd`` a cluster keeps one fragmentation
+evaluator per workload (keyed by the workload's content, :meth:`Workload.key`, so that requests
+of different shapes that alternate each find theirs), and each group keeps its score per query
+(evaluator and request): a group's state never changes (a node whose state changes moves to
+another group), so its score stays true for as long as the group lives.  Each query also keeps
+a heap of (score, smallest node name) over the groups; a decision pushes only the groups born
+or whose smallest name changed since the query was last asked (the cluster logs both), and pops
+entries that no longer hold (a dead group, an old name) off the top.  A query that was last
+asked longer ago than that is worth is ranked again from every group.  These memos change no
+decision: a cluster used for a long time picks exactly what a fresh one picks.  A
+:class:`Cluster` is not thread-safe: use one per thread, or a lock.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from hub_ext.compute.scheduler.fragmentation import (
@@ -59,6 +70,13 @@ POLICIES: tuple[str, ...] = ("whole-gpu", "spread", "pack", "fgd")
 
 # Memo entries kept before a cache is dropped and rebuilt; a long-lived Cluster stays bounded.
 _CACHE_LIMIT = 1_000_000
+# fgd: evaluators kept (the least recently used dropped first), and distinct queries (evaluator,
+# GPU part, CPU, memory) whose per-group scores are kept before they are all dropped.
+_EVALUATOR_LIMIT = 256
+_QUERY_LIMIT = 512
+# How often (in fgd decisions) the evaluators' memos are added up against _CACHE_LIMIT.
+_MEMO_CHECK_EVERY = 1024
+_MISS: Any = object()
 
 _ONE = Decimal(1)
 _ZERO = Decimal(0)
@@ -320,7 +338,7 @@ class _NodeState:
 class _Group:
     """Nodes in the same free state: they score the same, so each state is scored once."""
 
-    __slots__ = ("cpu_free", "mem_free", "did", "dset", "total", "names", "_min", "fb", "fev")
+    __slots__ = ("cpu_free", "mem_free", "did", "dset", "total", "names", "_min", "memo", "serial", "alive")
 
     def __init__(self, cpu_free: int, mem_free: int, did: int, dset: tuple[int, ...]) -> None:
         self.cpu_free = cpu_free
@@ -330,8 +348,11 @@ class _Group:
         self.total = sum(c & FREE_MASK for c in dset)  # free hundredths over all devices
         self.names: set[str] = set()
         self._min: str | None = None
-        self.fb = 0  # fragmentation before placement, valid for evaluator ``fev``
-        self.fev: FragEvaluator | None = None
+        # fgd: query id -> (least growth of fragmentation, the device codes that reach it), or
+        # None where the query's request does not fit.  True for ever: the state is fixed.
+        self.memo: dict[int, tuple[int, tuple[Any, ...]] | None] = {}
+        self.serial = 0  # order of birth in its cluster; never reused
+        self.alive = True  # False once its last node has left (the same state again is a new group)
 
     @property
     def min_name(self) -> str:
@@ -348,6 +369,23 @@ class _Group:
         self.names.discard(name)
         if name == self._min:
             self._min = None
+
+
+class _Query:
+    """fgd, one (evaluator, request): a heap of (growth of fragmentation, smallest node name,
+    group serial), and how far it has read the cluster's births and its log of groups whose names
+    changed.  An entry holds while its group lives and its smallest name is the one in the entry;
+    the others are popped when they reach the top.  Entries hold no object (the group is found
+    by its serial, its device codes in its memo), so the garbage collector need not walk them."""
+
+    __slots__ = ("qid", "heap", "births", "log", "built")
+
+    def __init__(self, qid: int) -> None:
+        self.qid = qid  # the key of this query in the groups' memos
+        self.heap: list[tuple[int, str, int]] = []
+        self.births = 0
+        self.log = 0
+        self.built = False
 
 
 class Cluster:
@@ -367,9 +405,21 @@ class Cluster:
         self._dsets: list[tuple[int, ...]] = []
         self._gpart_id: dict[tuple[int, int, frozenset[int] | None], int] = {}
         self._cands: dict[tuple[int, int], tuple[tuple[Any, int, int], ...]] = {}
-        self._ev: FragEvaluator | None = None
-        self._ev_workload: Workload | None = None  # held, not id()'d: ids are reused after GC
-        self._ev_key: tuple[int, int] = (-1, -1)
+        # fgd: (workload content, number of models) -> (evaluator, its serial), least recently used
+        # first.  Serials and query ids are never reused: a group's memo entry cannot outlive
+        # what it was computed with.
+        self._evs: OrderedDict[tuple[frozenset[Any], int], tuple[FragEvaluator, int]] = OrderedDict()
+        self._ev_serial = 0
+        self._queries: dict[tuple[int, int, int, int], _Query] = {}
+        self._query_serial = 0
+        self._fgd_calls = 0
+        self._group_serial = 0
+        self._born: dict[int, _Group] = {}  # serial -> group, live groups only
+        # Live groups whose set of names changed (so perhaps their smallest name), in order; the
+        # position of entry i is _log_base + i.  Emptied now and then (a query that lagged behind
+        # the emptying is ranked again from every group).
+        self._log: list[_Group] = []
+        self._log_base = 0
         for n in nodes:
             self.add_node(n if isinstance(n, Node) else Node.from_dict(n))
 
@@ -423,6 +473,16 @@ class Cluster:
             g.discard(st.node.name)
             if not g.names:
                 del self._groups[st.sig]
+                del self._born[g.serial]
+                g.alive = False
+            else:
+                self._log_change(g)
+
+    def _log_change(self, g: _Group) -> None:
+        self._log.append(g)
+        if len(self._log) > 4 * len(self._groups) + 1024:
+            self._log_base += len(self._log)
+            self._log.clear()
 
     def _regroup(self, st: _NodeState) -> None:
         self._leave(st)
@@ -432,6 +492,11 @@ class Cluster:
         g = self._groups.get(st.sig)
         if g is None:
             g = self._groups[st.sig] = _Group(st.cpu_free, st.mem_free, did, dset)
+            self._group_serial += 1
+            g.serial = self._group_serial
+            self._born[g.serial] = g
+        else:
+            self._log_change(g)
         g.add(st.node.name)
 
     # -- apply / release -------------------------------------------------------------------
@@ -502,18 +567,136 @@ class Cluster:
 
     # -- placement --------------------------------------------------------------------------
 
-    def _evaluator(self, workload: Workload) -> FragEvaluator:
-        key = (workload.version, len(self._model_id))
-        if (
-            self._ev is None
-            or self._ev_workload is not workload
-            or self._ev_key != key
-            or self._ev.memo_size() > _CACHE_LIMIT
+    def _evaluator(self, workload: Workload) -> tuple[FragEvaluator, int]:
+        """The evaluator of ``workload`` (by content) for this cluster's model table, and its serial.
+
+        A model the cluster first sees later changes what a shape's models map to, so the number
+        of models is part of the key (model ids are only ever added, never reassigned)."""
+        self._fgd_calls += 1
+        if self._fgd_calls % _MEMO_CHECK_EVERY == 0 and (
+            sum(ev.memo_size() for ev, _ in self._evs.values()) > _CACHE_LIMIT
         ):
-            self._ev = FragEvaluator(workload, self._model_id)
-            self._ev_workload = workload
-            self._ev_key = key
-        return self._ev
+            self._drop_fgd_memos()
+        key = (workload.key(), len(self._model_id))
+        got = self._evs.get(key)
+        if got is None or got[0].memo_size() > _CACHE_LIMIT:
+            self._ev_serial += 1
+            got = self._evs[key] = (FragEvaluator(workload, self._model_id), self._ev_serial)
+            if len(self._evs) > _EVALUATOR_LIMIT:
+                self._evs.popitem(last=False)
+        else:
+            self._evs.move_to_end(key)
+        return got
+
+    def _drop_fgd_memos(self) -> None:
+        """Forget every evaluator and per-group score (memory only: no decision changes)."""
+        self._evs.clear()
+        self._queries.clear()
+        for g in self._groups.values():
+            g.memo.clear()
+
+    def _query(self, serial: int, gid: int, rc: int, rm: int) -> _Query:
+        """A query: an evaluator (by serial), a GPU part, the CPU and memory asked."""
+        key = (serial, gid, rc, rm)
+        q = self._queries.get(key)
+        if q is None:
+            if len(self._queries) >= _QUERY_LIMIT:
+                self._queries.clear()
+                for g in self._groups.values():
+                    g.memo.clear()
+            self._query_serial += 1
+            q = self._queries[key] = _Query(self._query_serial)
+        return q
+
+    def _fgd_best(
+        self,
+        q: _Query,
+        ev: FragEvaluator,
+        gid: int,
+        gkey: tuple[int, int, frozenset[int] | None],
+        rc: int,
+        rm: int,
+    ) -> tuple[_Group, tuple[Any, ...]] | None:
+        """The live group with the least growth of fragmentation (a tie: the smallest node name)
+        and its device codes, from the query's heap brought up to date; None when nothing fits."""
+        qid = q.qid
+        score = self._fgd_score
+        log_end = self._log_base + len(self._log)
+        catch_up = (self._group_serial - q.births) + (log_end - q.log)
+        live = len(self._groups)
+        if not q.built or q.log < self._log_base or catch_up > live or len(q.heap) > 2 * live + 64:
+            heap = []
+            for g in self._groups.values():
+                r = g.memo.get(qid, _MISS)
+                if r is _MISS:
+                    r = g.memo[qid] = score(g, ev, gid, gkey, rc, rm)
+                if r is not None:
+                    heap.append((r[0], g.min_name, g.serial))
+            heapify(heap)
+            q.heap = heap
+            q.built = True
+        else:
+            heap = q.heap
+            born = self._born
+            changed: list[_Group | None] = [born.get(b) for b in range(q.births + 1, self._group_serial + 1)]
+            changed += self._log[q.log - self._log_base :]
+            for c in changed:
+                if c is None or not c.alive:
+                    continue  # born and dead since, or dead since its change
+                g = c
+                r = g.memo.get(qid, _MISS)
+                if r is _MISS:
+                    r = g.memo[qid] = score(g, ev, gid, gkey, rc, rm)
+                if r is not None:
+                    heappush(heap, (r[0], g.min_name, g.serial))
+        q.births = self._group_serial
+        q.log = log_end
+        born = self._born
+        while heap:
+            _d, name, serial = heap[0]
+            top = born.get(serial)
+            if top is not None and top.min_name == name:
+                r = top.memo[qid]
+                assert r is not None
+                return top, r[1]
+            heappop(heap)  # a dead group, or one whose smallest name changed (it has a newer entry)
+        return None
+
+    def _fgd_score(
+        self,
+        g: _Group,
+        ev: FragEvaluator,
+        gid: int,
+        gkey: tuple[int, int, frozenset[int] | None],
+        rc: int,
+        rm: int,
+    ) -> tuple[int, tuple[Any, ...]] | None:
+        """A group's least growth of fragmentation for a request and the device codes that reach
+        it (in candidate order), or None where the request does not fit the group's state."""
+        cf = g.cpu_free - rc
+        mf = g.mem_free - rm
+        if cf < 0 or mf < 0:
+            return None
+        cands = self._cands.get((g.did, gid))
+        if cands is None:
+            cands = self._candidates(g.did, gid, gkey)
+        if not cands:
+            return None
+        fb = ev.frag(g.did, g.dset, g.cpu_free, g.mem_free)
+        cb = bisect_right(ev.cpu_thr, cf)
+        mb = bisect_right(ev.mem_thr, mf)
+        dsets = self._dsets
+        frag = ev.frag_bucketed
+        best: int | None = None
+        codes: list[Any] = []
+        for c, _after, did2 in cands:
+            d = frag(did2, dsets[did2], cb, mb) - fb
+            if best is None or d < best:
+                best, codes = d, [c]
+            elif d == best:
+                codes.append(c)
+        assert best is not None
+        return best, tuple(codes)
 
     def _gpart_key(
         self, whole: int, frac: int, models: tuple[str, ...]
@@ -590,47 +773,20 @@ class Cluster:
 
         cands_cache = self._cands
         best_group: _Group | None = None
-        best_codes: list[Any] = []
+        best_codes: Sequence[Any] = []
 
         if policy == "fgd":
             wl = workload if workload else Workload.from_requests([request])
-            ev = self._evaluator(wl)
-            cpu_thr, mem_thr = ev.cpu_thr, ev.mem_thr
-            dsets = self._dsets
-            frag = ev.frag_bucketed
-            best_d = 0
-            for g in self._groups.values():
-                cf = g.cpu_free - rc
-                if cf < 0:
-                    continue
-                mf = g.mem_free - rm
-                if mf < 0:
-                    continue
-                cands = cands_cache.get((g.did, gid))
-                if cands is None:
-                    cands = self._candidates(g.did, gid, gkey)
-                if not cands:
-                    continue
-                if g.fev is not ev:
-                    g.fb = ev.frag(g.did, g.dset, g.cpu_free, g.mem_free)
-                    g.fev = ev
-                cb = bisect_right(cpu_thr, cf)
-                mb = bisect_right(mem_thr, mf)
-                fb = g.fb
-                for codes, _after, did2 in cands:
-                    d = frag(did2, dsets[did2], cb, mb) - fb
-                    if best_group is None or d < best_d:
-                        best_d, best_group, best_codes = d, g, [codes]
-                    elif d == best_d:
-                        if g is best_group:
-                            best_codes.append(codes)
-                        elif g.min_name < best_group.min_name:
-                            best_group, best_codes = g, [codes]
+            ev, serial = self._evaluator(wl)
+            best = self._fgd_best(self._query(serial, gid, rc, rm), ev, gid, gkey, rc, rm)
+            if best is not None:
+                best_group, best_codes = best
         else:
             # pack (and whole-gpu) minimise, spread maximises: (free GPU left on the node, free
             # shares left on the device, free CPU, free memory).
             sign = -1 if policy == "spread" else 1
             best_key: tuple[int, int, int, int] = (0, 0, 0, 0)
+            best_list: list[Any] = []
             for g in self._groups.values():
                 cf = g.cpu_free - rc
                 if cf < 0:
@@ -647,12 +803,13 @@ class Cluster:
                 for codes, after, _did2 in cands:
                     key = (sign * total_after, sign * after, sign * cf, sign * mf)
                     if best_group is None or key < best_key:
-                        best_key, best_group, best_codes = key, g, [codes]
+                        best_key, best_group, best_list = key, g, [codes]
                     elif key == best_key:
                         if g is best_group:
-                            best_codes.append(codes)
+                            best_list.append(codes)
                         elif g.min_name < best_group.min_name:
-                            best_group, best_codes = g, [codes]
+                            best_group, best_list = g, [codes]
+            best_codes = best_list
 
         if best_group is None:
             return None
@@ -665,7 +822,7 @@ class Cluster:
         )
 
     def _pick_devices(
-        self, st: _NodeState, best_codes: list[Any], whole: int, taken_shares: Decimal
+        self, st: _NodeState, best_codes: Sequence[Any], whole: int, taken_shares: Decimal
     ) -> tuple[tuple[str, Decimal], ...]:
         devs = st.node.devices
         codes = st.codes
