@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
+from admin_dashboards import idlecheckers
 from admin_dashboards.console import ServiceError, guarded, message
 from admin_dashboards.resources import STYLE, esc, fmt_bytes, form_label, muted, section
 
@@ -38,7 +39,8 @@ TITLES = {"keypair": "Keypair policies", "user": "User policies", "project": "Pr
 NOTES = {
     "keypair": "What a keypair's sessions may hold and for how long. Every user's main keypair (the one "
     "their browser sessions use) has one; new users get the policy named default.",
-    "user": "How many folders a user may own, how large one may be, and what all of them may hold together.",
+    "user": "How many folders a user may own, how large one may be, and what all of them may hold together; "
+    "how many model serving endpoints, of how many replicas.",
     "project": "The same limits for the folders a project owns.",
 }
 CHOICES = ("LIMITED", "UNLIMITED")
@@ -119,9 +121,20 @@ FOLDER_FIELDS = (
         "bytes",
     ),
 )
+SERVING_FIELDS = (
+    Field(
+        "max_endpoints", "Max endpoints", "model serving endpoints the user may have; 0 = no limit", "count"
+    ),
+    Field(
+        "max_replicas_per_endpoint",
+        "Max replicas",
+        "replicas of one of the user's endpoints; 0 = no limit",
+        "count",
+    ),
+)
 FIELDS: dict[str, tuple[Field, ...]] = {
     "keypair": KEYPAIR_FIELDS,
-    "user": FOLDER_FIELDS,
+    "user": FOLDER_FIELDS + SERVING_FIELDS,
     "project": FOLDER_FIELDS,
 }
 # What a new policy's form starts with: the service's own defaults.
@@ -135,7 +148,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "max_session_lifetime": 0,
         "allowed_storage_hosts": [],
     },
-    "user": {"max_vfolder_count": 0, "max_quota_scope_size": 0, "max_vfolder_size": 0},
+    "user": {
+        "max_vfolder_count": 0,
+        "max_quota_scope_size": 0,
+        "max_vfolder_size": 0,
+        "max_endpoints": 0,
+        "max_replicas_per_endpoint": 0,
+    },
     "project": {"max_vfolder_count": 0, "max_quota_scope_size": 0, "max_vfolder_size": 0},
 }
 
@@ -488,7 +507,7 @@ COLUMNS = {
         "storage hosts",
         "used by",
     ),
-    "user": ("policy", "folders", "storage quota", "folder size", "used by"),
+    "user": ("policy", "folders", "storage quota", "folder size", "endpoints", "replicas", "used by"),
     "project": ("policy", "folders", "storage quota", "folder size", "used by"),
 }
 
@@ -517,12 +536,18 @@ def policy_rows(
                 ]
             )
         else:
+            serving = (
+                [fmt_count(p.get("max_endpoints")), fmt_count(p.get("max_replicas_per_endpoint"))]
+                if kind == "user"
+                else []
+            )
             rows.append(
                 [
                     name,
                     fmt_count(p.get("max_vfolder_count")),
                     fmt_size(p.get("max_quota_scope_size")),
                     fmt_size(p.get("max_vfolder_size")),
+                    *serving,
                     used_by,
                 ]
             )
@@ -764,6 +789,7 @@ def page(client: Any) -> W.VBox:
                         state["said"] if mine else "",
                     )
                 )
+        parts.append(idlecheckers.section(client, section))
         state.update(kind=None, said="")
         return W.VBox(parts)
 

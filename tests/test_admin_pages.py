@@ -190,16 +190,18 @@ def test_a_superadmin_creates_and_deletes_a_user_policy_through_the_page(hub, br
     field(form, "Max folders").fill("2")
     field(form, "Storage quota").fill("500m")
     field(form, "Max folder size").fill("100m")
+    field(form, "Max endpoints").fill("1")
     form.get_by_role("button", name="Create user policy").click()
     page.wait_for_selector("text=Created user policy tiny:", timeout=WAIT_MS)
     row = page.locator('tr[data-kind="user"][data-policy="tiny"]')
-    assert row.inner_text().split("\t")[1:] == ["2", "500 MiB", "100 MiB", "nobody"]
+    assert row.inner_text().split("\t")[1:] == ["2", "500 MiB", "100 MiB", "1", "no limit", "nobody"]
     tiny = hub.ok("GET", "/policies/user/tiny")
     assert (tiny["max_vfolder_count"], tiny["max_quota_scope_size"], tiny["max_vfolder_size"]) == (
         2,
         500 * 2**20,
         100 * 2**20,
     )
+    assert (tiny["max_endpoints"], tiny["max_replicas_per_endpoint"]) == (1, 0)
     # The policy alice uses cannot go: the service says so
     form = page.locator(".lf-policy-user")
     choose(form, "Policy", "small", "Max folders", "5")
@@ -217,6 +219,38 @@ def test_a_superadmin_creates_and_deletes_a_user_policy_through_the_page(hub, br
     assert hub.api("GET", "/policies/user/small", hub.root_token).status_code == 200
     for action in ("policy.user.create", "policy.user.delete"):
         assert [a["actor"] for a in audit(hub, action, "tiny")] == ["root"]
+
+
+def test_a_superadmin_adds_and_removes_an_idle_checker_through_the_page(hub, browser):
+    page = open_page(browser, hub, "root", "policies", ".lf-idle-form")
+    form = page.locator(".lf-idle-form")
+    form.locator(".widget-text", has_text="Name").locator("input").fill("gpu-idle")
+    options = form.locator("textarea")
+    # Bad input first: the page says what is wrong and nothing is made
+    options.fill('{"window": 1200, "thresholds": {"gpu_util": 500}}')
+    form.locator(".widget-text", has_text="Applies to").locator("input").fill("resource_group:default")
+    page.locator(".lf-idle-create").click()
+    page.wait_for_selector("text=threshold gpu_util must be a percent from 0 to 100", timeout=WAIT_MS)
+    assert hub.api("GET", "/idle-checkers/gpu-idle", hub.root_token).status_code == 404
+    form = page.locator(".lf-idle-form")
+    form.locator(".widget-text", has_text="Name").locator("input").fill("gpu-idle")
+    form.locator("textarea").fill('{"window": 1200, "grace": 600, "thresholds": {"gpu_util": 5}}')
+    form.locator(".widget-text", has_text="Applies to").locator("input").fill("resource_group:default")
+    page.locator(".lf-idle-create").click()
+    page.wait_for_selector("text=Created idle checker gpu-idle.", timeout=WAIT_MS)
+    page.wait_for_selector("text=gpu_util under 5% over 20m, after a grace of 10m", timeout=WAIT_MS)
+    page.locator(".lf-idle-preview").click()
+    page.wait_for_selector("text=Nothing would be reclaimed now.", timeout=WAIT_MS)
+    shot(page, "policies-root-idle-checker")
+    checker = hub.ok("GET", "/idle-checkers/gpu-idle")
+    assert checker["options"]["thresholds"] == {"gpu_util": 5.0}
+    assert checker["bindings"] == [{"scope": "resource_group", "name": "default"}]
+    page.locator(".lf-idle-delete").click()
+    page.wait_for_selector("text=Deleted idle checker gpu-idle.", timeout=WAIT_MS)
+    page.close()
+    assert hub.api("GET", "/idle-checkers/gpu-idle", hub.root_token).status_code == 404
+    for action in ("idle-checker.create", "idle-checker.delete"):
+        assert [a["actor"] for a in audit(hub, action, "gpu-idle")] == ["root"]
 
 
 def test_a_domain_admins_policies_page_is_read_only(hub, browser):
@@ -237,10 +271,12 @@ def test_a_domain_admins_policies_page_is_read_only(hub, browser):
 def test_the_monitors_buttons_are_disabled(hub, browser):
     page = open_page(browser, hub, "mona", "policies", 'tr[data-kind="keypair"][data-policy="gold"]')
     assert "Read only: a monitor changes nothing." in page.inner_text("body")
-    for name in ("Save changes", "Delete"):
+    for name, count in (("Save changes", 3), ("Delete", 4)):  # the idle checkers' Delete too
         found = page.get_by_role("button", name=name)
-        assert found.count() == 3 and all(found.nth(i).is_disabled() for i in range(found.count())), name
-    assert page.get_by_role("button", name="Create").count() == 0  # no new policy for a monitor
+        assert found.count() == count and all(found.nth(i).is_disabled() for i in range(count)), name
+    # no new policy for a monitor
+    assert page.get_by_role("button", name=re.compile(r"^Create .*policy$")).count() == 0
+    assert page.locator(".lf-idle-create").is_disabled()
     shot(page, "policies-mona")
     page.close()
     page = open_page(browser, hub, "mona", "environments", ".lf-image-form")

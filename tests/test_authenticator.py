@@ -439,6 +439,8 @@ async def test_models_persist_through_jupyterhub_auth_to_user(labfleet):
     assert "servers!user=dora" in scopes  # the Hub's 'user' role survived sync_roles
     assert orm.Role.find(hub.db, "labfleet-domain-admin-acme").managed_by_auth
 
+    # nothing changed in labfleet: the refresh tells the Hub so (True), and it writes nothing
+    assert await a.refresh_user(user) is True
     # demoted and moved in labfleet: the next refresh strips the old role (and deletes it, now unused)
     labfleet.users["dora"].update(role="user", projects=["acme/ml"])
     user = await hub.login(await a.refresh_user(user))
@@ -451,6 +453,7 @@ async def test_models_persist_through_jupyterhub_auth_to_user(labfleet):
     user = await hub.login(await a.refresh_user(user))
     assert user.admin is True
     assert sorted(r.name for r in user.roles) == ["admin", "labfleet-user", "user"]
+    assert await a.refresh_user(user) is True
     assert orm.Role.find(hub.db, "user").scopes == ["self"]  # untouched
     hub.db.close()
 

@@ -261,7 +261,7 @@ def test_users_sql_matches_the_authz_rule(world):
     [("", None, None), ("a", None, None), ("AC", "user", None), ("o r", None, "active"), ("", "admin", None)],
 )
 def test_users_filter_in_sql_matches_the_consoles_rule(world, search, role, status):
-    from admin_dashboards.users import matches
+    from admin_dashboards.userforms import matches
 
     wanted = userlist.UserFilter.parse(search, role, status)
     with lfdb.session_scope(world) as db:

@@ -73,6 +73,24 @@ def _lookup(claims: Any, path: str) -> Any:
     return value
 
 
+def hub_state_matches(user: Any, model: dict) -> bool:
+    """Whether the Hub's user already has the model's groups, roles (by name) and admin flag.
+
+    A refresh that returns the model makes the Hub write every group and role again (once a minute
+    per active user, and before each spawn); with nothing changed, True lets it skip that. Role
+    scopes are not compared: labfleet's roles are named by what they grant (a domain admin's role
+    carries the domain in its name), and every login writes them afresh."""
+    groups = getattr(user, "groups", None)
+    roles = getattr(user, "roles", None)
+    if groups is None or roles is None:
+        return False
+    return (
+        {g.name for g in groups} == set(model.get("groups", []))
+        and {r.name for r in roles} == {r["name"] for r in model.get("roles", [])}
+        and bool(getattr(user, "admin", False)) == bool(model.get("admin"))
+    )
+
+
 def _strings(value: Any) -> list[str]:
     """A claim value as a list of non-empty strings (a single string becomes a one-item list)."""
     if isinstance(value, str):
@@ -211,12 +229,13 @@ class LabfleetBaseAuthenticator(LabfleetServiceClient, Authenticator):
 
     async def refresh_user(self, user: Any, handler: Any = None) -> dict | bool:
         """Re-read the user's groups and roles from labfleet; False (new login needed) when they were
-        deactivated or deleted, or when the service cannot be asked."""
+        deactivated or deleted, or when the service cannot be asked; True (nothing to write) when the
+        Hub already has exactly those groups, roles and admin flag."""
         model = await self._fetch_user_model(user.name)
         if model is None:
             self.log.warning("labfleet: could not refresh %s; a new login is required", user.name)
             return False
-        return model
+        return True if hub_state_matches(user, model) else model
 
     def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
         """The login handler, and the Hub user API kept consistent with labfleet (hub_ext.hub.users_api)."""

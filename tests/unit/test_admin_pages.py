@@ -28,6 +28,7 @@ KEYPAIR = {
     "allowed_storage_hosts": ["local"],
 }
 FOLDER_POLICY = {"name": "small", "max_vfolder_count": 10, "max_quota_scope_size": GIB, "max_vfolder_size": 0}
+USER_POLICY = {**FOLDER_POLICY, "max_endpoints": 0, "max_replicas_per_endpoint": 0}
 
 
 # ---------------------------------------------------------------- policies: reading the form
@@ -102,14 +103,23 @@ def test_the_form_round_trips_a_policy_and_an_edit_sends_only_what_changed():
     assert P.policy_body("keypair", form, KEYPAIR)["total_resource_slots"] == {"cpu": 8, "mem": "12zz"}
     # A create sends every field
     body = P.policy_body("user", P.form_values("user", P.DEFAULTS["user"]))
-    assert body == {"max_vfolder_count": 0, "max_quota_scope_size": 0, "max_vfolder_size": 0}
-    folder = P.form_values("user", FOLDER_POLICY)
+    assert body == {
+        "max_vfolder_count": 0,
+        "max_quota_scope_size": 0,
+        "max_vfolder_size": 0,
+        "max_endpoints": 0,
+        "max_replicas_per_endpoint": 0,
+    }
+    # A project policy has no serving limits
+    assert "max_endpoints" not in P.policy_body("project", P.form_values("project", P.DEFAULTS["project"]))
+    folder = P.form_values("user", USER_POLICY)
     assert folder["max_quota_scope_size"] == "1g"
     folder["max_vfolder_size"] = "200m"
-    assert P.policy_body("user", folder, FOLDER_POLICY) == {"max_vfolder_size": 200 * 2**20}
+    folder["max_endpoints"] = "3"
+    assert P.policy_body("user", folder, USER_POLICY) == {"max_vfolder_size": 200 * 2**20, "max_endpoints": 3}
     folder["max_vfolder_count"] = "many"
     with pytest.raises(P.FormError, match="max_vfolder_count: 'many' is not a whole number"):
-        P.policy_body("user", folder, FOLDER_POLICY)
+        P.policy_body("user", folder, USER_POLICY)
 
 
 def test_the_policy_tables_rows():
@@ -349,6 +359,7 @@ class FakeService:
                     "reserved": 0, "limit": 10, "folders": 1, "max_folders": 0, "max_folder_size": 0}]}  # fmt: skip
         return {
             "/keypairs": [{"resource_policy": "default"}],
+            "/idle-checkers": [],
             "/projects": [],
             "/images": self.images,
             "/storage-hosts": [HOST],

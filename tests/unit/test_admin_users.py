@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 
 import admin_dashboards.console as console
+from admin_dashboards import userforms as F
 from admin_dashboards import users as U
 from admin_dashboards.console import ServiceError
 
 HEADER = "username,email,domain,role,projects,password\n"
 
 
-def parse(body: str, **kw: Any) -> U.CsvImport:
-    return U.parse_csv(HEADER + body, **kw)
+def parse(body: str, **kw: Any) -> F.CsvImport:
+    return F.parse_csv(HEADER + body, **kw)
 
 
 # ---------------------------------------------------------------- good rows
@@ -45,7 +46,7 @@ def test_good_rows_become_the_service_bodies():
 
 
 def test_headers_are_read_as_people_write_them():
-    out = U.parse_csv(
+    out = F.parse_csv(
         "User name, E-mail ,Full name,Project\njdoe,j@x.org,Jane Doe,ml\n", default_domain="acme"
     )
     assert out.columns == ["username", "email", "full_name", "projects"]
@@ -59,12 +60,12 @@ def test_headers_are_read_as_people_write_them():
 
 
 def test_the_default_domain_fills_rows_without_one_and_a_cell_wins():
-    out = U.parse_csv("username,domain\na,\nb,beta\n", default_domain="acme")
+    out = F.parse_csv("username,domain\na,\nb,beta\n", default_domain="acme")
     assert [r.body["domain"] for r in out.rows] == ["acme", "beta"]
 
 
 def test_blank_lines_comments_bom_and_short_rows_are_fine():
-    out = U.parse_csv(
+    out = F.parse_csv(
         "\ufeff# users for the spring course\nusername,email,role\n\njdoe\n  \nkim,k@x.org\n", "acme"
     )
     assert [r.body["username"] for r in out.ready] == ["jdoe", "kim"]
@@ -72,7 +73,7 @@ def test_blank_lines_comments_bom_and_short_rows_are_fine():
 
 
 def test_role_and_status_are_case_blind_and_domain_admin_means_admin():
-    out = U.parse_csv("username,role,status\na,Domain Admin,INACTIVE\nb,Monitor,active\n", "acme")
+    out = F.parse_csv("username,role,status\na,Domain Admin,INACTIVE\nb,Monitor,active\n", "acme")
     assert [(r.body["role"], r.body["status"]) for r in out.rows] == [
         ("admin", "inactive"),
         ("monitor", "active"),
@@ -111,7 +112,7 @@ def test_a_malformed_row_says_what_is_wrong(row, problem):
 
 
 def test_a_bad_status_is_refused():
-    out = U.parse_csv("username,status\njdoe,sleeping\n", "acme")
+    out = F.parse_csv("username,status\njdoe,sleeping\n", "acme")
     assert out.rows[0].problems == ["status must be one of active, inactive (got 'sleeping')"]
 
 
@@ -150,44 +151,44 @@ def test_duplicates_in_the_file_and_existing_users():
     ],
 )
 def test_a_wrong_file_creates_nothing(text, problem):
-    out = U.parse_csv(text, "acme")
+    out = F.parse_csv(text, "acme")
     assert any(problem in p for p in out.problems), out.problems
     assert out.ready == []
     assert out.summary().startswith("Nothing can be created from this file")
 
 
 def test_too_many_rows_or_bytes():
-    rows = "".join(f"u{i}\n" for i in range(U.MAX_CSV_ROWS + 1))
-    assert "at most 1000 users at once" in U.parse_csv("username\n" + rows, "acme").problems[0]
-    huge = "username\n" + "x" * (U.MAX_CSV_BYTES + 1)
-    assert "larger than" in U.parse_csv(huge, "acme").problems[0]
+    rows = "".join(f"u{i}\n" for i in range(F.MAX_CSV_ROWS + 1))
+    assert "at most 1000 users at once" in F.parse_csv("username\n" + rows, "acme").problems[0]
+    huge = "username\n" + "x" * (F.MAX_CSV_BYTES + 1)
+    assert "larger than" in F.parse_csv(huge, "acme").problems[0]
 
 
 # ---------------------------------------------------------------- the form, the list, the edits
 
 
 def test_check_user_takes_the_forms_values():
-    body, problems = U.check_user(
+    body, problems = F.check_user(
         {
             "username": "  jdoe ",
             "domain": "acme",
             "role": "user",
             "projects": ["acme/ml", "acme/ml"],
             "password": "",
-            "resource_policy": U.NONE,
+            "resource_policy": F.NONE,
         }
     )
     assert problems == []
     assert body == {"username": "jdoe", "domain": "acme", "role": "user", "projects": ["acme/ml"]}
-    assert U.check_user({"username": "x", "domain": "acme", "resource_policy": "Bad Policy"})[1] == [
+    assert F.check_user({"username": "x", "domain": "acme", "resource_policy": "Bad Policy"})[1] == [
         "resource_policy must be 1-64 lower-case letters, digits, '-' or '_', starting and ending "
         "with a letter or digit (got 'Bad Policy')"
     ]
 
 
 def test_split_projects():
-    assert U.split_projects("ml; vision |acme/nlp  cv,x") == ["ml", "vision", "acme/nlp", "cv", "x"]
-    assert U.split_projects(["a", " ", "b"]) == ["a", "b"]
+    assert F.split_projects("ml; vision |acme/nlp  cv,x") == ["ml", "vision", "acme/nlp", "cv", "x"]
+    assert F.split_projects(["a", " ", "b"]) == ["a", "b"]
 
 
 USER = {
@@ -215,38 +216,38 @@ USER = {
     ],
 )
 def test_matches(search, role, status, found):
-    assert U.matches(USER, search, role, status) is found
+    assert F.matches(USER, search, role, status) is found
 
 
 def test_page_label():
-    assert U.page_label(0, 20, 57) == "1–20 of 57"
-    assert U.page_label(40, 17, 57) == "41–57 of 57"
-    assert U.page_label(0, 0, 0) == "no users"
+    assert F.page_label(0, 20, 57) == "1–20 of 57"
+    assert F.page_label(40, 17, 57) == "41–57 of 57"
+    assert F.page_label(0, 0, 0) == "no users"
 
 
 def test_grantable_roles():
-    assert U.grantable_roles("superadmin") == U.ROLES
-    assert U.grantable_roles("admin") == ("user", "admin")
+    assert F.grantable_roles("superadmin") == F.ROLES
+    assert F.grantable_roles("admin") == ("user", "admin")
 
 
 def test_user_changes_sends_only_what_differs():
-    same = dict(role="user", status="active", projects=["acme/ml"], resource_policy=U.NONE)
-    assert U.user_changes(USER, **same) == {}
-    assert U.user_changes(USER, **{**same, "status": "inactive", "projects": []}) == {
+    same = dict(role="user", status="active", projects=["acme/ml"], resource_policy=F.NONE)
+    assert F.user_changes(USER, **same) == {}
+    assert F.user_changes(USER, **{**same, "status": "inactive", "projects": []}) == {
         "status": "inactive",
         "projects": [],
     }
-    assert U.user_changes(USER, **{**same, "resource_policy": "big"}, password="new-pass-12") == {
+    assert F.user_changes(USER, **{**same, "resource_policy": "big"}, password="new-pass-12") == {
         "resource_policy": "big",
         "password": "new-pass-12",
     }
-    assert U.user_changes({**USER, "resource_policy": "big"}, **same) == {"resource_policy": None}
+    assert F.user_changes({**USER, "resource_policy": "big"}, **same) == {"resource_policy": None}
 
 
 def test_check_rate_limit():
-    assert U.check_rate_limit(100) is None
-    assert "between 1 and 10000000" in U.check_rate_limit(0)
-    assert U.check_rate_limit(True) == "rate limit must be a whole number"
+    assert F.check_rate_limit(100) is None
+    assert "between 1 and 10000000" in F.check_rate_limit(0)
+    assert F.check_rate_limit(True) == "rate limit must be a whole number"
 
 
 # ---------------------------------------------------------------- the page against a stand-in service
@@ -277,7 +278,7 @@ class FakeService:
         found = [
             u
             for u in self.users
-            if U.matches(u, params.get("search", ""), params.get("role"), params.get("status"))
+            if F.matches(u, params.get("search", ""), params.get("role"), params.get("status"))
             and params.get("domain") in (None, u.get("domain"))
         ]
         nxt = {"offset": off + lim, "limit": lim, "url": ""} if off + lim < len(found) else None
@@ -341,7 +342,7 @@ def test_a_monitor_gets_every_writing_button_disabled(service):
     writes = [b for b in buttons if not b.description == "Keypairs"]
     assert writes and all(b.disabled for b in writes)
     assert not any(b.disabled for b in buttons if b.description == "Keypairs")
-    assert page.new_role.options == U.ROLES
+    assert page.new_role.options == F.ROLES
 
 
 def test_the_import_creates_the_ready_rows_and_shows_each_answer(service):
