@@ -24,6 +24,7 @@ PAGES = (
     ("sessions", "Sessions", "every session in reach: filter, logs, stop"),
     ("scheduler", "Scheduler", "queues and why sessions wait"),
     ("resources", "Resources", "nodes, resource groups, GPU occupancy"),
+    ("serving", "Serving", "model endpoints, their replicas and requests"),
     ("policies", "Resource policies", "keypair, user and project policies"),
     ("environments", "Environments", "images and their labels"),
     ("storage", "Storage", "hosts, folders, quotas"),

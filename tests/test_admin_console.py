@@ -269,7 +269,7 @@ def test_the_statistics_page_plots_usage_and_exports_csv(hub, browser):
 
 
 PAGES = ["admin", "users", "sessions", "scheduler", "resources", "policies", "environments", "storage"]
-PAGES += ["statistics", "configurations", "maintenance", "information"]
+PAGES += ["statistics", "configurations", "maintenance", "information", "serving"]
 
 
 @pytest.mark.parametrize("name, role", [("root", "superadmin"), ("carol", "admin"), ("mona", "monitor")])

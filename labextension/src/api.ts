@@ -12,6 +12,9 @@ import { ServerConnection } from '@jupyterlab/services';
 import type {
   IAnnouncementAnswer,
   IApp,
+  IEndpoint,
+  IEndpointCreate,
+  IEndpointToken,
   IFolder,
   IFolderCreate,
   IIdleInfo,
@@ -215,6 +218,39 @@ export class FleetAPI {
   /** My GPU- and CPU-time, allocated and used: the last 7 and 30 days and day by day. */
   myUsage(): Promise<IMyUsage> {
     return this.request('api/usage/me');
+  }
+
+  // ------------------------------------------------------------ model serving
+
+  /** My endpoints (a domain admin's: their domain's), with their routes. */
+  endpoints(): Promise<IEndpoint[]> {
+    return this.request('api/endpoints');
+  }
+
+  createEndpoint(body: IEndpointCreate): Promise<IEndpoint> {
+    return this.request('api/endpoints', { method: 'POST' }, body);
+  }
+
+  scaleEndpoint(name: string, replicas: number): Promise<IEndpoint> {
+    return this.request(
+      `api/endpoints/${encodeURIComponent(name)}`,
+      { method: 'PATCH' },
+      { replicas }
+    );
+  }
+
+  deleteEndpoint(name: string): Promise<IEndpoint> {
+    return this.request(`api/endpoints/${encodeURIComponent(name)}`, { method: 'DELETE' });
+  }
+
+  /** A new token; its value (`token`) is in this answer only. */
+  createEndpointToken(name: string, expiresIn?: number): Promise<IEndpointToken> {
+    const body = expiresIn ? { expires_in: expiresIn } : {};
+    return this.request(
+      `api/endpoints/${encodeURIComponent(name)}/tokens`,
+      { method: 'POST' },
+      body
+    );
   }
 
   private _settings: ServerConnection.ISettings;

@@ -12,6 +12,7 @@ import { Apps } from './components/Apps';
 import { Section } from './components/common';
 import { Folders } from './components/Folders';
 import { Quota } from './components/Quota';
+import { Serving } from './components/Serving';
 import { Sessions } from './components/Sessions';
 import { ThisSession } from './components/ThisSession';
 import { Usage } from './components/Usage';
@@ -39,7 +40,8 @@ const TITLES: Record<SectionId, string> = {
   usage: 'Usage',
   sessions: 'Sessions',
   folders: 'Folders',
-  apps: 'Apps'
+  apps: 'Apps',
+  serving: 'Serving'
 };
 
 function count(list: unknown[] | null): string | undefined {
@@ -102,6 +104,7 @@ export function FleetPanel(props: {
         <Folders store={store} onOpen={actions.openFolder} />
       )}
       {section('apps', count(d.apps), <Apps store={store} onOpen={actions.openApp} />)}
+      {section('serving', count(d.endpoints), <Serving store={store} />)}
     </div>
   );
 }
@@ -118,7 +121,7 @@ export class FleetSidebar extends ReactWidget {
     this.id = 'labfleet-sidebar';
     this.addClass('lf-sidebar');
     this.title.icon = fleetIcon;
-    this.title.caption = 'Fleet: this session, quotas, usage, sessions, folders, apps';
+    this.title.caption = 'Fleet: this session, quotas, usage, sessions, folders, apps, serving';
     // Focusable (not in the tab order) so that opening the panel from the keyboard (status
     // bar item, command palette) puts focus into it.
     this.node.tabIndex = -1;

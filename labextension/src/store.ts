@@ -16,6 +16,9 @@ import type {
   IAnnouncement,
   IAnnouncementAnswer,
   IApp,
+  IEndpoint,
+  IEndpointCreate,
+  IEndpointToken,
   IFolder,
   IFolderCreate,
   IIdleInfo,
@@ -30,9 +33,17 @@ import type {
   IStorageHost
 } from './types';
 
-export type SectionId = 'session' | 'quota' | 'usage' | 'sessions' | 'folders' | 'apps';
+export type SectionId = 'session' | 'quota' | 'usage' | 'sessions' | 'folders' | 'apps' | 'serving';
 
-export const SECTIONS: SectionId[] = ['session', 'quota', 'usage', 'sessions', 'folders', 'apps'];
+export const SECTIONS: SectionId[] = [
+  'session',
+  'quota',
+  'usage',
+  'sessions',
+  'folders',
+  'apps',
+  'serving'
+];
 
 export type Resource =
   | 'announcement'
@@ -45,7 +56,8 @@ export type Resource =
   | 'folders'
   | 'invitations'
   | 'launchOptions'
-  | 'hosts';
+  | 'hosts'
+  | 'endpoints';
 
 /** The poll asks for my usage statistics at most this often (ms). */
 export const USAGE_MIN_AGE_MS = 60_000;
@@ -60,7 +72,8 @@ const SECTION_RESOURCES: Record<SectionId, Resource[]> = {
   usage: ['usage'],
   sessions: ['sessions'],
   folders: ['folders', 'invitations', 'mounted'],
-  apps: ['apps']
+  apps: ['apps'],
+  serving: ['endpoints']
 };
 
 export interface IFleetData {
@@ -76,6 +89,7 @@ export interface IFleetData {
   invitations: IInvitation[] | null;
   launchOptions: ILaunchOptions | null;
   hosts: IStorageHost[] | null;
+  endpoints: IEndpoint[] | null;
 }
 
 export interface IStoreOptions {
@@ -345,6 +359,28 @@ export class FleetStore {
     await Promise.all([this.fetch('invitations'), this.fetch('folders')]);
   }
 
+  /** Deploy a model folder as an endpoint; throws LabfleetError with the service's message. */
+  async createEndpoint(body: IEndpointCreate): Promise<IEndpoint> {
+    const e = await this.api.createEndpoint(body);
+    await Promise.all([this.fetch('endpoints'), this.fetch('quota')]);
+    return e;
+  }
+
+  async scaleEndpoint(name: string, replicas: number): Promise<void> {
+    await this.api.scaleEndpoint(name, replicas);
+    await Promise.all([this.fetch('endpoints'), this.fetch('quota')]);
+  }
+
+  async deleteEndpoint(name: string): Promise<void> {
+    await this.api.deleteEndpoint(name);
+    await Promise.all([this.fetch('endpoints'), this.fetch('quota')]);
+  }
+
+  /** A new token of an endpoint: its value is in this answer only (the list never shows it). */
+  createEndpointToken(name: string, expiresIn?: number): Promise<IEndpointToken> {
+    return this.api.createEndpointToken(name, expiresIn);
+  }
+
   /**
    * The idle object a new session info should carry: the "I'm still here" answer that came
    * after the info was asked for is newer; so is the last one while the service is not answering.
@@ -399,6 +435,8 @@ export class FleetStore {
         return api.launchOptions(this.user);
       case 'hosts':
         return api.storageHosts();
+      case 'endpoints':
+        return api.endpoints();
     }
   }
 
@@ -413,7 +451,8 @@ export class FleetStore {
     folders: null,
     invitations: null,
     launchOptions: null,
-    hosts: null
+    hosts: null,
+    endpoints: null
   };
   private _errors: Partial<Record<Resource, string>> = {};
   private _fetchedAt: Partial<Record<Resource, number>> = {};

@@ -322,3 +322,75 @@ export interface IAnnouncement {
 export interface IAnnouncementAnswer {
   announcement: IAnnouncement | null;
 }
+
+// ------------------------------------------------------------ model serving (issue 20)
+
+/** One replica of an endpoint (`routes[]` of GET /api/endpoints/{name}). */
+export interface IEndpointRoute {
+  id: number;
+  server: string;
+  session_id: string | null;
+  address: string;
+  status: string;
+  health: string;
+  traffic: string;
+  failures: number;
+  last_error: string | null;
+  created_at: string | null;
+  ready_at: string | null;
+  checked_at: string | null;
+  ended_at: string | null;
+}
+
+/** A model serving endpoint (GET /api/endpoints). */
+export interface IEndpoint {
+  id: string;
+  name: string;
+  owner: string;
+  project: string;
+  domain: string;
+  model_folder: { id: string | null; name: string | null };
+  image: string | null;
+  resource_group: string | null;
+  slots: Slots;
+  replicas: number;
+  active_replicas: number;
+  healthy_replicas: number;
+  status: string;
+  status_reason: string | null;
+  open_to_public: boolean;
+  /** The endpoint's one URL, a path on the Hub's host (`/services/labfleet/serve/<name>/`). */
+  url: string;
+  requests: number;
+  errors: number;
+  latency_ms_avg: number | null;
+  last_error: string;
+  created_at: string | null;
+  routes?: IEndpointRoute[];
+}
+
+/** What `POST /api/endpoints` takes. */
+export interface IEndpointCreate {
+  name: string;
+  project: string;
+  model_folder: string;
+  replicas: number;
+  slots: Slots;
+  open_to_public?: boolean;
+}
+
+/** A token of an endpoint; `token` only in the answer that made it. */
+export interface IEndpointToken {
+  id: number;
+  note: string;
+  rate_limit: number;
+  created_by: string;
+  created_at: string | null;
+  expires_at: string | null;
+  last_used: string | null;
+  revoked_at: string | null;
+  valid: boolean;
+  requests: number;
+  latency_ms_avg: number | null;
+  token?: string;
+}

@@ -26,7 +26,8 @@ function fakeApi(handlers: Record<string, Handler>): { api: FleetAPI; log: strin
     'invitations',
     'answerInvitation',
     'storageHosts',
-    'stillHere'
+    'stillHere',
+    'endpoints'
   ];
   for (const name of names) {
     (api as any)[name] = (...args: unknown[]) => {
@@ -59,6 +60,7 @@ describe('FleetStore', () => {
       [
         'announcement',
         'apps',
+        'endpoints',
         'folders',
         'invitations',
         'mountedFolders',
@@ -69,7 +71,7 @@ describe('FleetStore', () => {
       ].sort()
     );
     expect(store.data.session?.project).toBe('acme/ml');
-    expect(changes).toBe(9);
+    expect(changes).toBe(10);
   });
 
   it('stops asking for a closed section', async () => {
@@ -80,6 +82,7 @@ describe('FleetStore', () => {
     store.toggle('apps');
     store.toggle('quota');
     store.toggle('usage');
+    store.toggle('serving');
     log.length = 0;
     await store.refresh();
     expect(log.sort()).toEqual(['announcement', 'session', 'sessions']);

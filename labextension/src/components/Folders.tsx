@@ -16,32 +16,7 @@ import {
 } from '../model';
 import type { FleetStore } from '../store';
 import { PERMISSIONS, USAGE_MODES, type IFolder, type IInvitation } from '../types';
-import { Bar, Empty, ErrorNote, Field, Select } from './common';
-
-/** Runs an action, keeping its error (in words) and a busy flag for the button. */
-function useAction(): [
-  boolean,
-  string | null,
-  (fn: () => Promise<unknown>) => Promise<boolean>,
-  (e: string | null) => void
-] {
-  const [busy, setBusy] = React.useState(false);
-  const [error, setError] = React.useState<string | null>(null);
-  const run = async (fn: () => Promise<unknown>) => {
-    setBusy(true);
-    setError(null);
-    try {
-      await fn();
-      return true;
-    } catch (e) {
-      setError((e as Error).message);
-      return false;
-    } finally {
-      setBusy(false);
-    }
-  };
-  return [busy, error, run, setError];
-}
+import { Bar, Empty, ErrorNote, Field, Select, useAction } from './common';
 
 function ShareForm(props: {
   store: FleetStore;

@@ -177,3 +177,28 @@ export function Select(props: IHTMLSelectProps): JSX.Element {
     />
   );
 }
+
+/** Runs an action, keeping its error (in words) and a busy flag for the button. */
+export function useAction(): [
+  boolean,
+  string | null,
+  (fn: () => Promise<unknown>) => Promise<boolean>,
+  (e: string | null) => void
+] {
+  const [busy, setBusy] = React.useState(false);
+  const [error, setError] = React.useState<string | null>(null);
+  const run = async (fn: () => Promise<unknown>) => {
+    setBusy(true);
+    setError(null);
+    try {
+      await fn();
+      return true;
+    } catch (e) {
+      setError((e as Error).message);
+      return false;
+    } finally {
+      setBusy(false);
+    }
+  };
+  return [busy, error, run, setError];
+}
