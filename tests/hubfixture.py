@@ -151,12 +151,14 @@ def start_hub(
     env: dict | None = None,
     checkout: Path = REPO,
     venv: Path | None = None,
+    ip: str = "127.0.0.1",
 ) -> Hub:
     """Start the Hub; ``ports`` from an earlier Hub restarts it where running servers expect it; ``env``
     adds to the Hub's environment (and the service's, for the variables the service is passed).
 
     ``checkout`` and ``venv``: the Hub of another checkout, run by that venv's Python in a new user's
-    environment (the venv on PATH; no PYTHONPATH, no LABFLEET_* variables but the Hub's own)."""
+    environment (the venv on PATH; no PYTHONPATH, no LABFLEET_* variables but the Hub's own).
+    ``ip``: where the Hub's proxy listens (another node's sessions reach it there)."""
     if not shutil.which("configurable-http-proxy"):
         raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
     state.mkdir(parents=True, exist_ok=True)
@@ -200,13 +202,13 @@ def start_hub(
     python = str(venv / "bin" / "python") if venv is not None else sys.executable
     log = open(log_path, "a")
     proc = subprocess.Popen(
-        [python, "-m", "jupyterhub", "-f", str(cfg), "--ip", "127.0.0.1", "--port", str(port)],
+        [python, "-m", "jupyterhub", "-f", str(cfg), "--ip", ip, "--port", str(port)],
         cwd=state,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{ip}:{port}"
     hub = Hub(url, state, db_url, admin_token, service_token, proc, log_path, env, ports)
     try:
         wait_for(f"{url}/hub/api", proc, log_path)

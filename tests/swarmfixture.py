@@ -17,7 +17,6 @@ A missing engine, namespace or node is a failure with the reason, never a skip.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.hubfixture import REPO, Hub, free_port, seed, wait_for
+from tests.hubfixture import REPO, Hub, free_port, start_hub
 
 IMAGE = "labfleet/singleuser:test"
 SERVICE_PREFIX = "lfswarm"
@@ -145,68 +144,21 @@ def register_node(
 
 def start_swarm_hub(state: Path, nodes: SwarmNodes, extra_config: str = "", env: dict | None = None) -> Hub:
     """The Hub with LABFLEET_BACKEND=swarm, listening on node 1's address (proxy and Hub API)."""
-    if not shutil.which("configurable-http-proxy"):
-        raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
-    state.mkdir(parents=True, exist_ok=True)
-    db_url = f"sqlite:///{state / 'labfleet.sqlite'}"
-    admin_token = os.urandom(16).hex()
-    service_token = os.urandom(16).hex()
     ports = tuple(free_port() for _ in range(4))
-    port, hub_port, proxy_api, service_port = ports
-    public = f"http://{nodes.addr1}:{port}"
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    full_env.update(env or {})
-    full_env.setdefault("LABFLEET_ADMIN_PORT", str(free_port()))
-    full_env.update(
-        LABFLEET_BACKEND="swarm",
-        LABFLEET_DOCKER_IMAGE=IMAGE,
-        LABFLEET_HUB_ADDRESS=nodes.addr1,
-        LABFLEET_SESSION_SERVICE_URL=f"{public}/services/labfleet/api",
-        LABFLEET_STATE_DIR=str(state),
-        LABFLEET_DB_URL=db_url,
-        LABFLEET_SERVICE_PORT=str(service_port),
-        LABFLEET_SERVICE_TOKEN=service_token,
-        LABFLEET_SECRET_KEY_FILE=str(state / "labfleet_secret.key"),
-    )
-    from hub_ext.core.secretbox import ensure_key_file
-
-    os.environ["LABFLEET_SECRET_KEY_FILE"] = full_env["LABFLEET_SECRET_KEY_FILE"]
-    ensure_key_file(state / "labfleet_secret.key")
-    seed(db_url)
-    cfg = state / "test_config.py"
-    cfg.write_text(
-        f"load_subconfig({str(REPO / 'jupyterhub_config.py')!r})\n"
-        "c.JupyterHub.services.append({'name': 'test-admin', 'api_token': %r})\n"
-        "c.JupyterHub.load_roles.append({'name': 'test-admin', 'scopes': ['admin:users', 'admin:groups', "
-        "'admin:servers', 'tokens', 'read:roles', 'list:users', 'read:users', 'access:servers'], "
-        "'services': ['test-admin']})\n"
-        "c.JupyterHub.hub_port = %d\n"
-        "c.ConfigurableHTTPProxy.api_url = 'http://127.0.0.1:%d'\n"
-        "c.JupyterHub.log_level = 'DEBUG'\n"
+    public = f"http://{nodes.addr1}:{ports[0]}"
+    swarm_env = {
+        **(env or {}),
+        "LABFLEET_BACKEND": "swarm",
+        "LABFLEET_DOCKER_IMAGE": IMAGE,
+        "LABFLEET_HUB_ADDRESS": nodes.addr1,
+        "LABFLEET_SESSION_SERVICE_URL": f"{public}/services/labfleet/api",
+    }
+    config = (
         "c.SwarmSpawner.name_template = %r\n"
         "c.LabfleetSpawnerMixin.queue_poll_interval = 0.3\n"
-        "c.LabfleetSwarmSpawner.task_pending_timeout = 90\n"
-        % (admin_token, hub_port, proxy_api, SERVICE_PREFIX + "-{username}--{servername}")
-        + extra_config
+        "c.LabfleetSwarmSpawner.task_pending_timeout = 90\n" % (SERVICE_PREFIX + "-{username}--{servername}")
     )
-    log_path = state / "jupyterhub.log"
-    log = open(log_path, "a")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterhub", "-f", str(cfg), "--ip", nodes.addr1, "--port", str(port)],
-        cwd=state,
-        env=full_env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    hub = Hub(public, state, db_url, admin_token, service_token, proc, log_path, full_env, ports)
-    try:
-        wait_for(f"{public}/hub/api", proc, log_path)
-        wait_for(f"{public}/services/labfleet/api/openapi.yaml", proc, log_path)
-    except Exception:
-        hub.stop()
-        raise
-    return hub
+    return start_hub(state, extra_config=config + extra_config, ports=ports, env=swarm_env, ip=nodes.addr1)
 
 
 def agent_available() -> str | None:
