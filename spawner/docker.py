@@ -24,18 +24,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import threading
 from copy import deepcopy
 from typing import Any
 
 import docker
-from docker.utils import kwargs_from_env
 from dockerspawner import DockerSpawner
 from dockerspawner.dockerspawner import _deep_merge
 from jupyterhub.utils import random_port
 from traitlets import Float, List, Unicode, default
 
 from .docker_config import ContainerConfig, container_config
+from .dockerlogs import follow_logs
 from .launch import LaunchSpec, Mount
 from .mixin import LabfleetSpawnerMixin
 
@@ -121,6 +120,8 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
     lf_container: ContainerConfig | None = None
     _lf_configured: dict[str, Any] | None = None
     _lf_log_done: asyncio.Future | None = None
+    _lf_log_stream_client: docker.APIClient | None = None
+    _lf_log_cut = False
     _lf_final_status: str | None = None
 
     # ------------------------------------------------------------------ launch
@@ -241,57 +242,15 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
 
     # ------------------------------------------------------------------ logs
 
-    def _lf_log_client(self) -> docker.APIClient:
-        """A client of its own: a followed log stream holds its connection for the session's life."""
-        kwargs: dict[str, Any] = {"version": "auto"}
-        if self.tls_config:
-            kwargs["tls"] = docker.tls.TLSConfig(**self.tls_config)
-        kwargs.update(kwargs_from_env())
-        kwargs.update(self.client_kwargs)
-        return docker.APIClient(**kwargs)
-
     def _lf_follow_logs(self, since: int | None = None) -> None:
-        """Follow the container's output into the session log, in a daemon thread (the stream ends
-        when the container stops); ``_lf_log_done`` resolves then."""
-        path = self.session_log_path
-        container_id = self.object_id
-        if path is None or not container_id:
-            return
-        if self._lf_log_done is not None and not self._lf_log_done.done():
-            return
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-        self._lf_log_done = done
-        log = self.log
+        """Follow the container's output into the session log (the stream ends when the container
+        stops); ``_lf_log_done`` resolves then."""
+        cid = self.object_id
 
-        def finished() -> None:
-            if not done.done():
-                done.set_result(None)
+        def stream(client: docker.APIClient) -> Any:
+            return client.logs(cid, stdout=True, stderr=True, stream=True, follow=True, since=since)
 
-        def follow() -> None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                client = self._lf_log_client()
-                try:
-                    stream = client.logs(
-                        container_id, stdout=True, stderr=True, stream=True, follow=True, since=since
-                    )
-                    with open(path, "ab", buffering=0) as f:
-                        for chunk in stream:
-                            f.write(chunk)
-                finally:
-                    client.close()
-            except docker.errors.NotFound:
-                pass  # removed before we got to it
-            except Exception:
-                log.exception("labfleet: following the logs of container %s failed", container_id[:12])
-            finally:
-                try:
-                    loop.call_soon_threadsafe(finished)
-                except RuntimeError:
-                    pass  # the Hub's loop is closed: it is shutting down
-
-        threading.Thread(target=follow, name=f"labfleet-logs-{container_id[:12]}", daemon=True).start()
+        follow_logs(self, "container", cid, stream)
 
     async def _lf_logs_flushed(self) -> None:
         """Wait (bounded) for the log follower to write the container's last output."""

@@ -26,18 +26,17 @@ pure :func:`spawner.swarm_config.service_config`.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pprint import pformat
 from typing import Any
 
 import docker
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, RestartPolicy, TaskTemplate
-from docker.utils import kwargs_from_env
 from dockerspawner import SwarmSpawner
 from jupyterhub.utils import random_port
 from traitlets import Dict, Float, List, Unicode, default
 
+from .dockerlogs import follow_logs
 from .launch import LaunchSpec
 from .launch import Mount as LaunchMount
 from .mixin import LabfleetSpawnerMixin
@@ -304,56 +303,14 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
 
     # ------------------------------------------------------------------ logs
 
-    def _lf_log_client(self) -> docker.APIClient:
-        kwargs: dict[str, Any] = {"version": "auto"}
-        if self.tls_config:
-            kwargs["tls"] = docker.tls.TLSConfig(**self.tls_config)
-        kwargs.update(kwargs_from_env())
-        kwargs.update(self.client_kwargs)
-        return docker.APIClient(**kwargs)
-
     def _lf_follow_logs(self) -> None:
         """Follow the service's output (from whichever node runs it) into the session log."""
-        path = self.session_log_path
-        service_id = self.object_id
-        if path is None or not service_id:
-            return
-        if self._lf_log_done is not None and not self._lf_log_done.done():
-            return
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-        self._lf_log_done = done
-        self._lf_log_cut = False
-        log = self.log
+        sid = self.object_id
 
-        def finished() -> None:
-            if not done.done():
-                done.set_result(None)
+        def stream(client: docker.APIClient) -> Any:
+            return client.service_logs(sid, stdout=True, stderr=True, follow=True)
 
-        def follow() -> None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                client = self._lf_log_client()
-                self._lf_log_stream_client = client
-                try:
-                    stream = client.service_logs(service_id, stdout=True, stderr=True, follow=True)
-                    with open(path, "ab", buffering=0) as f:
-                        for chunk in stream:
-                            f.write(chunk)
-                finally:
-                    client.close()
-            except docker.errors.NotFound:
-                pass
-            except Exception:
-                if not done.done() and not self._lf_log_cut:
-                    log.exception("labfleet: following the logs of service %s failed", service_id[:12])
-            finally:
-                try:
-                    loop.call_soon_threadsafe(finished)
-                except RuntimeError:
-                    pass
-
-        threading.Thread(target=follow, name=f"labfleet-logs-{service_id[:12]}", daemon=True).start()
+        follow_logs(self, "service", sid, stream)
 
     # ------------------------------------------------------------------ poll, stop
 
