@@ -135,6 +135,94 @@ command -v npm >/dev/null 2>&1 || die "node is installed but npm is not: install
 [ -x "$SYSTEM_PYTHON" ] || die "$SYSTEM_PYTHON not found (apt-get install python3 python3-venv)"
 
 # ---------------------------------------------------------------------------------------------------------
+# 5. (--test) the programs of the app launchers (server_ext/apps.py), for their tests: TensorBoard and
+#    MLflow in a venv of their own (their many dependencies never meet the project's), code-server from npm
+#    with the node major it requires (node@24, also from npm). Only `apps/bin` goes on a PATH: it holds
+#    these three programs and nothing else of the venv.
+#    They share nothing with steps 2-4: both installs run in the background from the start (about 90 s
+#    of the ~170 s a fresh setup takes), each with its own log, and the end of this script waits for them.
+# ---------------------------------------------------------------------------------------------------------
+APPS="$TOOLS/apps"
+APPS_PY_SPEC="tensorboard mlflow"
+APPS_NODE_SPEC="node@24"
+APPS_CODE_SERVER_SPEC="code-server@4"
+
+apps_python() {
+    if [ -x "$APPS/venv/bin/tensorboard" ] && [ -x "$APPS/venv/bin/mlflow" ] \
+        && [ "$(cat "$APPS/venv/.labfleet-spec" 2>/dev/null)" = "$APPS_PY_SPEC" ]; then
+        step_done "apps: $APPS_PY_SPEC present (skipped)"
+    else
+        rm -rf "$APPS/venv"
+        "$SYSTEM_PYTHON" -m venv "$APPS/venv"
+        "$APPS/venv/bin/python" -m pip install -q --progress-bar off --upgrade pip </dev/null
+        # shellcheck disable=SC2086 # one word per package
+        "$APPS/venv/bin/python" -m pip install -q --progress-bar off $APPS_PY_SPEC </dev/null
+        echo "$APPS_PY_SPEC" >"$APPS/venv/.labfleet-spec"
+        step_done "apps: installed $APPS_PY_SPEC into $APPS/venv"
+    fi
+    ln -sfn ../venv/bin/tensorboard "$APPS/bin/tensorboard"
+    ln -sfn ../venv/bin/mlflow "$APPS/bin/mlflow"
+}
+
+apps_code_server() {
+    apps_node() { "$APPS/node/node_modules/.bin/node" "$@" 2>/dev/null; }
+    if [ "$(apps_node -p 'process.versions.node.split(".")[0]')" = "${APPS_NODE_SPEC#node@}" ]; then
+        step_done "apps: node $(apps_node --version) present (skipped)"
+    else
+        rm -rf "$APPS/node"
+        npm install --prefix "$APPS/node" --no-audit --no-fund --no-update-notifier --loglevel=error \
+            "$APPS_NODE_SPEC" </dev/null
+        apps_node --version >/dev/null || die "node from npm ($APPS_NODE_SPEC) does not run"
+        step_done "apps: installed node $(apps_node --version)"
+    fi
+    # The node release with its headers (node-gyp builds code-server's native modules against them).
+    APPS_NODE_BIN="$(apps_node -p process.execPath)"
+    APPS_NODE_DIR="$(dirname "$(dirname "$(dirname "$(find "$APPS/node/node_modules" \
+        -path '*/include/node/node_api.h' | head -n1)")")")"
+
+    CODE_SERVER_JS="$APPS/code-server/node_modules/code-server/out/node/entry.js"
+    # Any run of code-server writes a config file: keep it out of the installing user's home.
+    code_server() { XDG_CONFIG_HOME="$APPS/code-server/.config" "$APPS_NODE_BIN" "$CODE_SERVER_JS" "$@"; }
+    if [ -f "$CODE_SERVER_JS" ] && code_server --version >/dev/null 2>&1; then
+        step_done "apps: code-server present (skipped)"
+    else
+        rm -rf "$APPS/code-server"
+        # The nested npm install of its postinstall must run on node 24 too: that node first on PATH.
+        # --unsafe-perm: as root, npm would otherwise run that postinstall as nobody, which fails.
+        PATH="$(dirname "$APPS_NODE_BIN"):$PATH" npm_config_nodedir="$APPS_NODE_DIR" \
+            npm install --prefix "$APPS/code-server" --unsafe-perm --no-audit --no-fund \
+            --no-update-notifier --loglevel=error "$APPS_CODE_SERVER_SPEC" </dev/null
+        code_server --version >/dev/null || die "code-server did not install"
+        step_done "apps: installed code-server $(code_server --version | head -n1)"
+    fi
+    # code-server's own launcher runs `node` from PATH; this one runs it on the node it was built for.
+    printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$APPS_NODE_BIN" "$CODE_SERVER_JS" >"$APPS/bin/code-server"
+    chmod 0755 "$APPS/bin/code-server"
+}
+
+declare -A APPS_JOBS=()
+if [ "$WITH_TEST" = 1 ]; then
+    mkdir -p "$APPS/bin"
+    for job in apps_python apps_code_server; do
+        ( "$job" ) >"$APPS/$job.log" 2>&1 &
+        APPS_JOBS[$job]=$!
+    done
+fi
+# Waits for the background installs of step 5; a failed one prints its log and fails the setup.
+wait_for_apps() {
+    local job rc
+    for job in "${!APPS_JOBS[@]}"; do
+        rc=0
+        wait "${APPS_JOBS[$job]}" || rc=$?
+        if [ "$rc" -ne 0 ]; then
+            cat "$APPS/$job.log" >&2
+            die "$job failed (exit $rc): its output is above"
+        fi
+        grep '^\[setup\]' "$APPS/$job.log" || true
+    done
+}
+
+# ---------------------------------------------------------------------------------------------------------
 # 2. venv from Debian's python (a pyenv python under /root is mode 0700: other users could not run it)
 # ---------------------------------------------------------------------------------------------------------
 venv_ok() {
@@ -249,67 +337,7 @@ else
     step_done "npm: installed configurable-http-proxy $v"
 fi
 
-# ---------------------------------------------------------------------------------------------------------
-# 5. (--test) the programs of the app launchers (server_ext/apps.py), for their tests: TensorBoard and
-#    MLflow in a venv of their own (their many dependencies never meet the project's), code-server from npm
-#    with the node major it requires (node@24, also from npm). Only `apps/bin` goes on a PATH: it holds
-#    these three programs and nothing else of the venv.
-# ---------------------------------------------------------------------------------------------------------
-APPS="$TOOLS/apps"
-APPS_PY_SPEC="tensorboard mlflow"
-APPS_NODE_SPEC="node@24"
-APPS_CODE_SERVER_SPEC="code-server@4"
-if [ "$WITH_TEST" = 1 ]; then
-    mkdir -p "$APPS/bin"
-    if [ -x "$APPS/venv/bin/tensorboard" ] && [ -x "$APPS/venv/bin/mlflow" ] \
-        && [ "$(cat "$APPS/venv/.labfleet-spec" 2>/dev/null)" = "$APPS_PY_SPEC" ]; then
-        step_done "apps: $APPS_PY_SPEC present (skipped)"
-    else
-        rm -rf "$APPS/venv"
-        "$SYSTEM_PYTHON" -m venv "$APPS/venv"
-        "$APPS/venv/bin/python" -m pip install -q --progress-bar off --upgrade pip </dev/null
-        # shellcheck disable=SC2086 # one word per package
-        "$APPS/venv/bin/python" -m pip install -q --progress-bar off $APPS_PY_SPEC </dev/null
-        echo "$APPS_PY_SPEC" >"$APPS/venv/.labfleet-spec"
-        step_done "apps: installed $APPS_PY_SPEC into $APPS/venv"
-    fi
-    ln -sfn ../venv/bin/tensorboard "$APPS/bin/tensorboard"
-    ln -sfn ../venv/bin/mlflow "$APPS/bin/mlflow"
-
-    apps_node() { "$APPS/node/node_modules/.bin/node" "$@" 2>/dev/null; }
-    if [ "$(apps_node -p 'process.versions.node.split(".")[0]')" = "${APPS_NODE_SPEC#node@}" ]; then
-        step_done "apps: node $(apps_node --version) present (skipped)"
-    else
-        rm -rf "$APPS/node"
-        npm install --prefix "$APPS/node" --no-audit --no-fund --no-update-notifier --loglevel=error \
-            "$APPS_NODE_SPEC" </dev/null
-        apps_node --version >/dev/null || die "node from npm ($APPS_NODE_SPEC) does not run"
-        step_done "apps: installed node $(apps_node --version)"
-    fi
-    # The node release with its headers (node-gyp builds code-server's native modules against them).
-    APPS_NODE_BIN="$(apps_node -p process.execPath)"
-    APPS_NODE_DIR="$(dirname "$(dirname "$(dirname "$(find "$APPS/node/node_modules" \
-        -path '*/include/node/node_api.h' | head -n1)")")")"
-
-    CODE_SERVER_JS="$APPS/code-server/node_modules/code-server/out/node/entry.js"
-    # Any run of code-server writes a config file: keep it out of the installing user's home.
-    code_server() { XDG_CONFIG_HOME="$APPS/code-server/.config" "$APPS_NODE_BIN" "$CODE_SERVER_JS" "$@"; }
-    if [ -f "$CODE_SERVER_JS" ] && code_server --version >/dev/null 2>&1; then
-        step_done "apps: code-server present (skipped)"
-    else
-        rm -rf "$APPS/code-server"
-        # The nested npm install of its postinstall must run on node 24 too: that node first on PATH.
-        # --unsafe-perm: as root, npm would otherwise run that postinstall as nobody, which fails.
-        PATH="$(dirname "$APPS_NODE_BIN"):$PATH" npm_config_nodedir="$APPS_NODE_DIR" \
-            npm install --prefix "$APPS/code-server" --unsafe-perm --no-audit --no-fund \
-            --no-update-notifier --loglevel=error "$APPS_CODE_SERVER_SPEC" </dev/null
-        code_server --version >/dev/null || die "code-server did not install"
-        step_done "apps: installed code-server $(code_server --version | head -n1)"
-    fi
-    # code-server's own launcher runs `node` from PATH; this one runs it on the node it was built for.
-    printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$APPS_NODE_BIN" "$CODE_SERVER_JS" >"$APPS/bin/code-server"
-    chmod 0755 "$APPS/bin/code-server"
-fi
+wait_for_apps
 
 awk -v a="$T_START" -v b="$(now)" -v t="$WITH_TEST" \
     'BEGIN { printf "[setup] done (%s) in %.1fs. Use it: source scripts/env.sh\n", (t == 1 ? "runtime + test" : "runtime"), b - a }'

@@ -2,9 +2,16 @@
 
 import pytest
 
+from hub_ext.hub.configure import interruptible_children
 from tests.browserfixture import chromium
 from tests.hubfixture import start_hub
 from tests.postgres_server import postgres_url  # noqa: F401  (a fixture)
+
+
+def pytest_configure(config):
+    # A run started in the background (CI) inherits SIGINT ignored; the processes the tests start
+    # (Hubs, services, agents, CLIs) must stop when interrupted, as they would from a terminal.
+    interruptible_children()
 
 
 @pytest.fixture(scope="module")

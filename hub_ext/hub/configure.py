@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +116,22 @@ def admin_service(service_port: int, repo_root: str) -> dict[str, Any]:
     }
 
 
+def interruptible_children() -> None:
+    """Let the servers and services this Hub starts be interrupted.
+
+    A Hub started in the background by a non-interactive shell (``nohup jupyterhub &``, a CI job)
+    inherits SIGINT ignored, and so would every process it starts. JupyterHub stops its servers and
+    managed services with SIGINT first and waits ``interrupt_timeout`` before SIGTERM: each stop
+    would take that long (measured: 30 s for a Hub whose console ignored it). Python's default
+    handler is reset to the default action on exec, so the children start interruptible.
+    """
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def configure(
     c,
     state_dir: str | Path | None = None,
@@ -134,6 +152,7 @@ def configure(
     ``labfleet-service --help-all``), e.g. ``{"schedule_interval": 2}``. The service also reads
     ``labfleet_service_config.py`` in the state directory, where it runs.
     """
+    interruptible_children()
     state = Path(state_dir or os.getcwd()).absolute()
     port = service_port or int(os.environ.get(SERVICE_PORT_ENV, DEFAULT_SERVICE_PORT))
     token = service_token(state)

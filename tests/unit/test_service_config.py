@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from traitlets.config import Config
 
 from hub_ext.core.secretbox import ensure_key_file
 from hub_ext.hub.configure import configure, service_args
 from hub_ext.service.app import LabfleetService
+
+REPO = Path(__file__).resolve().parents[2]
 
 MOCK = [{"model": "A100-80GB", "memory": "80g", "count": 2}]
 
@@ -129,3 +133,34 @@ def test_help_all_lists_every_option_with_its_help():
     text = " ".join(out.stdout.split())
     assert "a pending timeout fires within this" in text
     assert "labfleet_service_config.py" in text
+
+
+def test_a_hub_started_with_sigint_ignored_starts_interruptible_children():
+    """Run in a process that starts with SIGINT ignored (a background job of a script): after
+    interruptible_children(), a child it starts neither ignores SIGINT nor outlives one."""
+    code = (
+        "import signal, subprocess, sys\n"
+        "from hub_ext.hub.configure import interruptible_children\n"
+        "before = subprocess.run(['grep', 'SigIgn', '/proc/self/status'], capture_output=True, text=True).stdout\n"
+        "interruptible_children()\n"
+        "after = subprocess.run(['grep', 'SigIgn', '/proc/self/status'], capture_output=True, text=True).stdout\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "child.send_signal(signal.SIGINT)\n"
+        "print(before.split()[1], after.split()[1], child.wait(30))\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import signal, os, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); exec({code!r})",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr
+    before, after, code_of_child = out.stdout.split()
+    sigint = 1 << (signal.SIGINT - 1)
+    assert int(before, 16) & sigint and not int(after, 16) & sigint
+    assert int(code_of_child) != 0  # interrupted (KeyboardInterrupt), not a 60 s sleep
