@@ -138,9 +138,10 @@ else
     } >>"$LOG"
     # Who started it: scripts/test stops it at its end only when this is its own run's mark.
     printf '%s\n' "${LABFLEET_DOCKER_OWNER:-}" >"$OWNERFILE"
-    # fd 8 (the lock) is closed for the daemon: it must not hold the lock for its whole life.
+    # The lock fds (8: ours; 7, 9: build-image.sh and setup.sh, when they call this) are closed for the
+    # daemon: it must not hold a lock for its whole life.
     as_root setsid nohup dockerd --bridge=none --iptables=false --ip-masq=false \
-        --pidfile="$PIDFILE" "${extra[@]}" </dev/null >>"$LOG" 2>&1 8>&- &
+        --pidfile="$PIDFILE" "${extra[@]}" </dev/null >>"$LOG" 2>&1 7>&- 8>&- 9>&- &
     starter=$!
 fi
 

@@ -191,7 +191,7 @@ else
         printf '%s\n' "${LABFLEET_DOCKER_OWNER:-}" >"$OWNERFILE"
         as_root setsid nohup nsenter "--net=/var/run/netns/$NETNS" dockerd --bridge=none --iptables=false \
             --ip-masq=false --ip6tables=false --data-root "$DATA2" --exec-root "$EXEC2" --pidfile "$PID2" \
-            -H "unix://$SOCK2" </dev/null >>"$LOG2" 2>&1 8>&- &
+            -H "unix://$SOCK2" </dev/null >>"$LOG2" 2>&1 7>&- 8>&- 9>&- &
     fi
     deadline=$((SECONDS + WAIT))
     while ! engine2_answers; do
