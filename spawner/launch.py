@@ -222,6 +222,8 @@ def build_launch(
     }
     if options.command:
         env["LABFLEET_COMMAND"] = options.command
+    if options.port is not None:
+        env["LABFLEET_INFERENCE_PORT"] = str(options.port)  # server_ext's runner: $PORT of the command
     ports = session.get("service_ports")
     if isinstance(ports, list) and ports:
         # The image's service ports (apps): server_ext proxies each at <base_url><name>/.

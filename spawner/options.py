@@ -15,7 +15,18 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, TypeGuard
 
 SESSION_TYPES = ("interactive", "batch", "inference")
-OPTION_KEYS = ("project", "image", "resource_group", "cpu", "mem", "gpu", "vfolders", "type", "command")
+OPTION_KEYS = (
+    "project",
+    "image",
+    "resource_group",
+    "cpu",
+    "mem",
+    "gpu",
+    "vfolders",
+    "type",
+    "command",
+    "port",
+)
 
 # Bounds that no node reaches: anything past them is a typo, not a request.
 MAX_CPU = Decimal(1024)
@@ -23,6 +34,9 @@ MAX_MEM = 64 * 2**40
 MAX_GPU = Decimal(64)
 MAX_COMMAND = 8192
 MAX_VFOLDERS = 64
+# An inference command's port where sessions share the node's network (model serving picks one per
+# replica): never a privileged port.
+MIN_PORT, MAX_PORT = 1024, 65535
 GPU_QUANTUM = Decimal("0.01")
 CPU_QUANTUM = Decimal("0.001")
 
@@ -51,6 +65,7 @@ class SessionOptions:
     vfolders: tuple[str, ...] = ()
     type: str = "interactive"
     command: str = ""
+    port: int | None = None  # inference only: the port its command listens on (else one picked at start)
 
     def slots(self) -> dict[str, Any]:
         """The session's slots as the service's admission API takes them."""
@@ -83,7 +98,20 @@ class SessionOptions:
             out["vfolders"] = list(self.vfolders)
         if self.command:
             out["command"] = self.command
+        if self.port is not None:
+            out["port"] = self.port
         return out
+
+
+def parse_port(value: Any) -> int:
+    """An inference command's port: an integer from MIN_PORT to MAX_PORT (digits in a string too)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionsError(f"port must be a whole number, not {str(value)[:40]!r}")
+    if not MIN_PORT <= value <= MAX_PORT:
+        raise OptionsError(f"port must be from {MIN_PORT} to {MAX_PORT}, not {value}")
+    return value
 
 
 def _number(value: Any, key: str, *, maximum: Decimal, quantum: Decimal) -> Decimal:
@@ -192,6 +220,9 @@ def parse_options(raw: Any) -> SessionOptions:
         raise OptionsError(f"a {stype} session needs a command")
     if stype == "interactive" and command:
         raise OptionsError("an interactive session takes no command (choose type batch or inference)")
+    port = parse_port(opts["port"]) if "port" in opts else None
+    if port is not None and stype != "inference":
+        raise OptionsError("port is for inference sessions only (the port their command listens on)")
     cpu = _number(opts["cpu"], "cpu", maximum=MAX_CPU, quantum=CPU_QUANTUM) if "cpu" in opts else None
     if cpu is not None and cpu == 0:
         raise OptionsError("cpu must be more than 0")
@@ -206,6 +237,7 @@ def parse_options(raw: Any) -> SessionOptions:
         vfolders=_vfolders(opts.get("vfolders", [])),
         type=stype,
         command=command,
+        port=port,
     )
 
 

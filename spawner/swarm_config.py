@@ -135,6 +135,9 @@ def service_config(
     )
     host = cfg.extra_host_config
     env = dict(cfg.environment)
+    # An inference command (a model-serving replica) listens on every interface of its node, so the
+    # service reaches it at the node's address (hub_ext/serving/definition.py HOST_LINE).
+    env["LABFLEET_INFERENCE_HOST"] = "0.0.0.0"
     mounts = [
         ServiceMount(source=source, target=bind["bind"], read_only=bind["mode"] == "ro")
         for source, bind in cfg.volumes.items()

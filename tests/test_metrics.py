@@ -4,8 +4,10 @@ Unit: the family builders on an SQLite fleet (sessions admitted with ``sessions.
 statements a scrape costs, the service's histograms, the bearer token check.
 Real Hub: who may read the metrics (monitor and superadmin by token or login, the configured
 Prometheus token; anonymous 401, user and domain admin 403), the text parses with
-prometheus_client's own parser, the series follow admissions, releases and the queue, and every
-query of the shipped Grafana dashboard names a series the endpoint exposes.
+prometheus_client's own parser, the series follow admissions, releases and the queue, every
+query of the shipped Grafana dashboard names a series the endpoint exposes, and a served endpoint's
+calls move its serving series and the serving part of ``/api/usage`` by exactly their number (per
+token too), which another domain's user does not see.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from hub_ext.usage import metrics
 from hub_ext.usage.metrics import Held, NodeRow, Tenant
 from tests.dbfixture import fresh_db
 from tests.hubfixture import start_hub
+from tests.test_serving_hub import DEFINITION, SERVER, _call, _folder, _wait
 
 CLI = Actor.cli()
 GiB = 2**30
@@ -47,8 +50,8 @@ def families(text: str) -> dict:
 
 
 def value(fams, name: str, **labels) -> float:
-    """The one sample of family ``name`` (or of a histogram's ``name_count``/``_sum``) with ``labels``."""
-    family = fams[re.sub(r"_(count|sum|bucket)$", "", name)] if name not in fams else fams[name]
+    """The one sample of family ``name`` (a histogram's ``_count``, ``_sum``, ``_bucket``, a counter's ``_total``)."""
+    family = fams[re.sub(r"_(count|sum|bucket|total)$", "", name)] if name not in fams else fams[name]
     found = [s.value for s in family.samples if s.name == name and s.labels == labels]
     assert len(found) == 1, (name, labels, [(s.name, s.labels) for s in family.samples][:20])
     return found[0]
@@ -56,7 +59,7 @@ def value(fams, name: str, **labels) -> float:
 
 def total(fams, name: str, **labels) -> float:
     """The sum of the samples of ``name`` whose labels include ``labels``."""
-    family = fams[re.sub(r"_(count|sum|bucket)$", "", name)] if name not in fams else fams[name]
+    family = fams[re.sub(r"_(count|sum|bucket|total)$", "", name)] if name not in fams else fams[name]
     return sum(
         s.value
         for s in family.samples
@@ -105,7 +108,8 @@ def _scrape(factory) -> dict:
 def test_an_empty_fleet_shows_zeros_not_nothing(tmp_path, monkeypatch):
     engine, factory = _world(tmp_path, monkeypatch)
     fams = _scrape(factory)
-    assert set(fams) == set(metrics.GAUGES)
+    assert set(fams) == set(metrics.GAUGES) | set(metrics.COUNTERS)
+    assert fams["labfleet_serving_requests"].samples == []  # no endpoint: no series
     # Every live status of every session type of the group, at 0: series never vanish at 0.
     live = [(s.labels["status"], s.labels["type"]) for s in fams["labfleet_sessions"].samples]
     assert sorted(live) == sorted((st, t) for st in metrics.LIVE_STATUSES for t in metrics.SESSION_TYPES)
@@ -178,7 +182,7 @@ def test_sessions_allocation_and_quota_follow_admissions(tmp_path, monkeypatch):
     engine.dispose()
 
 
-def test_a_scrape_is_eight_statements_whatever_the_fleet(tmp_path, monkeypatch):
+def test_a_scrape_is_nine_statements_whatever_the_fleet(tmp_path, monkeypatch):
     engine, factory = _world(tmp_path, monkeypatch)
     _admit(factory, **{"gpu.shares": 0.5})
     counted = []
@@ -208,7 +212,7 @@ def test_a_scrape_is_eight_statements_whatever_the_fleet(tmp_path, monkeypatch):
             )
     counted.clear()
     fams = families(m.exposition().decode())
-    assert len(counted) == small == 8
+    assert len(counted) == small == 9
     assert value(fams, "labfleet_resource_group_capacity", resource_group="cpu-only", slot="cpu") == 160
     assert value(fams, "labfleet_project_quota_limit", domain="d3", project="p", slot="cpu") == 5
     engine.dispose()
@@ -259,6 +263,8 @@ def test_histograms_live_in_a_private_registry(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError), m.timing_admission():
         raise RuntimeError("boom")
     m.observe_queue_waits([("default", 12.0), ("default", 700.0)])
+    for seconds in (0.0008, 0.003, 0.003, 2.0):
+        m.observe_serving("echo", seconds)
     fams = families(m.exposition().decode())
     for f in fams.values():
         assert f.documentation and f.type != "unknown", f.name
@@ -269,6 +275,11 @@ def test_histograms_live_in_a_private_registry(tmp_path, monkeypatch):
     assert value(fams, "labfleet_queue_wait_seconds_count", resource_group="default") == 2
     assert value(fams, "labfleet_queue_wait_seconds_bucket", resource_group="default", le="600.0") == 1
     assert value(fams, "labfleet_queue_wait_seconds_sum", resource_group="default") == 712
+    served = "labfleet_serving_request_duration_seconds"
+    assert value(fams, f"{served}_count", endpoint="echo") == 4
+    assert value(fams, f"{served}_bucket", endpoint="echo", le="0.001") == 1
+    assert value(fams, f"{served}_bucket", endpoint="echo", le="0.005") == 3
+    assert value(fams, f"{served}_sum", endpoint="echo") == pytest.approx(2.0068)
     # Not the process-wide registry: two services (or tests) never clash.
     assert (
         REGISTRY.get_sample_value("labfleet_admission_duration_seconds_count", {"outcome": "scheduled"})
@@ -319,14 +330,17 @@ def dashboard_metric_names(dashboard: dict) -> set[str]:
 
 def unknown_metrics(names: set[str], fams: dict) -> list[str]:
     """The names that are no series of ``fams``: a histogram's ``_bucket``, ``_sum`` and ``_count``
-    count as its series, any other name must be a family itself."""
+    count as its series, a counter's ``_total`` as its series, any other name must be a family itself."""
     bad = []
     for name in sorted(names):
         base = re.sub(r"_(bucket|sum|count)$", "", name)
-        if name in fams and fams[name].type != "histogram":
+        if name in fams and fams[name].type not in ("histogram", "counter"):
             continue
         if base != name and base in fams and fams[base].type == "histogram":
             continue
+        if name.endswith("_total") and fams.get(name[: -len("_total")]) is not None:
+            if fams[name[: -len("_total")]].type == "counter":
+                continue
         bad.append(name)
     return bad
 
@@ -337,10 +351,14 @@ def test_the_dashboard_checker_catches_a_wrong_name(tmp_path, monkeypatch):
     exprs = {"panels": [{"targets": [{"expr": "labfleet_sessions_bucket + labfleet_nope"}]}]}
     names = dashboard_metric_names(exprs)
     assert unknown_metrics(names, fams) == ["labfleet_nope", "labfleet_sessions_bucket"]
-    # A histogram is used through its series, not by its bare name.
+    # A histogram is used through its series, not by its bare name; a counter through its _total.
     assert unknown_metrics({"labfleet_admission_duration_seconds"}, fams) == [
         "labfleet_admission_duration_seconds"
     ]
+    assert unknown_metrics({"labfleet_serving_requests_total", "labfleet_sessions_total"}, fams) == [
+        "labfleet_sessions_total"
+    ]
+    assert unknown_metrics({"labfleet_serving_requests"}, fams) == ["labfleet_serving_requests"]
     engine.dispose()
 
 
@@ -353,6 +371,8 @@ def test_the_dashboard_has_the_panels_the_readme_promises():
         "Queue length",
         "Admission latency",
         "quota used vs limit",
+        "Serving: requests and errors",
+        "Serving: latency through the router",
     ):
         assert wanted in titles, wanted
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
@@ -372,7 +392,7 @@ def hub(tmp_path_factory):
     state = tmp_path_factory.mktemp("hub")
     # Bare admissions below have no Hub server: reconciling must not take them back mid-module.
     (state / "labfleet_service_config.py").write_text("c.LabfleetService.reconcile_grace = 3600\n")
-    h = start_hub(state, env={"LABFLEET_METRICS_TOKEN": METRICS_TOKEN})
+    h = start_hub(state, env={"LABFLEET_METRICS_TOKEN": METRICS_TOKEN, "LABFLEET_SERVING_INTERVAL": "1"})
     try:
         root = h.wait_token("root")
         for path, body in [
@@ -381,10 +401,12 @@ def hub(tmp_path_factory):
             ("/users", {"username": "alice", "domain": "acme", "projects": ["ml"]}),
             ("/users", {"username": "carol", "domain": "acme", "role": "admin"}),
             ("/users", {"username": "mona", "domain": "acme", "role": "monitor", "password": PW}),
+            ("/domains", {"name": "other"}),
+            ("/users", {"username": "eve", "domain": "other"}),
         ]:
             r = h.api("POST", path, root, json=body)
             assert r.status_code == 201, r.text
-        h.tokens = {"root": root, **{u: h.wait_token(u) for u in ("alice", "carol", "mona")}}
+        h.tokens = {"root": root, **{u: h.wait_token(u) for u in ("alice", "carol", "mona", "eve")}}
         yield h
     finally:
         h.stop()
@@ -516,3 +538,81 @@ def test_every_dashboard_query_names_an_exposed_series(hub):
     names = dashboard_metric_names(json.loads(DASHBOARD.read_text()))
     assert {"labfleet_sessions", "labfleet_admission_duration_seconds_bucket"} <= names
     assert unknown_metrics(names, scraped(hub)) == []
+
+
+def _serving(hub, who: str, endpoint: str) -> tuple[int, dict, dict]:
+    """(all requests ``who`` sees, ``endpoint``'s row, per token id) of ``GET /api/usage``."""
+    r = hub.api("GET", "/usage", hub.tokens[who])  # the last 30 days
+    assert r.status_code == 200, r.text
+    part = r.json()["serving"]
+    rows = [e for e in part["endpoints"] if e["endpoint"] == endpoint]
+    return part["requests"], (rows[0] if rows else {}), {t["token_id"]: t for t in part["tokens"]}
+
+
+@pytest.mark.hub
+def test_a_served_endpoint_moves_its_series_and_usage_by_its_calls(hub):
+    """Last in the module: its replica runs no GPU, so the series above are not moved by it."""
+    alice = hub.tokens["alice"]
+    _folder(hub, alice, "metered-model", {"model-definition.yaml": DEFINITION, "server.py": SERVER})
+    r = hub.api(
+        "POST",
+        "/endpoints",
+        alice,
+        json={
+            "name": "metered",
+            "project": "acme/ml",
+            "model_folder": "metered-model",
+            "replicas": 1,
+            "slots": {"cpu": 0.1, "mem": "256m"},
+        },
+    )
+    assert r.status_code == 201, r.text
+    try:
+        _wait(
+            "a healthy replica",
+            lambda: hub.api("GET", "/endpoints/metered", alice).json()["healthy_replicas"] == 1,
+            hub=hub,
+        )
+        t = hub.api("POST", "/endpoints/metered/tokens", alice, json={"rate_limit": 0})
+        assert t.status_code == 201, t.text
+        token, token_id = t.json()["token"], t.json()["id"]
+        url = "/services/labfleet/serve/metered/"
+        ep = {"endpoint": "metered", "project": "ml", "domain": "acme"}
+        before = scraped(hub)
+        seen_before = {who: _serving(hub, who, "metered")[0] for who in ("alice", "carol", "eve", "root")}
+        n = 5
+        for _ in range(n):
+            assert _call(hub, url, token).status_code == 200
+        assert _call(hub, url, token[:-2] + "xx").status_code == 401  # not counted: no token of it
+        # The histogram moves at once; the counters with the next tick.
+        fams = _wait(
+            "the counters",
+            lambda: (f := scraped(hub)) and value(f, "labfleet_serving_requests_total", **ep) == n and f,
+            timeout=30,
+        )
+        assert value(fams, "labfleet_serving_errors_total", **ep) == 0
+        assert value(fams, "labfleet_serving_replicas_healthy", **ep) == 1
+        assert value(fams, "labfleet_serving_replicas_wanted", **ep) == 1
+        count = "labfleet_serving_request_duration_seconds_count"
+        assert value(fams, count, endpoint="metered") == n
+        assert (
+            value(fams, "labfleet_serving_request_duration_seconds_bucket", endpoint="metered", le="+Inf")
+            == n
+        )
+        assert value(before, "labfleet_serving_requests_total", **ep) == 0  # there from the start, at 0
+        # GET /api/usage: alice (the owner) and carol (her domain's admin) see exactly these calls, per
+        # token too; eve, of another domain, none of them.
+        for who in ("alice", "carol", "root"):
+            total_seen, row, tokens = _serving(hub, who, "metered")
+            assert total_seen == seen_before[who] + n, who
+            assert (row["requests"], row["errors"], row["user"], row["project"]) == (n, 0, "alice", "acme/ml")
+            assert row["latency_ms_mean"] > 0 and tokens[token_id]["requests"] == n
+        total_seen, row, tokens = _serving(hub, "eve", "metered")
+        assert total_seen == seen_before["eve"] and row == {} and token_id not in tokens
+        me = hub.api("GET", "/usage/me", alice).json()
+        week = next(p for p in me["periods"] if p["key"] == "7d")["serving"]
+        assert week["requests"] == n and [t["requests"] for t in week["tokens"]] == [n]
+        assert me["daily"][-1]["serving"]["requests"] == n
+        assert token not in hub.log_text()  # the endpoint's token never reaches the log
+    finally:
+        hub.api("DELETE", "/endpoints/metered", alice)

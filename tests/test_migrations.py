@@ -40,6 +40,7 @@ TABLES = {
     "vfolder_mounts",
     "usage_ledger",
     "state_versions",
+    "serving_usage",
 }
 
 

@@ -1,7 +1,8 @@
 """Model serving against the real Hub (local backend, mock GPUs): an endpoint of 2 replicas at a quarter
 of a GPU each, every replica an inference session of its owner started through the Hub, answers through
 one URL from both; tokens; a killed replica is replaced while calls keep succeeding; server-sent events
-stream through; scale down; delete; another domain sees nothing; bad model definitions start nothing."""
+stream through; scale down; delete; another domain sees nothing; bad model definitions start nothing;
+the Model Store shows a project's model folders with their README and model to its members only."""
 
 from __future__ import annotations
 
@@ -470,3 +471,91 @@ def test_delete_stops_the_url_and_the_replicas(env, deployed):
     history = hub.api("GET", "/endpoints?destroyed=true", tokens["alice"]).json()
     assert [(e["name"], e["status"]) for e in history] == [("echo", "DESTROYED")]
     assert history[0]["requests"] > 0
+
+
+# ---------------------------------------------------------------- the Model Store
+
+README = """# Echo *model*
+
+Answers with the [replica](https://example.org)'s name; a test model.
+
+## Usage
+Call it.
+"""
+
+
+def _project_folder(hub, token, project, name, files, usage_mode="model"):
+    r = hub.api("POST", "/vfolders", token, json={"name": name, "usage_mode": usage_mode, "project": project})
+    assert r.status_code == 201, r.text
+    folder = r.json()
+    for path, content in files.items():
+        data = content if isinstance(content, bytes) else content.encode()
+        put = hub.api("PUT", f"/vfolders/{folder['id']}/files/{path}", token, data=data)
+        assert put.status_code == 201, put.text
+    return folder
+
+
+def _store(hub, token, **params):
+    r = hub.api("GET", "/model-store", token, params=params)
+    assert r.status_code == 200, r.text
+    return {c["name"]: c for c in r.json()}
+
+
+def test_model_store_shows_the_projects_model_folders(env):
+    hub, state, tokens = env
+    root = hub.wait_token("root")
+    assert hub.api("POST", "/projects", root, json={"domain": "other", "name": "lab"}).status_code == 201
+    zoo = _project_folder(
+        hub, root, "acme/ml", "zoo-echo", {"README.md": README, "model-definition.yaml": DEFINITION}
+    )
+    _project_folder(
+        hub,
+        root,
+        "acme/ml",
+        "zoo-broken",
+        {"README.md": b"# Caf\xe9\n", "model-definition.yaml": BAD["noport"]},
+    )
+    _project_folder(hub, root, "acme/ml", "zoo-general", {"README.md": README}, usage_mode="general")
+    _project_folder(hub, root, "other/lab", "zoo-lab", {})
+    _folder(hub, tokens["alice"], "zoo-mine", {"README.md": README, "model-definition.yaml": DEFINITION})
+
+    cards = _store(hub, tokens["alice"])
+    # Only the project's model folders: not her own folder, not a general one, not another domain's.
+    assert {n for n in cards if n.startswith("zoo-")} == {"zoo-echo", "zoo-broken"}, cards
+    echo = cards["zoo-echo"]
+    assert (echo["id"], echo["project"], echo["title"]) == (zoo["id"], "acme/ml", "Echo model")
+    assert echo["summary"] == "Answers with the replica's name; a test model."
+    assert echo["readme"] == README and echo["readme_truncated"] is False and echo["readme_error"] is None
+    assert echo["model"] == {"name": "echo", "port": 8000} and echo["definition_error"] is None
+    assert echo["has_definition"] and echo["can_deploy"] and echo["host"] == zoo["host"]
+    broken = cards["zoo-broken"]
+    assert broken["model"] is None and "port is missing" in broken["definition_error"]
+    assert (
+        broken["readme"] is None and "not UTF-8" in broken["readme_error"] and broken["title"] == "zoo-broken"
+    )
+
+    # ?search looks at the name and the title; ?project narrows; a malformed project is 400.
+    assert set(_store(hub, tokens["alice"], search="ECHO MOD")) == {"zoo-echo"}
+    assert set(_store(hub, tokens["alice"], search="zoo-b")) == {"zoo-broken"}
+    assert _store(hub, tokens["alice"], project="other/lab") == {}
+    assert {n for n in _store(hub, tokens["alice"], project="acme/ml") if n.startswith("zoo-")} == {
+        "zoo-echo",
+        "zoo-broken",
+    }
+    for bad in ("nodomain", "a/b/c", "", "acme/ no"):
+        r = hub.api("GET", "/model-store", tokens["alice"], params={"project": bad})
+        assert r.status_code == 400 and r.json()["message"], (bad, r.text)
+
+    # Another domain's user sees none of acme's; acme's admin sees acme's (not being in ml, deploys
+    # none); a monitor and the superadmin see every project's.
+    assert not {n for n in _store(hub, tokens["eve"]) if n.startswith("zoo-")}
+    for name, role in (("acme-admin", "admin"), ("watcher", "monitor")):
+        r = hub.api("POST", "/users", root, json={"username": name, "domain": "acme", "role": role})
+        assert r.status_code == 201, r.text
+    admin = _store(hub, hub.wait_token("acme-admin"))
+    assert {n for n in admin if n.startswith("zoo-")} == {"zoo-echo", "zoo-broken"}
+    assert not any(c["can_deploy"] for c in admin.values())
+    for token in (root, hub.wait_token("watcher")):
+        everything = _store(hub, token)
+        assert {n for n in everything if n.startswith("zoo-")} == {"zoo-echo", "zoo-broken", "zoo-lab"}
+        assert not any(c["can_deploy"] for c in everything.values())

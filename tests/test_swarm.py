@@ -8,7 +8,9 @@ Without agents (nodes registered in labfleet's DB with their labels, as an agent
 - a session lands on node 2 when node 1 is full, runs there (its task, its container on engine 2,
   its limits and devices) and answers through the proxy; stopping it frees its allocation;
 - a folder written from a session on node 1 is read from a session on node 2;
-- a batch session on node 2 ends with its command's exit code and its output in the session log.
+- a batch session on node 2 ends with its command's exit code and its output in the session log;
+- a model-serving replica placed on node 2 answers through the endpoint's URL (the router calls it at
+  node 2's address) and through its own session's inference page (the port the engine gave it).
 With an agent per node (`labfleet agent`, node 2's inside the namespace):
 - a drained node (`labfleet node drain`) gets no new session; killing node 2's agent makes the
   node LOST and frees its allocations.
@@ -38,6 +40,7 @@ from tests.swarmfixture import (
     swarm_up,
     wait_until,
 )
+from tests.test_serving_hub import DEFINITION, SERVER, _folder
 
 pytestmark = pytest.mark.docker
 
@@ -72,7 +75,13 @@ def env(nodes, engines, tmp_path_factory):
         os.chmod(p, p.stat().st_mode | 0o011)
     # Agents heartbeat every second; three missed make their node LOST.
     hub = start_swarm_hub(
-        state, nodes, env={"LABFLEET_AGENT_HEARTBEAT": "1", "LABFLEET_NODE_LOST_AFTER": "3"}
+        state,
+        nodes,
+        env={
+            "LABFLEET_AGENT_HEARTBEAT": "1",
+            "LABFLEET_NODE_LOST_AFTER": "3",
+            "LABFLEET_SERVING_INTERVAL": "1",
+        },
     )
     box = {"hub": hub, "state": state, "nodes": nodes, "servers": set()}
     try:
@@ -315,6 +324,69 @@ def test_batch_session_on_node_2_ends_with_its_exit_code_and_logs(env, nodes, en
         60,
     )
     env["servers"].discard("job")
+    _stop(env, "a")
+
+
+def test_a_replica_on_node_2_answers_through_the_endpoints_url(env, nodes, engines):
+    hub, alice = env["hub"], env["alice"]
+    register_node(hub.db_url, "swarm-1", {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, gpus=1)
+    register_node(hub.db_url, "swarm-2", {"swarm.node_id": nodes.node2_id, "address": nodes.addr2}, gpus=1)
+    _spawn(env, "a")  # node 1's GPU: the replica's quarter goes to node 2
+    _wait_ready(env, "a")
+    assert _session(env, "a")["node"] == "swarm-1"
+    _folder(hub, alice, "far-model", {"model-definition.yaml": DEFINITION, "server.py": SERVER})
+    body = {
+        "name": "far",
+        "project": "acme/ml",
+        "model_folder": "far-model",
+        "replicas": 1,
+        "image": IMAGE,
+        "slots": {"cpu": 0.5, "mem": "512m", "gpu.shares": 0.25},
+    }
+    r = hub.api("POST", "/endpoints", alice, json=body)
+    assert r.status_code == 201, r.text
+    env["servers"].add("far-r1")
+
+    def ready():
+        e = hub.api("GET", "/endpoints/far", alice).json()
+        return e if e["status"] == "READY" else None
+
+    endpoint = wait_until("endpoint far READY", ready, 180, detail=lambda: hub.log_text()[-6000:])
+    (route,) = [r for r in endpoint["routes"] if r["status"] == "RUNNING"]
+    assert route["address"].startswith(f"{nodes.addr2}:"), route
+    assert _session(env, route["server"])["node"] == "swarm-2"
+    token = hub.api("POST", "/endpoints/far/tokens", alice, json={}).json()["token"]
+    answer = requests.get(
+        f"{hub.url}{endpoint['url'].rstrip('/')}/hello",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    port = route["address"].rsplit(":", 1)[1]
+    assert answer.json() | {"auth": None} == {
+        "replica": "far-r1",
+        "port": port,
+        "host": "0.0.0.0",
+        "path": "/hello",
+        "auth": None,
+        "cwd": answer.json()["cwd"],
+    }
+    # The session's own inference page proxies the same port on its loopback.
+    page = requests.get(
+        f"{hub.url}/user/alice/far-r1/labfleet/inference/health",
+        headers={"Authorization": f"token {alice}"},
+        timeout=30,
+    )
+    assert page.status_code == 200 and page.json() == {"ok": True}, page.text
+    r = hub.api("DELETE", "/endpoints/far", alice)
+    assert r.status_code in (200, 202, 204), r.text
+    wait_until(
+        "replica far-r1 gone",
+        lambda: "far-r1" not in hub.hub_api("GET", "/users/alice").json()["servers"],
+        90,
+        detail=lambda: hub.log_text()[-4000:],
+    )
+    env["servers"].discard("far-r1")
     _stop(env, "a")
 
 

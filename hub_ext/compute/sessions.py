@@ -124,8 +124,10 @@ SESSION_FIELDS = (
     "username",
     "vfolders",
     "command",
+    "port",
 )
 MAX_COMMAND = 8192
+PORTS = (1024, 65535)  # an inference command's port (spawner/options.py holds the same bounds)
 
 
 def parse_request(body: Any) -> dict[str, Any]:
@@ -146,6 +148,10 @@ def parse_request(body: Any) -> dict[str, Any]:
     out["vfolders"] = body.get("vfolders", [])
     # The command of a batch or inference session: the spawner runs it; admission does not look at it.
     out["command"] = check_text(body.get("command", ""), "command", MAX_COMMAND)
+    port = body.get("port")
+    out["port"] = None if port is None else check_int(port, "port", minimum=PORTS[0], maximum=PORTS[1])
+    if out["port"] is not None and out["type"] != "inference":
+        raise InvalidInput("port is for inference sessions only (the port their command listens on)")
     return out
 
 
@@ -428,6 +434,8 @@ def launch_options(req: dict[str, Any]) -> dict[str, Any]:
         options["command"] = req["command"]
     if req["vfolders"]:
         options["vfolders"] = list(req["vfolders"])
+    if req.get("port") is not None:
+        options["port"] = req["port"]
     return options
 
 

@@ -942,3 +942,31 @@ class ServingToken(Base):
     latency_ms_total: Mapped[float] = mapped_column(Float, default=0.0)
 
     endpoint: Mapped[ServingEndpoint] = relationship(back_populates="tokens")
+
+
+class ServingUsage(Base):
+    """Requests to one endpoint with one token (``token_id`` None: no token, an endpoint open to the
+    public) in one 15-minute bucket (``bucket_start``, UTC), written by the serving engine each tick
+    (hub_ext.usage.serving): how many, how many failed (5xx, or refused by the rate limit), their
+    summed latency in ms. Names are copied, as in the usage buckets, so a row outlives its endpoint,
+    owner and project; retention deletes old ones with the usage buckets."""
+
+    __tablename__ = "serving_usage"
+    __table_args__ = (
+        Index("ix_serving_usage_bucket", "bucket_start"),
+        Index("ix_serving_usage_endpoint_bucket", "endpoint_id", "bucket_start"),
+        Index("ix_serving_usage_user_bucket", "user", "bucket_start"),
+        Index("ix_serving_usage_domain_bucket", "domain", "bucket_start"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(String(36))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    bucket_start: Mapped[datetime] = mapped_column(UTCDateTime())
+    user: Mapped[str] = mapped_column(String(255))
+    project: Mapped[str] = mapped_column(String(130))  # DOMAIN/PROJECT
+    domain: Mapped[str] = mapped_column(String(64))
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    errors: Mapped[int] = mapped_column(BigInteger, default=0)
+    latency_ms_total: Mapped[float] = mapped_column(Float, default=0.0)

@@ -302,12 +302,18 @@ def _action_line(action: Mapping[str, Any]) -> str:
     return f"echo {shlex.quote('[model] ' + args['message'])}"
 
 
+# Where a replica listens: the spawner says where its node wants it (a Swarm node's replicas listen on
+# every interface of the node, so the router reaches them at the node's address and the session's own
+# inference page at its loopback); else the loopback, where the router runs on the same host.
+HOST_LINE = 'HOST="${LABFLEET_INFERENCE_HOST:-127.0.0.1}"'
+
+
 def replica_command(
-    service: ModelService, *, folder: str, port: int, host: str, env: Mapping[str, str] | None = None
+    service: ModelService, *, folder: str, port: int, env: Mapping[str, str] | None = None
 ) -> str:
     """What a replica's inference session runs: ``$PORT`` and ``$HOST`` set, the endpoint's env, then
     in the mounted model folder the pre-start actions (any failing stops the replica) and the command."""
-    lines = ["set -e", f"export PORT={int(port)} HOST={shlex.quote(host)}"]
+    lines = ["set -e", f"export PORT={int(port)} {HOST_LINE}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())]
     lines.append(f'cd "${{LABFLEET_VFOLDER_DIR:-$HOME/vfolders}}"/{shlex.quote(folder)}')
     lines += [_action_line(a) for a in service.pre_start_actions]

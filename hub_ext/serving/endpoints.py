@@ -163,12 +163,14 @@ def _folder(db: Session, user: User, ref: Any) -> VFolder:
     return v
 
 
-def launch_body(e: ServingEndpoint, owner: str, server: str, command: str) -> dict[str, Any]:
-    """The session request of one replica (what POST /api/sessions takes)."""
+def launch_body(e: ServingEndpoint, owner: str, server: str, command: str, port: int) -> dict[str, Any]:
+    """The session request of one replica (what POST /api/sessions takes); ``port``: where its command
+    listens, so the session's own inference page and the router look at the same port."""
     body: dict[str, Any] = {
         "project": e.project.full_name,
         "type": "inference",
         "command": command,
+        "port": port,
         "slots": dict(e.slots or {}),
         "vfolders": [e.vfolder_id] if e.vfolder_id else [],
         "name": server,
@@ -226,10 +228,9 @@ def create(
         probe = ServingEndpoint(
             name=name, project=project, vfolder_id=folder.id, slots=slots, image=image, resource_group=group
         )
-        command = definition.replica_command(
-            service, folder=folder.name, port=service.port, host="127.0.0.1", env=env
-        )
-        check = launch_body(probe, user.username, f"{name}-r0", command)
+        command = definition.replica_command(service, folder=folder.name, port=service.port, env=env)
+        # Any valid port: the dry run checks the request and places nothing (each replica gets its own).
+        check = launch_body(probe, user.username, f"{name}-r0", command, sessions.PORTS[0])
         project_ref = project.full_name
         folder_id, folder_name, project_id, user_id, domain_id = (
             folder.id,

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import logging
 import os
+import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
@@ -42,8 +44,12 @@ from hub_ext.core import http
 from hub_ext.core.db import session_scope
 from hub_ext.core.models import ComputeSession, ServingEndpoint, ServingRoute, ServingToken
 from hub_ext.serving import definition, endpoints
+from hub_ext.usage import serving as serving_usage
 
 LOCAL_HOST = "127.0.0.1"
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 BACKOFF_MAX = 60.0
 TCP_RETRIES = 3  # failed connects in a row that make a replica with no health_check unhealthy
 RECENT_FAILED = timedelta(minutes=5)  # failed routes whose servers are still stopped if the Hub has them
@@ -56,6 +62,18 @@ def _now() -> datetime:
 def backoff(streak: int) -> float:
     """Seconds before the next replica starts after ``streak`` failures in a row."""
     return 0.0 if streak <= 0 else min(BACKOFF_MAX, 2.0 ** min(streak, 10))
+
+
+def replica_host(node_labels: Mapping[str, Any] | None) -> str:
+    """Where the router reaches a replica: its node's ``address`` label (a node of the Swarm backend, see
+    spawner/swarm_config.py), else the loopback (the service's own host)."""
+    address = (node_labels or {}).get("address")
+    if not isinstance(address, str) or not address:
+        return LOCAL_HOST
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address if _HOSTNAME.match(address) else LOCAL_HOST
 
 
 def free_port(taken: set[int], host: str = LOCAL_HOST) -> int:
@@ -370,7 +388,10 @@ class ServingEngine:
                 continue
             if r.status == "PROVISIONING":
                 r.status, r.ready_at = "RUNNING", now
-                r.session_id = self._session_id(db, e, r)
+                session = self._session(db, e, r)
+                r.session_id = session.id if session is not None else None
+                # On another node (a Swarm node's address label), the router calls it there.
+                r.host = replica_host(session.node.labels if session is not None and session.node else None)
             probe = probes.get(r.id)
             if probe is None:
                 continue
@@ -421,9 +442,9 @@ class ServingEngine:
                 db.flush()
                 r.server = f"{e.name}-r{r.id}"
                 command = definition.replica_command(
-                    service, folder=e.folder_name, port=port, host=LOCAL_HOST, env=e.env or {}
+                    service, folder=e.folder_name, port=port, env=e.env or {}
                 )
-                body = endpoints.launch_body(e, owner, r.server, command)
+                body = endpoints.launch_body(e, owner, r.server, command, port)
                 try:
                     options = sessions.launch_options(sessions.parse_request(body))
                 except Exception as err:  # the endpoint's settings no longer make a session request
@@ -447,10 +468,6 @@ class ServingEngine:
             .order_by(ComputeSession.created_at.desc())
             .limit(1)
         ).first()
-
-    def _session_id(self, db: Session, e: ServingEndpoint, r: ServingRoute) -> str | None:
-        s = self._session(db, e, r)
-        return s.id if s is not None else None
 
     def _why_gone(self, db: Session, e: ServingEndpoint, r: ServingRoute) -> str:
         s = self._session(db, e, r)
@@ -544,3 +561,5 @@ class ServingEngine:
                     t.requests += s.requests
                     t.latency_ms_total += s.latency_ms
                     t.last_used = s.last_used
+            # Over time too, per endpoint and token in 15-minute rows: "how many requests yesterday".
+            serving_usage.record(db, stats, token_stats, _now())

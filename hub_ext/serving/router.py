@@ -247,14 +247,20 @@ class ServeHandler(websocket.WebSocketHandler):
         allowed, token_id = await self._authorize(engine, entry)
         if not allowed:
             if token_id is not None:
-                engine.count(entry.id, token_id, (time.perf_counter() - started) * 1000, True)
+                ms = (time.perf_counter() - started) * 1000
+                engine.count(entry.id, token_id, ms, True)
+                self.settings["labfleet"].metrics.observe_serving(entry.name, ms / 1000)
             return
         if self.request.method == "GET" and self.request.headers.get("Upgrade", "").lower() == "websocket":
             code = await self._bridge(engine, entry, name, path)
-            engine.count(entry.id, token_id, (time.perf_counter() - started) * 1000, code >= 500)
+            ms = (time.perf_counter() - started) * 1000
+            engine.count(entry.id, token_id, ms, code >= 500)
+            self.settings["labfleet"].metrics.observe_serving(entry.name, ms / 1000)
             return
         code = await self._forward(engine, entry, name, path)
-        engine.count(entry.id, token_id, (time.perf_counter() - started) * 1000, code >= 500)
+        ms = (time.perf_counter() - started) * 1000
+        engine.count(entry.id, token_id, ms, code >= 500)
+        self.settings["labfleet"].metrics.observe_serving(entry.name, ms / 1000)  # the latency histogram
 
     # ------------------------------------------------------------ websockets
 

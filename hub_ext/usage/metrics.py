@@ -2,11 +2,13 @@
 
 Two kinds of series:
 
-- **read from the DB at each scrape** by :class:`FleetCollector`: the fleet as it is now, in eight
-  statements whatever its size (:func:`read_fleet`; no query per node, group or tenant), turned
-  into metric families by plain functions (:func:`session_families`, :func:`capacity_families`,
-  :func:`quota_families`) that take plain rows and can be tested without a server;
-- **observed by the service** as it works (:class:`Metrics`): admission latency and queue wait,
+- **read from the DB at each scrape** by :class:`FleetCollector`: the fleet as it is now, in nine
+  statements whatever its size (:func:`read_fleet`; no query per node, group, tenant or endpoint),
+  turned into metric families by plain functions (:func:`session_families`, :func:`capacity_families`,
+  :func:`quota_families`, :func:`serving_families`) that take plain rows and can be tested without
+  a server;
+- **observed by the service** as it works (:class:`Metrics`): admission latency, queue wait and
+  the router's request latency,
   histograms of this service process since it started (``rate()`` and ``histogram_quantile()``
   take restarts in their stride).
 
@@ -27,6 +29,13 @@ their labels:
   ``queue_wait_seconds`` (resource_group);
 - counter: ``sessions_reclaimed_total`` (reason: idle-timeout, idle-utilization, lifetime).
 
+Model serving (hub_ext.serving), per endpoint not destroyed (endpoint, project, domain): the counters
+``serving_requests_total`` and ``serving_errors_total``, read from the endpoints' cumulative columns
+(written by the serving engine each tick, so they survive restarts and lag by at most a tick); the
+gauges ``serving_replicas_healthy`` and ``serving_replicas_wanted``; the histogram
+``serving_request_duration_seconds`` (endpoint), observed by the router as it counts each request.
+Per token there is no label (as many series as tokens): per token is in ``GET /api/usage``.
+
 Left out, and why:
 
 - sessions that ended (TERMINATED, ERROR, CANCELLED): their number only grows, and counting it
@@ -45,7 +54,7 @@ from decimal import Decimal
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -61,6 +70,8 @@ from hub_ext.core.models import (
     Node,
     Project,
     ResourceGroup,
+    ServingEndpoint,
+    ServingRoute,
 )
 from hub_ext.core.slots import ResourceSlots, SlotError
 from hub_ext.usage import records
@@ -76,6 +87,10 @@ ADMISSION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 QUEUE_WAIT_BUCKETS = tuple(
     float(s) for s in (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 3 * 3600, 12 * 3600, 24 * 3600)
 )
+# Seconds a request through the router takes: the router adds a millisecond or two to what the model
+# takes, from milliseconds (a health-style call) to a minute (a long generation).
+SERVING_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ENDPOINT_LABELS = ("endpoint", "project", "domain")
 
 _SLOT_UNITS = "cpu in cores, mem in bytes, gpu in devices, gpu.shares in devices' worth of shares"
 
@@ -151,6 +166,31 @@ GAUGES.update(
         ),
     }
 )
+GAUGES.update(
+    {
+        "labfleet_serving_replicas_healthy": (
+            "Replicas of the endpoint that carry traffic (running and healthy), as the router sees them",
+            _ENDPOINT_LABELS,
+        ),
+        "labfleet_serving_replicas_wanted": (
+            "Replicas the endpoint asks for (0 while it is being destroyed)",
+            _ENDPOINT_LABELS,
+        ),
+    }
+)
+# name (without _total) -> (HELP, labels) of every counter read from the DB.
+COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "labfleet_serving_requests": (
+        "Requests the router passed to the endpoint's replicas, or refused past a token's rate limit "
+        "(written each serving tick: at most a tick behind)",
+        _ENDPOINT_LABELS,
+    ),
+    "labfleet_serving_errors": (
+        "Of those, the ones that failed: answered 5xx (by a replica or the router: none healthy, "
+        "none reachable) or refused past a token's rate limit",
+        _ENDPOINT_LABELS,
+    ),
+}
 HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "labfleet_admission_duration_seconds": (
         "Seconds the service took to answer the Hub's admission requests (checks, placement, commit), "
@@ -167,6 +207,11 @@ HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
         "session's creation to its placement; sessions placed at admission do not wait)",
         ("resource_group",),
     ),
+    "labfleet_serving_request_duration_seconds": (
+        "Seconds requests took through the router, from their arrival to the end of the answer (the "
+        "replica's time included; a websocket: until it is bridged), by endpoint",
+        ("endpoint",),
+    ),
 }
 
 
@@ -174,6 +219,12 @@ def gauge(name: str) -> GaugeMetricFamily:
     """An empty gauge family of :data:`GAUGES`, with its HELP and labels."""
     doc, labels = GAUGES[name]
     return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def counter(name: str) -> CounterMetricFamily:
+    """An empty counter family of :data:`COUNTERS`, with its HELP and labels."""
+    doc, labels = COUNTERS[name]
+    return CounterMetricFamily(name, doc, labels=list(labels))
 
 
 # ---------------------------------------------------------------- what a scrape reads
@@ -224,6 +275,19 @@ class SessionFigures:
     gpu_mem: float | None
 
 
+@dataclass(frozen=True)
+class EndpointRow:
+    """A serving endpoint not destroyed: its names, cumulative counts and replicas."""
+
+    name: str
+    project: str
+    domain: str
+    requests: int
+    errors: int
+    wanted: int
+    healthy: int
+
+
 @dataclass
 class Fleet:
     """The rows of one scrape."""
@@ -236,10 +300,37 @@ class Fleet:
     projects: list[Tenant] = field(default_factory=list)
     ledger: ledger.Rows = field(default_factory=dict)
     utilisation: list[SessionFigures] = field(default_factory=list)
+    serving: list[EndpointRow] = field(default_factory=list)
+
+
+def read_endpoints(db: Session) -> list[EndpointRow]:
+    """Every endpoint not destroyed with its healthy replicas, in one statement."""
+    e, r = ServingEndpoint, ServingRoute
+    healthy = (r.endpoint_id == e.id) & (r.status == "RUNNING") & (r.traffic == "ACTIVE")
+    cols = (e.id, e.name, Project.name, Domain.name, e.status, e.replicas, e.requests, e.errors)
+    return [
+        EndpointRow(
+            name,
+            project,
+            domain,
+            int(requests or 0),
+            int(errors or 0),
+            0 if status == "DESTROYING" else int(replicas),
+            int(n),
+        )
+        for _id, name, project, domain, status, replicas, requests, errors, n in db.execute(
+            select(*cols, func.count(r.id))
+            .join(Project, Project.id == e.project_id)
+            .join(Domain, Domain.id == e.domain_id)
+            .outerjoin(r, healthy)
+            .where(e.status != "DESTROYED")
+            .group_by(*cols)
+        )
+    ]
 
 
 def read_fleet(db: Session) -> Fleet:
-    """Everything a scrape shows, in eight statements (no lock; one read transaction)."""
+    """Everything a scrape shows, in nine statements (no lock; one read transaction)."""
     fleet = Fleet()
     fleet.groups = {gid: name for gid, name in db.execute(select(ResourceGroup.id, ResourceGroup.name))}
     s = ComputeSession
@@ -299,6 +390,7 @@ def read_fleet(db: Session) -> Fleet:
         )
         for st in records.live_figures(db)
     ]
+    fleet.serving = read_endpoints(db)
     return fleet
 
 
@@ -425,13 +517,27 @@ def utilisation_families(rows: Iterable[SessionFigures]) -> list[Metric]:
     return list(families.values())
 
 
+def serving_families(rows: Iterable[EndpointRow]) -> list[Metric]:
+    """The serving counters and replica gauges, one sample per endpoint each (0 included)."""
+    requests, errors = counter("labfleet_serving_requests"), counter("labfleet_serving_errors")
+    healthy, wanted = gauge("labfleet_serving_replicas_healthy"), gauge("labfleet_serving_replicas_wanted")
+    for r in sorted(rows, key=lambda r: r.name):
+        labels = [r.name, r.project, r.domain]
+        requests.add_metric(labels, float(r.requests))
+        errors.add_metric(labels, float(r.errors))
+        healthy.add_metric(labels, float(r.healthy))
+        wanted.add_metric(labels, float(r.wanted))
+    return [requests, errors, healthy, wanted]
+
+
 def fleet_families(fleet: Fleet) -> list[Metric]:
-    """Every gauge of :data:`GAUGES`, from one scrape's rows."""
+    """Every family of :data:`GAUGES` and :data:`COUNTERS`, from one scrape's rows."""
     return [
         *session_families(fleet.groups, fleet.sessions),
         *capacity_families(fleet.groups, fleet.nodes, fleet.held),
         *quota_families(fleet.domains, fleet.projects, fleet.ledger),
         *utilisation_families(fleet.utilisation),
+        *serving_families(fleet.serving),
     ]
 
 
@@ -446,7 +552,7 @@ class FleetCollector:
 
     def describe(self) -> list[Metric]:
         """The families' names, without reading the DB (the registry checks names for clashes)."""
-        return [gauge(name) for name in GAUGES]
+        return [*(gauge(name) for name in GAUGES), *(counter(name) for name in COUNTERS)]
 
     def collect(self) -> list[Metric]:
         with self.session_factory() as db:  # read only: closing rolls the read transaction back
@@ -457,7 +563,7 @@ class FleetCollector:
 class Metrics:
     """The service's metrics: a private registry (never the process-wide one) with the fleet
     collector and the histograms the service feeds (:meth:`observe_admission`,
-    :meth:`observe_queue_waits`)."""
+    :meth:`observe_queue_waits`, :meth:`observe_serving`)."""
 
     def __init__(self, session_factory: sessionmaker[Session]) -> None:
         self.registry = CollectorRegistry()
@@ -480,6 +586,19 @@ class Metrics:
         self.queue_wait = Histogram(
             "labfleet_queue_wait_seconds", doc, labels, buckets=QUEUE_WAIT_BUCKETS, registry=self.registry
         )
+
+        doc, labels = HISTOGRAMS["labfleet_serving_request_duration_seconds"]
+        self.serving = Histogram(
+            "labfleet_serving_request_duration_seconds",
+            doc,
+            labels,
+            buckets=SERVING_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe_serving(self, endpoint: str, seconds: float) -> None:
+        """One request through the router to ``endpoint`` (its name), as the router counts it."""
+        self.serving.labels(endpoint).observe(seconds)
 
     def observe_reclaimed(self, reason: str) -> None:
         self.reclaimed.labels(reason if reason in RECLAIM_REASONS else "idle-timeout").inc()

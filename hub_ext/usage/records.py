@@ -9,8 +9,8 @@
 2. each unfinished state row accrues its allocation up to now (or up to its end), cut at bucket
    boundaries, and the sampler's readings (:mod:`hub_ext.usage.sampler`, measured outside the
    session) add what it used;
-3. buckets older than the retention go; the raw readings are kept a day (``usage_samples``), for
-   the idle checkers' windows (hub_ext.reclaim).
+3. buckets older than the retention go (model serving's too, ``serving_usage``); the raw readings
+   are kept a day (``usage_samples``), for the idle checkers' windows (hub_ext.reclaim).
 
 Buckets are added to with ``INSERT ... ON CONFLICT DO UPDATE`` (one statement for all of them);
 only the service writes them. Between two runs, :func:`live_tail` tells the queries what the live
@@ -41,6 +41,7 @@ from hub_ext.core.models import (
     Node,
     Project,
     ResourceGroup,
+    ServingUsage,
     StateVersion,
     UsageBucket,
     UsageDay,
@@ -368,6 +369,7 @@ def purge(db: Session, before: datetime) -> int:
     result: Any = db.execute(delete(UsageBucket).where(UsageBucket.bucket_start < before))
     gone = result.rowcount or 0
     db.execute(delete(UsageDay).where(UsageDay.bucket_start < before - accrual.DAY))
+    db.execute(delete(ServingUsage).where(ServingUsage.bucket_start < before))  # hub_ext.usage.serving
     db.execute(
         delete(UsageSessionState).where(
             UsageSessionState.finished.is_(True), UsageSessionState.held_until < before

@@ -128,7 +128,7 @@ _SUMS = ("alloc_cpu", "alloc_mem", "alloc_gpu", "used_cpu", "used_mem", "used_gp
 _MAXES = ("mem_peak", "gpu_mem_peak")
 
 
-def _bucket_expr(dialect: str, bucket: str, col: Any) -> Any:
+def bucket_expr(dialect: str, bucket: str, col: Any) -> Any:
     if bucket == "15m":
         return col
     if dialect == "postgresql":
@@ -150,7 +150,7 @@ def _part(
     when given), with the group's key."""
     cols = [getattr(model, _KEYS[q.group_by]).label("k")]
     if q.bucket != "none":
-        cols.append(_bucket_expr(dialect, q.bucket, model.bucket_start).label("b"))
+        cols.append(bucket_expr(dialect, q.bucket, model.bucket_start).label("b"))
     cols += [model.session_id.label("sid"), *(getattr(model, c).label(c) for c in (*_SUMS, *_MAXES))]
     where = [model.bucket_start >= start, model.bucket_start < end, *scope_filter(actor, model)]
     if sessions is not None:
@@ -178,7 +178,7 @@ def _union(parts: list[Any]) -> Any:
     return source.subquery()
 
 
-def _bucket_value(value: Any, bucket: str) -> datetime | None:
+def bucket_value(value: Any, bucket: str) -> datetime | None:
     if bucket == "none" or value is None:
         return None
     if isinstance(value, str):
@@ -228,7 +228,7 @@ def report(db: Session, actor: Actor, q: UsageQuery, now: datetime | None = None
     rows: dict[tuple[str, datetime | None], _Row] = {}
     n = len(group)
     for r in db.execute(stmt):
-        k = (r[0], _bucket_value(r[1], q.bucket) if n > 1 else None)
+        k = (r[0], bucket_value(r[1], q.bucket) if n > 1 else None)
         sessions, ac, am, ag, uc, um, ug, mp, gmp = r[n:]
         rows[k] = _Row(
             int(sessions),
@@ -277,7 +277,7 @@ def _add_tails(
     u = _union(_parts(q, actor, dialect, start, sessions=[t.session_id for t in tails]))
     keyed = [u.c.sid, u.c.k, *([u.c.b] if q.bucket != "none" else [])]
     counted: set[tuple[str, str, datetime | None]] = {
-        (sid, k, _bucket_value(rest[0], q.bucket) if rest else None)
+        (sid, k, bucket_value(rest[0], q.bucket) if rest else None)
         for sid, k, *rest in db.execute(select(*keyed).distinct())
     }
     for t in tails:

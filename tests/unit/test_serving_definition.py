@@ -124,13 +124,12 @@ def test_replica_command_runs_in_the_folder_with_port_host_and_env(tmp_path):
         "    port: 80\n    pre_start_actions:\n    - action: mkdir\n      args: {path: made}\n"
         '    - action: write_file\n      args: {filename: made/f, body: "it\'s here"}\n'
     )
-    cmd = replica_command(svc, folder="my model", port=4321, host="127.0.0.1", env={"GREETING": "a b"})
-    out = subprocess.run(
-        ["bash", "-c", cmd],
-        env={"LABFLEET_VFOLDER_DIR": str(tmp_path / "vfolders"), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"4321 127.0.0.1 a b {folder} it's here"
+    cmd = replica_command(svc, folder="my model", port=4321, env={"GREETING": "a b"})
+    base = {"LABFLEET_VFOLDER_DIR": str(tmp_path / "vfolders"), "PATH": "/usr/bin:/bin"}
+    # The loopback unless the spawner says where its node wants replicas to listen
+    for extra, host in [({}, "127.0.0.1"), ({"LABFLEET_INFERENCE_HOST": "0.0.0.0"}, "0.0.0.0")]:
+        out = subprocess.run(
+            ["bash", "-c", cmd], env={**base, **extra}, capture_output=True, text=True, timeout=30
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"4321 {host} a b {folder} it's here"

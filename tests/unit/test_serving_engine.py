@@ -17,7 +17,7 @@ from hub_ext.core.http import HTTPReply
 from hub_ext.core.models import ServingEndpoint
 from hub_ext.serving import endpoints
 from hub_ext.serving.definition import parse_definition
-from hub_ext.serving.engine import ServingEngine, _Probe
+from hub_ext.serving.engine import ServingEngine, _Probe, replica_host
 from hub_ext.tenancy import directory
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from tests.dbfixture import fresh_db
@@ -110,7 +110,8 @@ async def test_replicas_start_become_healthy_fail_and_are_replaced(world):
     assert user == "alice" and options["type"] == "inference" and options["project"] == "acme/ml"
     assert options["gpu"] == "0.25" and options["cpu"] == "1"
     port = _endpoint(factory)["routes"][0]["address"].rsplit(":", 1)[1]
-    assert f"export PORT={port} HOST=127.0.0.1" in options["command"]
+    assert f'export PORT={port} HOST="${{LABFLEET_INFERENCE_HOST:-127.0.0.1}}"' in options["command"]
+    assert options["port"] == int(port)  # the session's runner and its inference page use the same port
     assert options["command"].endswith(f"exec python3 server.py {port}")
     assert _endpoint(factory)["status"] == "DEPLOYING"
 
@@ -172,3 +173,18 @@ async def test_unhealthy_replica_is_replaced_scale_down_and_destroy(world):
     ep = _endpoint(factory)
     assert ep["status"] == "DESTROYED" and ep["active_replicas"] == 0
     assert not hub.servers and "echo" not in eng.table
+
+
+@pytest.mark.parametrize(
+    "labels, host",
+    [
+        (None, "127.0.0.1"),  # a session with no node, or the local backend's node
+        ({}, "127.0.0.1"),
+        ({"address": "10.77.0.2", "swarm.node_id": "x"}, "10.77.0.2"),  # a Swarm node
+        ({"address": "node-2.example"}, "node-2.example"),
+        ({"address": "bad host/x"}, "127.0.0.1"),  # neither: not routed to
+        ({"address": 7}, "127.0.0.1"),
+    ],
+)
+def test_a_replica_is_called_at_its_nodes_address(labels, host):
+    assert replica_host(labels) == host

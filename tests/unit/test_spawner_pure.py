@@ -56,6 +56,10 @@ def test_options_to_slots():
         ({"project": "ml", "vfolders": "a,a"}, "named twice"),
         ({"project": "ml", "vfolders": [1]}, "must be a name"),
         ({"project": "ml", "image": "bad image"}, "not a valid name"),
+        ({"project": "ml", "type": "inference", "command": "x", "port": 80}, "from 1024 to 65535"),
+        ({"project": "ml", "type": "inference", "command": "x", "port": "8o8o"}, "whole number"),
+        ({"project": "ml", "type": "inference", "command": "x", "port": 8.5}, "whole number"),
+        ({"project": "ml", "type": "batch", "command": "x", "port": 8080}, "inference sessions only"),
     ],
 )
 def test_bad_options_say_why(raw, words):
@@ -120,6 +124,15 @@ def test_batch_launch_carries_the_command():
     o = parse_options({"project": "ml", "type": "batch", "command": "python train.py"})
     env = build_launch(SESSION, o).env
     assert env["LABFLEET_SESSION_TYPE"] == "batch" and env["LABFLEET_COMMAND"] == "python train.py"
+
+
+def test_an_inference_port_reaches_the_runner_and_survives_a_round_trip():
+    o = parse_options({"project": "ml", "type": "inference", "command": "serve", "port": "8088"})
+    assert o.port == 8088 and parse_options(o.to_json()) == o
+    assert build_launch(SESSION, o).env["LABFLEET_INFERENCE_PORT"] == "8088"
+    # Without one, the runner picks a free port itself
+    plain = parse_options({"project": "ml", "type": "inference", "command": "serve"})
+    assert "LABFLEET_INFERENCE_PORT" not in build_launch(SESSION, plain).env
 
 
 def test_launch_passes_the_image_service_ports():

@@ -62,6 +62,8 @@ def test_pinned_to_the_placed_node_with_limits_and_reservations():
     # No device: CUDA sees none.
     assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert cfg.env["LABFLEET_NODE"] == "node-2"
+    # A model-serving replica listens where the service can reach it on that node
+    assert cfg.env["LABFLEET_INFERENCE_HOST"] == "0.0.0.0"
 
 
 def test_fractional_cpu_and_no_reservations():

@@ -1,12 +1,14 @@
-"""REST handlers for model serving: endpoints and their tokens (hub_ext.serving), and the router's route."""
+"""REST handlers for model serving: endpoints and their tokens (hub_ext.serving), the Model Store,
+and the router's route."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from hub_ext.core.errors import InvalidInput
 from hub_ext.service.base import APIHandler, request_json, required_body
-from hub_ext.serving import endpoints
+from hub_ext.serving import endpoints, store
 from hub_ext.serving.router import ServeHandler
 
 
@@ -80,6 +82,16 @@ class TokenHandler(_ServingHandler):
         )
 
 
+class ModelStoreHandler(APIHandler):
+    """The team's model folders as cards (hub_ext.serving.store); files are read off the event loop."""
+
+    async def get(self):
+        search, project = self.query_arg("search"), self.query_arg("project")
+        with self.db() as db:
+            found = store.candidates(db, self.actor, project=project)
+        self.write_json(await asyncio.to_thread(store.cards, found, search=search))
+
+
 def routes(prefix: str) -> list[tuple]:
     """The endpoints' API under ``prefix + "api"``, and their one URL each under ``prefix + "serve"``."""
     api = prefix + "api"
@@ -89,5 +101,6 @@ def routes(prefix: str) -> list[tuple]:
         (api + rf"/endpoints/{name}", EndpointHandler),
         (api + rf"/endpoints/{name}/tokens", TokenListHandler),
         (api + rf"/endpoints/{name}/tokens/{name}", TokenHandler),
+        (api + r"/model-store", ModelStoreHandler),
         (prefix + rf"serve/{name}/(.*)", ServeHandler),
     ]

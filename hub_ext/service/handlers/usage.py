@@ -1,4 +1,5 @@
-"""REST handlers for usage statistics: ``GET /api/usage`` (JSON or CSV) and ``GET /api/usage/me``."""
+"""REST handlers for usage statistics: ``GET /api/usage`` (JSON or CSV) and ``GET /api/usage/me``,
+each with model serving's requests, errors and latency (JSON only)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from datetime import datetime, timezone
 
 from hub_ext.core.errors import LabfleetError
 from hub_ext.service.base import APIHandler
-from hub_ext.usage import stats
+from hub_ext.usage import serving, stats
 
 
 class UsageHandler(APIHandler):
@@ -16,6 +17,8 @@ class UsageHandler(APIHandler):
             query = stats.parse_query(args, datetime.now(timezone.utc))
             with self.db() as db:
                 answer = stats.report(db, self.actor, query)
+                if query.format == "json":
+                    answer["serving"] = serving.report(db, self.actor, query)
         except LabfleetError as e:
             self.send_error_json(e.status, e.message)
             return
@@ -31,7 +34,7 @@ class UsageHandler(APIHandler):
 
 class MyUsageHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, actor: (stats.me(db, actor), None))
+        await self.run(lambda db, actor: (serving.add_to_me(db, actor, stats.me(db, actor)), None))
 
 
 def routes(api: str) -> list[tuple]:
