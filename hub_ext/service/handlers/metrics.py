@@ -8,6 +8,7 @@ admins, users) 403, both as JSON like the rest of the API.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -39,7 +40,9 @@ class MetricsHandler(APIHandler):
     async def get(self):
         if self.actor.kind == "hub" or not self.actor.reads_everything:
             raise Forbidden("the metrics are for monitors, superadmins and the configured Prometheus token")
-        body = self.lf.metrics.exposition()  # reads the DB: a handful of statements
+        # Off the event loop: a scrape reads the DB and builds the text (tens of ms on a large fleet,
+        # benchmarks/RESULTS.md), which would hold every API call and every served request meanwhile.
+        body = await asyncio.to_thread(self.lf.metrics.exposition)
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(body)
 
