@@ -243,13 +243,37 @@ export class FleetAPI {
     return this.request(`api/endpoints/${encodeURIComponent(name)}`, { method: 'DELETE' });
   }
 
+  /** One endpoint (404 when it is not mine, or gone). */
+  endpoint(name: string): Promise<IEndpoint> {
+    return this.request(`api/endpoints/${encodeURIComponent(name)}`);
+  }
+
   /** A new token; its value (`token`) is in this answer only. */
-  createEndpointToken(name: string, expiresIn?: number): Promise<IEndpointToken> {
-    const body = expiresIn ? { expires_in: expiresIn } : {};
+  createEndpointToken(name: string, expiresIn?: number, note?: string): Promise<IEndpointToken> {
+    const body: { expires_in?: number; note?: string } = {};
+    if (expiresIn) {
+      body.expires_in = expiresIn;
+    }
+    if (note) {
+      body.note = note;
+    }
     return this.request(
       `api/endpoints/${encodeURIComponent(name)}/tokens`,
       { method: 'POST' },
       body
+    );
+  }
+
+  /** An endpoint's tokens, revoked and expired ones too; never their values. */
+  endpointTokens(name: string): Promise<IEndpointToken[]> {
+    return this.request(`api/endpoints/${encodeURIComponent(name)}/tokens`);
+  }
+
+  /** Revoke a token: the endpoint's URL answers 401 for it from now on. */
+  revokeEndpointToken(name: string, id: number): Promise<IEndpointToken> {
+    return this.request(
+      `api/endpoints/${encodeURIComponent(name)}/tokens/${encodeURIComponent(String(id))}`,
+      { method: 'DELETE' }
     );
   }
 

@@ -17,9 +17,12 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { Signal } from '@lumino/signaling';
 
 import { FleetAPI } from './api';
+import { chatTab, chatTabId } from './components/Chat';
 import { fleetIcon } from './icons';
 import { IdleWatch } from './idle';
 import { sessionDisplayName } from './model';
+import { modelStorePlugin } from './modelstore';
+import { endpointChattable } from './serving';
 import { FleetSidebar, type IFleetActions } from './sidebar';
 import { UsageStatus } from './statusbar';
 import { FleetStore } from './store';
@@ -34,6 +37,10 @@ export namespace CommandIDs {
   export const stopThis = 'labfleet:stop-this-session';
   export const openFolder = 'labfleet:open-folder';
   export const refresh = 'labfleet:refresh';
+  /** The Chat panel of a serving endpoint (args: `{endpoint: name}`; none: ask which). */
+  export const openChat = 'labfleet:open-chat';
+  /** The Model Store panel (modelstore.ts registers it). */
+  export const openModelStore = 'labfleet:open-model-store';
 }
 
 const PALETTE_CATEGORY = 'Fleet';
@@ -101,6 +108,16 @@ function activate(
     },
     openApp: service => {
       window.open(service.url, '_blank');
+    },
+    openChat: (endpoint: string) => {
+      void app.commands.execute(CommandIDs.openChat, { endpoint });
+    },
+    openModelStore: () => {
+      if (app.commands.hasCommand(CommandIDs.openModelStore)) {
+        void app.commands.execute(CommandIDs.openModelStore);
+      } else {
+        void showErrorMessage('No Model Store', 'The Model Store is not installed in this Lab.');
+      }
     }
   };
 
@@ -185,13 +202,50 @@ function activate(
       actions.openFolder(`vfolders/${name}`);
     }
   });
+  commands.addCommand(CommandIDs.openChat, {
+    label: args => (args.endpoint ? `Chat with ${args.endpoint}` : 'Chat with an endpoint…'),
+    caption: 'Chat with a serving endpoint that speaks the OpenAI chat API',
+    icon: fleetIcon,
+    execute: async args => {
+      let name = (args.endpoint as string | undefined) ?? '';
+      if (!name) {
+        let ready: string[];
+        try {
+          ready = (await api.endpoints()).filter(e => endpointChattable(e.status)).map(e => e.name);
+        } catch (e) {
+          await showErrorMessage('Could not list the endpoints', (e as Error).message);
+          return;
+        }
+        if (!ready.length) {
+          await showErrorMessage('No endpoint', 'None of your endpoints is ready to chat.');
+          return;
+        }
+        const choice = await InputDialog.getItem({ title: 'Chat with an endpoint', items: ready });
+        if (!choice.button.accept || !choice.value) {
+          return;
+        }
+        name = choice.value;
+      }
+      // One tab per endpoint: a second Chat brings the first to the front.
+      const id = chatTabId(name);
+      for (const w of app.shell.widgets('main')) {
+        if (w.id === id) {
+          app.shell.activateById(id);
+          return;
+        }
+      }
+      app.shell.add(chatTab(api, name), 'main');
+      app.shell.activateById(id);
+    }
+  });
   if (palette) {
     for (const command of [
       CommandIDs.show,
       CommandIDs.newSession,
       CommandIDs.stopThis,
       CommandIDs.openFolder,
-      CommandIDs.refresh
+      CommandIDs.refresh,
+      CommandIDs.openChat
     ]) {
       palette.addItem({ command, category: PALETTE_CATEGORY });
     }
@@ -226,7 +280,8 @@ function activate(
   }
 }
 
-const plugin: JupyterFrontEndPlugin<void> = {
+/** The Fleet plugin itself (the default export lists it with the Model Store's). */
+export const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description:
     'labfleet: this session, quotas, usage, sessions, folders and apps; GPU use in the status bar.',
@@ -235,4 +290,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   activate
 };
 
-export default plugin;
+export default [plugin, modelStorePlugin];

@@ -1,10 +1,10 @@
 /**
  * Model serving, the pure parts: how an endpoint reads (status, healthy replicas), the deploy
- * form checked into the body `POST /api/endpoints` takes, a replica count for scaling, and the
- * curl line that calls an endpoint with a token.
+ * form checked into the body `POST /api/endpoints` takes, a replica count for scaling, the curl
+ * line that calls an endpoint with a token, and how an endpoint's tokens read in their list.
  */
 import { formatNumber, GPU_QUANTUM, parseMem, toNumber, type Level } from './model';
-import type { IEndpoint, IEndpointCreate, Slots } from './types';
+import type { IEndpoint, IEndpointCreate, IEndpointToken, Slots } from './types';
 
 /** The service's bound on replicas per endpoint. */
 export const MAX_REPLICAS = 64;
@@ -185,4 +185,54 @@ export function deployBody(form: IDeployForm, taken: string[] = []): IEndpointCr
     body.open_to_public = true;
   }
   return body;
+}
+
+/** Whether an endpoint answers a chat now (the Chat button): it has a healthy replica. */
+export function endpointChattable(status: string | null | undefined): boolean {
+  return status === 'READY' || status === 'DEGRADED';
+}
+
+/** `2026-11-24 07:03 UTC` from the service's ISO time (naive times are UTC); `never` for none. */
+export function formatStamp(iso: string | null | undefined, none = 'never'): string {
+  if (!iso) {
+    return none;
+  }
+  const zoned = /(Z|[+-]\d\d:?\d\d)$/.test(iso) ? iso : `${iso}Z`;
+  const t = Date.parse(zoned);
+  if (Number.isNaN(t)) {
+    return iso;
+  }
+  return `${new Date(t).toISOString().slice(0, 16).replace('T', ' ')} UTC`;
+}
+
+export type TokenState = 'valid' | 'revoked' | 'expired';
+
+/** A token's state: revoked wins over expired; `valid` is the service's own judgement. */
+export function tokenState(t: Pick<IEndpointToken, 'valid' | 'revoked_at'>): TokenState {
+  if (t.revoked_at) {
+    return 'revoked';
+  }
+  return t.valid ? 'valid' : 'expired';
+}
+
+/** What the list says of a token, the secret aside (the service does not keep it). */
+export function tokenMeta(
+  t: Pick<IEndpointToken, 'created_at' | 'created_by' | 'expires_at' | 'last_used' | 'requests'>
+): string {
+  const n = t.requests ?? 0;
+  return [
+    `created ${formatStamp(t.created_at, '?')}${t.created_by ? ` by ${t.created_by}` : ''}`,
+    `expires ${formatStamp(t.expires_at)}`,
+    `last used ${formatStamp(t.last_used)}`,
+    `${n} request${n === 1 ? '' : 's'}`
+  ].join(' · ');
+}
+
+/** The tokens worth listing (in force, newest first) and how many revoked or expired are not. */
+export function listedTokens(tokens: IEndpointToken[]): {
+  shown: IEndpointToken[];
+  hidden: number;
+} {
+  const shown = tokens.filter(t => tokenState(t) === 'valid').sort((a, b) => b.id - a.id);
+  return { shown, hidden: tokens.length - shown.length };
 }

@@ -32,6 +32,10 @@ export interface IFleetActions {
   /** Show a path (relative to the Lab root) in the file browser. */
   openFolder(path: string): void;
   openApp(app: IApp): void;
+  /** Open the Chat panel of a serving endpoint. */
+  openChat?(endpoint: string): void;
+  /** Open the Model Store (shared model folders). */
+  openModelStore?(): void;
 }
 
 const TITLES: Record<SectionId, string> = {
@@ -104,7 +108,15 @@ export function FleetPanel(props: {
         <Folders store={store} onOpen={actions.openFolder} />
       )}
       {section('apps', count(d.apps), <Apps store={store} onOpen={actions.openApp} />)}
-      {section('serving', count(d.endpoints), <Serving store={store} />)}
+      {section(
+        'serving',
+        count(d.endpoints),
+        <Serving
+          store={store}
+          onChat={actions.openChat ? name => actions.openChat?.(name) : undefined}
+          onModelStore={actions.openModelStore ? () => actions.openModelStore?.() : undefined}
+        />
+      )}
     </div>
   );
 }

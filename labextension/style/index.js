@@ -1,1 +1,3 @@
 import './base.css';
+import './chat.css';
+import './modelstore.css';

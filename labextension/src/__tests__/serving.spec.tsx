@@ -1,7 +1,8 @@
 /**
  * The Serving section: the pure parts (how an endpoint reads, the deploy form's body, the curl
- * line) and the section rendered in jsdom from a store filled by a fake API: the list with its
- * routes, scale, delete (after a second click), a token shown once with its curl line, deploy.
+ * line, how tokens read) and the section rendered in jsdom from a store filled by a fake API: the
+ * list with its routes, scale, delete (after a second click), a token shown once with its curl
+ * line, the token list with Revoke (after the confirm), Chat and Model Store, deploy.
  */
 import * as React from 'react';
 import { act } from 'react';
@@ -15,15 +16,37 @@ import {
   deployBody,
   EMPTY_DEPLOY_FORM,
   endpointChangeable,
+  endpointChattable,
   endpointLevel,
   endpointNameProblem,
   healthyText,
   reasonText,
+  formatStamp,
+  listedTokens,
   replicasProblem,
-  requestsText
+  requestsText,
+  tokenMeta,
+  tokenState
 } from '../serving';
 import { FleetStore } from '../store';
-import type { IEndpoint } from '../types';
+import type { IEndpoint, IEndpointToken } from '../types';
+
+function token(over: Partial<IEndpointToken> = {}): IEndpointToken {
+  return {
+    id: 3,
+    note: '',
+    rate_limit: 600,
+    created_by: 'alice',
+    created_at: '2026-11-24T07:03:35.123456',
+    expires_at: null,
+    last_used: null,
+    revoked_at: null,
+    valid: true,
+    requests: 0,
+    latency_ms_avg: null,
+    ...over
+  };
+}
 
 function endpoint(over: Partial<IEndpoint> = {}): IEndpoint {
   return {
@@ -85,6 +108,29 @@ function endpoint(over: Partial<IEndpoint> = {}): IEndpoint {
 }
 
 describe('serving, pure', () => {
+  it('reads tokens', () => {
+    expect(formatStamp('2026-11-24T07:03:35.123456')).toBe('2026-11-24 07:03 UTC');
+    expect(formatStamp('2026-11-24T08:03:35+01:00')).toBe('2026-11-24 07:03 UTC');
+    expect(formatStamp(null)).toBe('never');
+    expect(formatStamp('soon')).toBe('soon');
+    expect(tokenMeta(token({ requests: 1, last_used: '2026-11-24T09:00:00Z' }))).toBe(
+      'created 2026-11-24 07:03 UTC by alice · expires never · last used 2026-11-24 09:00 UTC · 1 request'
+    );
+    expect(tokenState(token())).toBe('valid');
+    expect(tokenState(token({ valid: false }))).toBe('expired');
+    expect(tokenState(token({ valid: false, revoked_at: '2026-11-24T08:00:00' }))).toBe('revoked');
+    const { shown, hidden } = listedTokens([
+      token({ id: 1 }),
+      token({ id: 2, valid: false, revoked_at: 'x' }),
+      token({ id: 5 })
+    ]);
+    expect(shown.map(t => t.id)).toEqual([5, 1]);
+    expect(hidden).toBe(1);
+    expect(endpointChattable('READY')).toBe(true);
+    expect(endpointChattable('DEGRADED')).toBe(true);
+    expect(endpointChattable('DEPLOYING')).toBe(false);
+  });
+
   it('reads an endpoint', () => {
     const e = endpoint();
     expect(healthyText(e)).toBe('1 of 2 healthy');
@@ -169,6 +215,11 @@ let store: FleetStore;
 let calls: [string, ...unknown[]][];
 let endpoints: IEndpoint[];
 let refuse: string | null;
+let tokens: IEndpointToken[];
+let confirmed: boolean;
+let asked: string[];
+let chats: string[];
+let stores: number;
 
 function fakeApi(): FleetAPI {
   const api = Object.create(FleetAPI.prototype) as FleetAPI;
@@ -199,7 +250,16 @@ function fakeApi(): FleetAPI {
     },
     createEndpointToken: async (name: string) => {
       await answer('token', name);
+      tokens = [...tokens, token({ id: 7 })];
       return { id: 7, token: 'lfsrv_7_secret', valid: true };
+    },
+    endpointTokens: async (name: string) => {
+      calls.push(['tokens', name]);
+      return tokens;
+    },
+    revokeEndpointToken: async (name: string, id: number) => {
+      await answer('revoke', name, id);
+      tokens = tokens.map(t => (t.id === id ? { ...t, valid: false, revoked_at: 'now' } : t));
     }
   });
   return api;
@@ -209,7 +269,18 @@ const byTestId = (id: string) => container.querySelector(`[data-testid="${id}"]`
 
 function render(): void {
   act(() => {
-    root.render(<Serving store={store} origin="https://hub.example" />);
+    root.render(
+      <Serving
+        store={store}
+        origin="https://hub.example"
+        onChat={name => chats.push(name)}
+        onModelStore={() => stores++}
+        confirm={async title => {
+          asked.push(title);
+          return confirmed;
+        }}
+      />
+    );
   });
 }
 
@@ -239,6 +310,14 @@ beforeEach(async () => {
   calls = [];
   refuse = null;
   endpoints = [endpoint()];
+  tokens = [
+    token({ id: 3, note: 'Chat panel', requests: 2 }),
+    token({ id: 2, valid: false, revoked_at: '2026-11-24T08:00:00' })
+  ];
+  confirmed = true;
+  asked = [];
+  chats = [];
+  stores = 0;
   container = document.createElement('div');
   document.body.appendChild(container);
   root = createRoot(container);
@@ -308,6 +387,51 @@ describe('Serving section', () => {
     await click('lf-endpoint-token-close');
     expect(byTestId('lf-endpoint-token')).toBeNull();
     expect(container.textContent).not.toContain('lfsrv_7_secret');
+  });
+
+  it('lists tokens in force, and revokes one after the confirm', async () => {
+    expect(byTestId('lf-endpoint-tokens')).toBeNull();
+    await click('lf-endpoint-tokens-toggle');
+    expect(calls).toEqual([['tokens', 'echo']]);
+    const row = byTestId('lf-token-3');
+    expect(row?.textContent).toContain('Token 3 · Chat panel');
+    expect(row?.querySelector('[data-testid="lf-token-meta"]')?.textContent).toBe(
+      'created 2026-11-24 07:03 UTC by alice · expires never · last used never · 2 requests'
+    );
+    expect(byTestId('lf-token-2')).toBeNull();
+    expect(byTestId('lf-tokens-hidden')?.textContent).toBe('1 revoked or expired not shown.');
+    // Cancelled: nothing revoked
+    confirmed = false;
+    await click('lf-token-revoke', row);
+    expect(asked).toEqual(['Revoke token 3 of echo?']);
+    expect(calls).toEqual([['tokens', 'echo']]);
+    confirmed = true;
+    await click('lf-token-revoke', row);
+    expect(calls).toEqual([
+      ['tokens', 'echo'],
+      ['revoke', 'echo', 3],
+      ['tokens', 'echo']
+    ]);
+    expect(byTestId('lf-token-3')).toBeNull();
+    expect(byTestId('lf-tokens-empty')?.textContent).toContain('No token in force');
+    // A new token shows in the list (its value only in the curl line, once)
+    await click('lf-endpoint-new-token');
+    expect(byTestId('lf-token-7')).not.toBeNull();
+    expect(byTestId('lf-endpoint-tokens')?.textContent).not.toContain('lfsrv_7_secret');
+    // A refusal shows in the service's words
+    refuse = 'endpoint echo has no token 7';
+    await click('lf-token-revoke', byTestId('lf-token-7'));
+    expect(byTestId('lf-tokens-error')?.textContent).toBe(refuse);
+  });
+
+  it('opens the Chat panel of a ready endpoint, and the Model Store', async () => {
+    await click('lf-endpoint-open-chat');
+    expect(chats).toEqual(['echo']);
+    await click('lf-open-model-store');
+    expect(stores).toBe(1);
+    endpoints = [endpoint({ status: 'DEPLOYING' })];
+    await act(() => store.fetch('endpoints'));
+    expect(byTestId('lf-endpoint-open-chat')).toBeNull();
   });
 
   it('has no actions for an endpoint going away', async () => {

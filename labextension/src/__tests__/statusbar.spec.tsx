@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 import { act } from 'react';
 
 import { FleetAPI } from '../api';
-import plugin, { CommandIDs } from '../index';
+import { plugin, CommandIDs } from '../index';
 import { UsageStatus } from '../statusbar';
 import type { IUsage } from '../types';
 

@@ -1,10 +1,10 @@
 /**
  * "Serving": my model serving endpoints (a domain admin's: their domain's) with their status,
- * healthy replicas and routes; deploy one from a model folder, scale, delete, and make a token,
- * shown once with a curl line that calls the endpoint (`labfleet/api/endpoints...` through the
- * session's proxy to the labfleet service).
+ * healthy replicas and routes; deploy one from a model folder, scale, delete, chat with it, make a
+ * token (shown once with a curl line that calls the endpoint), list its tokens and revoke one
+ * (`labfleet/api/endpoints...` through the session's proxy to the labfleet service).
  */
-import { Clipboard } from '@jupyterlab/apputils';
+import { Clipboard, Dialog, showDialog } from '@jupyterlab/apputils';
 import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
@@ -15,15 +15,18 @@ import {
   deployBody,
   EMPTY_DEPLOY_FORM,
   endpointChangeable,
+  endpointChattable,
   endpointStarting,
   healthyText,
   type IDeployForm,
+  listedTokens,
   reasonText,
   replicasProblem,
-  requestsText
+  requestsText,
+  tokenMeta
 } from '../serving';
 import type { FleetStore } from '../store';
-import type { IEndpoint, IEndpointRoute } from '../types';
+import type { IEndpoint, IEndpointRoute, IEndpointToken } from '../types';
 import { Empty, ErrorNote, Field, Select, useAction } from './common';
 
 /** The existing status pill colours (base.css) for an endpoint's or a route's state. */
@@ -110,16 +113,109 @@ function NewToken(props: { token: string; url: string; onClose: () => void }): J
   );
 }
 
+/** Ask before something that cannot be undone; true when the person agreed. */
+export type Confirm = (title: string, body: string, label: string) => Promise<boolean>;
+
+const confirmDialog: Confirm = async (title, body, label) =>
+  (
+    await showDialog({
+      title,
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label })]
+    })
+  ).button.accept;
+
+/**
+ * An endpoint's tokens in force (id, note, created, expires, last used, requests), each with
+ * Revoke.  Loaded when shown, again when a token is made and when the endpoint's count of
+ * requests moves (the panel's refresh).
+ */
+function Tokens(props: {
+  store: FleetStore;
+  endpoint: IEndpoint;
+  version: number;
+  confirm: Confirm;
+}): JSX.Element {
+  const { store, endpoint } = props;
+  const [tokens, setTokens] = React.useState<IEndpointToken[] | null>(null);
+  const [busy, error, run] = useAction();
+  const load = () => run(async () => setTokens(await store.api.endpointTokens(endpoint.name)));
+  React.useEffect(() => {
+    void load();
+  }, [props.version, endpoint.requests]);
+  const revoke = async (t: IEndpointToken) => {
+    const agreed = await props.confirm(
+      `Revoke token ${t.id} of ${endpoint.name}?`,
+      'Calls with this token get 401 from now on. This cannot be undone.',
+      'Revoke'
+    );
+    if (agreed) {
+      await run(async () => {
+        await store.api.revokeEndpointToken(endpoint.name, t.id);
+        setTokens(await store.api.endpointTokens(endpoint.name));
+      });
+    }
+  };
+  const listed = tokens ? listedTokens(tokens) : null;
+  return (
+    <div className="lf-tokens" data-testid="lf-endpoint-tokens">
+      <ErrorNote message={error} testid="lf-tokens-error" />
+      {listed === null ? (
+        error ? null : (
+          <Empty>Loading…</Empty>
+        )
+      ) : listed.shown.length ? (
+        <ul className="lf-list">
+          {listed.shown.map(t => (
+            <li key={t.id} className="lf-token" data-testid={`lf-token-${t.id}`}>
+              <div className="lf-session-head">
+                <span className="lf-session-name">
+                  Token {t.id}
+                  {t.note ? <span className="lf-dim"> · {t.note}</span> : null}
+                </span>
+                <Button
+                  small
+                  className="lf-danger"
+                  data-testid="lf-token-revoke"
+                  aria-label={`Revoke token ${t.id}`}
+                  disabled={busy}
+                  onClick={() => void revoke(t)}
+                >
+                  Revoke
+                </Button>
+              </div>
+              <div className="lf-dim lf-small" data-testid="lf-token-meta">
+                {tokenMeta(t)}
+              </div>
+            </li>
+          ))}
+        </ul>
+      ) : (
+        <Empty testid="lf-tokens-empty">No token in force: make one with New token.</Empty>
+      )}
+      {listed?.hidden ? (
+        <div className="lf-dim lf-small" data-testid="lf-tokens-hidden">
+          {listed.hidden} revoked or expired not shown.
+        </div>
+      ) : null}
+    </div>
+  );
+}
+
 function EndpointItem(props: {
   store: FleetStore;
   endpoint: IEndpoint;
   origin: string;
+  onChat?: (name: string) => void;
+  confirm: Confirm;
 }): JSX.Element {
   const { store } = props;
   const e = props.endpoint;
   const [replicas, setReplicas] = React.useState(String(e.replicas));
   const [confirming, setConfirming] = React.useState(false);
   const [token, setToken] = React.useState<string | null>(null);
+  const [showTokens, setShowTokens] = React.useState(false);
+  const [tokensVersion, setTokensVersion] = React.useState(0);
   const [note, setNote] = React.useState<string | null>(null);
   const [busy, error, run, setError] = useAction();
   React.useEffect(() => setReplicas(String(e.replicas)), [e.replicas]);
@@ -152,6 +248,7 @@ function EndpointItem(props: {
     await run(async () => {
       const t = await store.createEndpointToken(e.name);
       setToken(t.token ?? null);
+      setTokensVersion(v => v + 1);
     });
   };
   return (
@@ -199,8 +296,22 @@ function EndpointItem(props: {
       ) : null}
       <ErrorNote message={error} testid="lf-endpoint-error" />
       {token ? <NewToken token={token} url={url} onClose={() => setToken(null)} /> : null}
+      {showTokens ? (
+        <Tokens store={store} endpoint={e} version={tokensVersion} confirm={props.confirm} />
+      ) : null}
       {changeable ? (
         <div className="lf-actions">
+          {props.onChat && endpointChattable(e.status) ? (
+            <Button
+              small
+              className="lf-primary"
+              data-testid="lf-endpoint-open-chat"
+              title={`Chat with ${e.name} in a new tab`}
+              onClick={() => props.onChat?.(e.name)}
+            >
+              Chat
+            </Button>
+          ) : null}
           <InputGroup
             data-testid="lf-endpoint-replicas"
             aria-label={`Replicas of ${e.name}`}
@@ -223,6 +334,15 @@ function EndpointItem(props: {
             onClick={() => void newToken()}
           >
             New token
+          </Button>
+          <Button
+            small
+            minimal={showTokens}
+            data-testid="lf-endpoint-tokens-toggle"
+            aria-expanded={showTokens}
+            onClick={() => setShowTokens(!showTokens)}
+          >
+            {showTokens ? 'Hide tokens' : 'Tokens'}
           </Button>
           <Button
             small
@@ -312,42 +432,7 @@ function DeployForm(props: { store: FleetStore; onDone: (name: string) => void }
           Make a folder with use "model" (Folders) holding a model-definition.yaml first.
         </div>
       ) : null}
-      <div className="lf-field-row">
-        <Field label="Replicas" htmlFor="lf-deploy-replicas">
-          <InputGroup
-            id="lf-deploy-replicas"
-            data-testid="lf-deploy-replicas"
-            value={form.replicas}
-            onChange={set('replicas')}
-          />
-        </Field>
-        <Field label="CPU" htmlFor="lf-deploy-cpu">
-          <InputGroup
-            id="lf-deploy-cpu"
-            data-testid="lf-deploy-cpu"
-            value={form.cpu}
-            onChange={set('cpu')}
-          />
-        </Field>
-        <Field label="Memory" htmlFor="lf-deploy-mem">
-          <InputGroup
-            id="lf-deploy-mem"
-            data-testid="lf-deploy-mem"
-            value={form.mem}
-            onChange={set('mem')}
-          />
-        </Field>
-        <Field label="GPU" htmlFor="lf-deploy-gpu">
-          <InputGroup
-            id="lf-deploy-gpu"
-            data-testid="lf-deploy-gpu"
-            value={form.gpuShares}
-            placeholder="0.25"
-            title="A share of one GPU per replica (0.01 steps); empty: none"
-            onChange={set('gpuShares')}
-          />
-        </Field>
-      </div>
+      <ReplicaFields prefix="lf-deploy" form={form} onChange={set} />
       <label className="lf-check">
         <input
           type="checkbox"
@@ -376,14 +461,36 @@ function DeployForm(props: { store: FleetStore; onDone: (name: string) => void }
   );
 }
 
-export function Serving(props: { store: FleetStore; origin?: string }): JSX.Element {
+export function Serving(props: {
+  store: FleetStore;
+  origin?: string;
+  /** Open the Chat panel of an endpoint (index.ts: the `labfleet:open-chat` command). */
+  onChat?: (name: string) => void;
+  /** Open the Model Store (index.ts: the `labfleet:open-model-store` command). */
+  onModelStore?: () => void;
+  /** Ask before revoking a token; JupyterLab's dialog unless given. */
+  confirm?: Confirm;
+}): JSX.Element {
   const { store } = props;
   const origin = props.origin ?? window.location.origin;
+  const confirm = props.confirm ?? confirmDialog;
   const endpoints = store.data.endpoints;
   const [deploying, setDeploying] = React.useState(false);
   const [deployed, setDeployed] = React.useState<string | null>(null);
   return (
     <div className="lf-serving" data-testid="lf-serving">
+      {props.onModelStore ? (
+        <div className="lf-actions">
+          <Button
+            small
+            data-testid="lf-open-model-store"
+            title="Shared model folders to deploy as endpoints"
+            onClick={props.onModelStore}
+          >
+            Model Store
+          </Button>
+        </div>
+      ) : null}
       <ErrorNote message={store.errors.endpoints} testid="lf-error-endpoints" />
       {endpoints === null ? (
         store.errors.endpoints ? null : (
@@ -392,7 +499,14 @@ export function Serving(props: { store: FleetStore; origin?: string }): JSX.Elem
       ) : endpoints.length ? (
         <ul className="lf-list" data-testid="lf-endpoints-list">
           {endpoints.map(e => (
-            <EndpointItem key={e.id} store={store} endpoint={e} origin={origin} />
+            <EndpointItem
+              key={e.id}
+              store={store}
+              endpoint={e}
+              origin={origin}
+              onChat={props.onChat}
+              confirm={confirm}
+            />
           ))}
         </ul>
       ) : (
@@ -429,6 +543,43 @@ export function Serving(props: { store: FleetStore; origin?: string }): JSX.Elem
           {deploying ? 'Cancel' : 'Deploy a model…'}
         </Button>
       </div>
+    </div>
+  );
+}
+
+/** A deploy form's per-replica fields (replicas, CPU, memory, GPU share), in the sidebar's form
+ * and the Model Store's dialog; ids and test ids are `<prefix>-replicas`, `-cpu`, `-mem`, `-gpu`. */
+export function ReplicaFields(props: {
+  prefix: string;
+  form: IDeployForm;
+  onChange: (key: keyof IDeployForm) => (ev: React.ChangeEvent<HTMLInputElement>) => void;
+}): JSX.Element {
+  const { prefix, form, onChange } = props;
+  const field = (
+    key: 'replicas' | 'cpu' | 'mem' | 'gpuShares',
+    suffix: string,
+    label: string,
+    extra: { placeholder?: string; title?: string } = {}
+  ) => (
+    <Field label={label} htmlFor={`${prefix}-${suffix}`}>
+      <InputGroup
+        id={`${prefix}-${suffix}`}
+        data-testid={`${prefix}-${suffix}`}
+        value={form[key]}
+        onChange={onChange(key)}
+        {...extra}
+      />
+    </Field>
+  );
+  return (
+    <div className="lf-field-row">
+      {field('replicas', 'replicas', 'Replicas')}
+      {field('cpu', 'cpu', 'CPU')}
+      {field('mem', 'mem', 'Memory')}
+      {field('gpuShares', 'gpu', 'GPU share', {
+        placeholder: '0.25',
+        title: 'A share of one GPU per replica (0.01 steps); empty: none'
+      })}
     </div>
   );
 }
