@@ -152,13 +152,16 @@ def start_hub(
     checkout: Path = REPO,
     venv: Path | None = None,
     ip: str = "127.0.0.1",
+    console: bool = False,
 ) -> Hub:
     """Start the Hub; ``ports`` from an earlier Hub restarts it where running servers expect it; ``env``
     adds to the Hub's environment (and the service's, for the variables the service is passed).
 
     ``checkout`` and ``venv``: the Hub of another checkout, run by that venv's Python in a new user's
     environment (the venv on PATH; no PYTHONPATH, no LABFLEET_* variables but the Hub's own).
-    ``ip``: where the Hub's proxy listens (another node's sessions reach it there)."""
+    ``ip``: where the Hub's proxy listens (another node's sessions reach it there).
+    ``console``: with the admin console (``labfleet-admin``), for the tests that use it; without, the
+    Hub starts about 6 s sooner (it waits for every managed service before it answers)."""
     if not shutil.which("configurable-http-proxy"):
         raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
     state.mkdir(parents=True, exist_ok=True)
@@ -176,6 +179,7 @@ def start_hub(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env.update(extra_env)
     env.setdefault("LABFLEET_ADMIN_PORT", str(free_port()))  # the admin console's own port
+    env.setdefault("LABFLEET_ADMIN_CONSOLE", "1" if console else "0")
     env.update(
         LABFLEET_STATE_DIR=str(state),
         LABFLEET_DB_URL=db_url,

@@ -42,7 +42,7 @@ def hub(tmp_path_factory):
     state = tmp_path_factory.mktemp("admin")
     # Bare admissions (no Hub server) keep their slots for the module's length.
     (state / "labfleet_service_config.py").write_text("c.LabfleetService.reconcile_grace = 3600\n")
-    h = start_hub(state)
+    h = start_hub(state, console=True)
     try:
         root = h.wait_token("root")
         for path, body in [

@@ -44,7 +44,9 @@ TEXT = "Maintenance on Friday 18:00-20:00 UTC <b>not bold</b>\nSave your work be
 def hub(tmp_path_factory):
     state = tmp_path_factory.mktemp("admin-maintenance")
     # The Hub's own announcement, as a deployment sets it: it keeps showing beside labfleet's.
-    h = start_hub(state, extra_config=f"c.JupyterHub.template_vars = {{'announcement': {HUB_NOTICE!r}}}\n")
+    h = start_hub(
+        state, extra_config=f"c.JupyterHub.template_vars = {{'announcement': {HUB_NOTICE!r}}}\n", console=True
+    )
     try:
         root = h.wait_token("root")
         for path, body in [("/domains", {"name": "acme"}), ("/projects", {"domain": "acme", "name": "ml"})]:

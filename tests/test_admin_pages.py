@@ -47,7 +47,7 @@ ALICE_FILE = b"x" * 1536  # 1.5 KiB in alice's folder
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     state = tmp_path_factory.mktemp("admin-pages")
-    h = start_hub(state)
+    h = start_hub(state, console=True)
     try:
         root = h.wait_token("root")
 

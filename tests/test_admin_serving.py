@@ -39,7 +39,7 @@ PEOPLE = [
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     state = tmp_path_factory.mktemp("admin-serving")
-    h = start_hub(state, env={"LABFLEET_SERVING_INTERVAL": "1"})
+    h = start_hub(state, env={"LABFLEET_SERVING_INTERVAL": "1"}, console=True)
     alice = None
     try:
         root = h.wait_token("root")

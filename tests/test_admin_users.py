@@ -39,7 +39,7 @@ STUDENTS = [f"student{i:02d}" for i in range(1, 17)]
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = start_hub(tmp_path_factory.mktemp("admin-users"))
+    h = start_hub(tmp_path_factory.mktemp("admin-users"), console=True)
     try:
         root = h.wait_token("root")
         for path, body in [

@@ -44,7 +44,7 @@ def env(tmp_path_factory):
     state = tmp_path_factory.mktemp("crash")
     # Reconcile every 2 s (the default 30 s would only make the test wait longer).
     (state / "labfleet_service_config.py").write_text("c.LabfleetService.reconcile_interval = 2\n")
-    hub = start_hub(state, extra_config=RESTARTABLE)
+    hub = start_hub(state, extra_config=RESTARTABLE, console=True)
     root = hub.wait_token("root")
     for path, body in [
         ("/domains", {"name": "acme"}),
@@ -212,7 +212,7 @@ def test_a_killed_hubs_service_goes_with_it_and_the_restarted_hub_takes_over(env
     assert all(_alive(pid) for pid in sessions), "the sessions must survive the Hub"
 
     t0 = time.monotonic()
-    again = start_hub(env.state, do_seed=False, extra_config=RESTARTABLE, ports=hub.ports)
+    again = start_hub(env.state, do_seed=False, extra_config=RESTARTABLE, ports=hub.ports, console=True)
     env.hub = again  # the fixture's teardown stops the new Hub
     answered = time.monotonic() - t0  # start_hub returns once the service answers through the proxy
     root = again.wait_token("root")
@@ -262,7 +262,7 @@ def _running_hub(env):
     for pid in env.leftovers:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
-    env.hub = start_hub(env.state, do_seed=False, extra_config=RESTARTABLE, ports=env.hub.ports)
+    env.hub = start_hub(env.state, do_seed=False, extra_config=RESTARTABLE, ports=env.hub.ports, console=True)
     return env.hub
 
 

@@ -83,6 +83,10 @@ def test_password_login_and_failed_login(hub, root):
     # The password never reaches the log or the audit details.
     assert "wrong-password" not in hub.log_text() and ADMIN_PASSWORD not in hub.log_text()
     assert "wrong-password" not in json.dumps(entries)
+    # This Hub runs without the admin console (tests/hubfixture.py): no "Fleet admin" link, even for root
+    home = good.get(f"{hub.url}/hub/home", timeout=30)
+    assert home.status_code == 200 and "/hub/logout" in home.text, home.text[:500]
+    assert "Fleet admin" not in home.text and "services/labfleet-admin" not in home.text
 
 
 def test_browser_oauth_cookie_and_me(hub, tenants):

@@ -34,6 +34,7 @@ def service_environment(environ: dict[str, str] | os._Environ[str]) -> dict[str,
 
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
 ADMIN_PORT_ENV = "LABFLEET_ADMIN_PORT"
+ADMIN_CONSOLE_ENV = "LABFLEET_ADMIN_CONSOLE"  # 0, false, no or off: no admin console
 BACKEND_ENV = "LABFLEET_BACKEND"
 SESSION_LOG_DIR_ENV = "LABFLEET_SESSION_LOG_DIR"
 STORAGE_HOSTS_ENV = "LABFLEET_STORAGE_HOSTS"
@@ -116,6 +117,11 @@ def admin_service(service_port: int, repo_root: str) -> dict[str, Any]:
     }
 
 
+def console_wanted(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether $LABFLEET_ADMIN_CONSOLE asks for the admin console (anything but 0, false, no, off)."""
+    return environ.get(ADMIN_CONSOLE_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
 def interruptible_children() -> None:
     """Let the servers and services this Hub starts be interrupted.
 
@@ -143,16 +149,20 @@ def configure(
     device_plugins: list[str] | None = None,
     mock_devices: list[dict] | None = None,
     service_config: dict[str, Any] | None = None,
+    admin_console: bool | None = None,
 ) -> None:
     """Add the labfleet service, its role and the labfleet authenticator to config ``c``.
 
     Every setting is an argument; an argument left out falls back to its environment variable
-    ($LABFLEET_SERVICE_PORT, $LABFLEET_DB_URL, $LABFLEET_BACKEND, $LABFLEET_STORAGE_HOSTS), then to
-    the default. ``service_config`` sets any other ``LabfleetService`` option (see
+    ($LABFLEET_SERVICE_PORT, $LABFLEET_DB_URL, $LABFLEET_BACKEND, $LABFLEET_STORAGE_HOSTS,
+    $LABFLEET_ADMIN_CONSOLE), then to the default. ``admin_console`` (default on): the Voila admin
+    console as the Hub-managed service ``labfleet-admin``; off, the Hub starts without it (a few
+    seconds sooner) and its pages show no "Fleet admin" link. ``service_config`` sets any other ``LabfleetService`` option (see
     ``labfleet-service --help-all``), e.g. ``{"schedule_interval": 2}``. The service also reads
     ``labfleet_service_config.py`` in the state directory, where it runs.
     """
     interruptible_children()
+    console = admin_console if admin_console is not None else console_wanted(os.environ)
     state = Path(state_dir or os.getcwd()).absolute()
     port = service_port or int(os.environ.get(SERVICE_PORT_ENV, DEFAULT_SERVICE_PORT))
     token = service_token(state)
@@ -210,8 +220,13 @@ def configure(
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
             },
         },
-        admin_service(port, repo_root),
+        *([admin_service(port, repo_root)] if console else []),
     ]
+    # The pages' "Fleet admin" link (templates/page.html) only where the console runs; a callable
+    # template_vars of the deployment's own is left as it is (the link then shows, as by default).
+    if "template_vars" not in c.JupyterHub or isinstance(c.JupyterHub.template_vars, dict):
+        template_vars = dict(c.JupyterHub.template_vars) if "template_vars" in c.JupyterHub else {}
+        c.JupyterHub.template_vars = {**template_vars, "labfleet_console": console}
     roles = [
         r
         for r in (c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else [])

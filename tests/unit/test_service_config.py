@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from traitlets.config import Config
 
 from hub_ext.core.secretbox import ensure_key_file
@@ -75,6 +76,24 @@ def test_configure_passes_settings_to_the_service_and_leaves_the_environment_alo
     assert [h["name"] for h in app.storage_hosts] == ["local"]
     assert app.storage_hosts[0]["path"] == str(tmp_path / "vfolders")
     assert [i["name"] for i in app.default_images] == [c.LabfleetSpawnerMixin.default_image] == ["local/host"]
+
+
+@pytest.mark.parametrize(
+    "argument, variable, runs",
+    [(None, None, True), (False, None, False), (None, "0", False), (None, "off", False), (True, "0", True)],
+)
+def test_the_admin_console_can_be_left_out(tmp_path, monkeypatch, argument, variable, runs):
+    if variable is None:
+        monkeypatch.delenv("LABFLEET_ADMIN_CONSOLE", raising=False)
+    else:
+        monkeypatch.setenv("LABFLEET_ADMIN_CONSOLE", variable)
+    c = Config()
+    c.JupyterHub.template_vars = {"announcement": "kept"}
+    configure(c, tmp_path, service_port=12345, db_url="sqlite:///x.sqlite", admin_console=argument)
+    names = [s["name"] for s in c.JupyterHub.services]
+    assert names == (["labfleet", "labfleet-admin"] if runs else ["labfleet"])
+    # The pages' "Fleet admin" link follows; the deployment's own template variables stay
+    assert c.JupyterHub.template_vars == {"announcement": "kept", "labfleet_console": runs}
 
 
 def test_every_labfleet_variable_of_the_hub_reaches_the_service(tmp_path, monkeypatch):
