@@ -230,6 +230,33 @@ def message(text: str, *, error: bool = False) -> W.HTML:
     return W.HTML(f'{STYLE}<div class="lf-admin {cls}">{html.escape(text)}</div>')
 
 
+# What a page's ``build(say, refresh)`` gets: ``say(text, error)`` sets the page's message line,
+# ``refresh()`` builds the page again (after an action).
+Say = Callable[[str, bool], None]
+
+
+def refreshable_page(build: Callable[[Say, Callable[[], None]], Any]) -> W.VBox:
+    """A Refresh button and a message line above what ``build(say, refresh)`` makes (a service refusal
+    shows as the message instead, see :func:`guarded`); Refresh clears the message and builds again."""
+    out = W.VBox()
+    flash = W.HTML()
+    refresh_button = W.Button(description="Refresh", icon="refresh", layout=W.Layout(width="110px"))
+
+    def say(text: str, error: bool) -> None:
+        flash.value = message(text, error=error).value
+
+    def refresh(*_: Any) -> None:
+        out.children = [guarded(lambda: build(say, refresh))]
+
+    def clicked(_: Any) -> None:
+        flash.value = ""
+        refresh()
+
+    refresh_button.on_click(clicked)
+    refresh()
+    return W.VBox([refresh_button, flash, out])
+
+
 def guarded(fn: Callable[[], Any]) -> Any:
     """``fn()``; a service refusal becomes the page's message instead of a traceback."""
     try:

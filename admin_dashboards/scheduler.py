@@ -16,7 +16,7 @@ kernel); :func:`page` at the bottom builds the widgets, with a cancel button per
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError, grid, guarded, message
+from admin_dashboards.console import Say, ServiceError, grid, refreshable_page
 from admin_dashboards.resources import (
     esc,
     fmt_bytes,
@@ -369,27 +369,25 @@ def queue_grid(q: GroupQueue, can_change: bool, cancel: Any) -> W.Widget:
 
 def page(client: Any) -> W.VBox:
     """The whole Scheduler page below its header: every group's queue, refreshed after a cancel."""
-    out = W.VBox()
-    flash = W.HTML()
-    refresh_button = W.Button(description="Refresh", icon="refresh", layout=W.Layout(width="110px"))
     can_change = client.can_change
 
-    def cancel(row: QueueRow) -> Any:
-        def run(_: Any) -> None:
-            try:
-                answer = client.delete(f"/sessions/{quote(row.id, safe='')}")
-            except ServiceError as e:
-                flash.value = message(f"The labfleet service said: {e.message}", error=True).value
-            else:
-                status = (answer or {}).get("status", "CANCELLED")
-                flash.value = message(
-                    f"Cancelled session {row.id} of {row.user} (position {row.position}): it is {status} now."
-                ).value
-            refresh()
+    def build(say: Say, refresh: Callable[[], None]) -> W.VBox:
+        def cancel(row: QueueRow) -> Any:
+            def run(_: Any) -> None:
+                try:
+                    answer = client.delete(f"/sessions/{quote(row.id, safe='')}")
+                except ServiceError as e:
+                    say(f"The labfleet service said: {e.message}", True)
+                else:
+                    status = (answer or {}).get("status", "CANCELLED")
+                    say(
+                        f"Cancelled session {row.id} of {row.user} (position {row.position}): it is {status} now.",
+                        False,
+                    )
+                refresh()
 
-        return run
+            return run
 
-    def build() -> W.VBox:
         now = datetime.now(timezone.utc)
         groups = client.get("/resource-groups")
         nodes = client.everything("/nodes")
@@ -426,13 +424,4 @@ def page(client: Any) -> W.VBox:
             parts.append(queue_grid(q, can_change, cancel))
         return W.VBox(parts)
 
-    def refresh(*_: Any) -> None:
-        out.children = [guarded(build)]
-
-    def clicked(_: Any) -> None:
-        flash.value = ""
-        refresh()
-
-    refresh_button.on_click(clicked)
-    refresh()
-    return W.VBox([refresh_button, flash, out])
+    return refreshable_page(build)

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError, guarded, message
+from admin_dashboards.console import Say, ServiceError, refreshable_page
 from admin_dashboards.resources import esc, fmt_ago, fmt_slots, muted, number, section, trim
 
 MAX_REPLICAS = 64  # the service's own bound
@@ -286,15 +286,9 @@ def endpoint_view(
 
 def page(client: Any) -> W.VBox:
     """The whole Serving page below its header, refreshed after each action."""
-    out = W.VBox()
-    flash = W.HTML()
-    refresh_button = W.Button(description="Refresh", icon="refresh", layout=W.Layout(width="110px"))
     can_change = client.can_change
 
-    def say(text: str, error: bool) -> None:
-        flash.value = message(text, error=error).value
-
-    def build() -> W.VBox:
+    def build(say: Say, refresh: Callable[[], None]) -> W.VBox:
         now = datetime.now(timezone.utc)
         endpoints = sort_endpoints(client.get("/endpoints"))
         parts: list[W.Widget] = [muted(overview(endpoints))]
@@ -303,13 +297,4 @@ def page(client: Any) -> W.VBox:
         parts += [endpoint_view(client, e, now, say, refresh) for e in endpoints]
         return W.VBox(parts)
 
-    def refresh(*_: Any) -> None:
-        out.children = [guarded(build)]
-
-    def clicked(_: Any) -> None:
-        flash.value = ""
-        refresh()
-
-    refresh_button.on_click(clicked)
-    refresh()
-    return W.VBox([refresh_button, flash, out])
+    return refreshable_page(build)
