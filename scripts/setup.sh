@@ -33,7 +33,7 @@ CHP_MAJOR="5"
 # ---------------------------------------------------------------------------------------------------------
 APT_RUNTIME="python3 python3-venv python3-dev gcc git ca-certificates"
 APT_NODE="nodejs npm"        # only when `node` is missing (a NodeSource nodejs already ships npm)
-APT_SANDBOX="bubblewrap"     # the local backend sandboxes sessions with bwrap
+APT_SANDBOX="bubblewrap iproute2 nftables"  # local sessions: bwrap, a network namespace each, their firewall
 APT_TEST="postgresql"        # server binaries under /usr/lib/postgresql/*/bin (tests/postgres_server.py)
 APT_DOCKER="docker.io"       # the docker backend's tests run a real engine (scripts/docker.sh starts it)
 APT_IMAGES="debootstrap"     # the test image is built from a debootstrapped Debian, no registry
@@ -133,6 +133,20 @@ fi
 command -v node >/dev/null 2>&1 || die "node is still missing after the apt step"
 command -v npm >/dev/null 2>&1 || die "node is installed but npm is not: install npm for this node (e.g. 'apt-get install npm' for Debian's nodejs; NodeSource's nodejs ships it)"
 [ -x "$SYSTEM_PYTHON" ] || die "$SYSTEM_PYTHON not found (apt-get install python3 python3-venv)"
+
+# ---------------------------------------------------------------------------------------------------------
+# 1b. The account local sessions run as (spawner/local.py, LabfleetLocalSpawner.session_user): a system
+#     account with no home and no shell. Only a Hub run as root switches to it; as another user, sessions
+#     run as that user.
+# ---------------------------------------------------------------------------------------------------------
+SESSION_ACCOUNT="labfleet-session"
+if getent passwd "$SESSION_ACCOUNT" >/dev/null 2>&1; then
+    step_done "session account $SESSION_ACCOUNT present (skipped)"
+elif [ "$(id -u)" = 0 ]; then
+    useradd --system --user-group --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin "$SESSION_ACCOUNT"
+    step_done "session account $SESSION_ACCOUNT created"
+fi
 
 # ---------------------------------------------------------------------------------------------------------
 # 5. (--test) the programs of the app launchers (server_ext/apps.py), for their tests: TensorBoard and

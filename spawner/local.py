@@ -1,67 +1,172 @@
 """The local backend: one ``jupyterhub-singleuser`` process per session on the Hub host.
 
-The embedded default.  Each user gets a home under ``home_dir_template``; where bubblewrap
-(``bwrap``) is installed the process runs in a sandbox: the system read-only, a private /tmp,
-its own /proc, and only the session's home and its mounts writable.  Devices and shares reach it
-through the environment (CUDA_VISIBLE_DEVICES by UUID, LABFLEET_GPU_SHARES, MPS limits).
+The embedded default.  A session is a tenant (DESIGN.md): when the Hub runs as root, each session
+
+- runs as the unprivileged session account (``session_user``) with no capability and
+  ``no_new_privs``, in a bubblewrap sandbox that shows the system and the runtime read-only, its
+  home and its folders, and nothing else of the host (:mod:`spawner.sandbox`);
+- has a network namespace of its own behind a bridge (:mod:`spawner.sessionnet`): it reaches the
+  Hub and the labfleet service only through the Hub's public proxy, never the host's loopback, and
+  the internet through the host;
+- is held to its memory, CPU and process count by a control group (:mod:`spawner.cgroups`), and to
+  ``session_tmp_size`` of ``/tmp``.
+
+A Hub that is not root cannot switch users or make namespaces for others: its sessions run in a
+bubblewrap user namespace with every capability dropped, on the host's network (the README says
+what that leaves open).  Devices and shares reach the session through the environment
+(CUDA_VISIBLE_DEVICES by UUID, LABFLEET_GPU_SHARES, MPS limits) and its GPUs' device nodes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-from jupyterhub.spawner import SimpleLocalProcessSpawner
-from traitlets import Bool, List, Unicode
+from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
+from jupyterhub.traitlets import ByteSpecification
+from traitlets import Bool, Integer, List, Unicode
 
+from . import sessionnet
+from .cgroups import SessionGroup, cgroup_version
 from .launch import LaunchSpec, Mount
 from .mixin import LabfleetSpawnerMixin
-from .sandbox import bwrap_command, environment_sources, under_private_tmp
+from .sandbox import DEFAULT_TMP_SIZE, SandboxSpec, environment_sources, sandbox_command, system_layout
+
+NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+SHARED_PATH_ROOTS = ("/root", "/home")  # PATH entries there are someone's own, not the runtime
+_ENSURED: set[str] = set()  # session networks this Hub process has set up (by nftables table)
 
 
 class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
-    """labfleet sessions as local processes, sandboxed with bubblewrap when it is there."""
+    """labfleet sessions as local processes: unprivileged, sandboxed, in a network of their own."""
 
     sandbox = Unicode(
         "auto",
-        help="""Run sessions inside bubblewrap: `auto` (when `bwrap` is found and works), `yes` (a spawn
-        fails without it), `no`.""",
+        help="""Run sessions inside bubblewrap: `auto` or `yes` (as root, a spawn fails without it and
+        its tools: a session never runs as root; as another user, `auto` runs without a sandbox when
+        bubblewrap cannot run), or `no` (no sandbox: the session still runs as `session_user` when
+        the Hub is root, but sees the host's files as that account may; a warning at each spawn).""",
     ).tag(config=True)
 
     bwrap_path = Unicode("bwrap", help="The bubblewrap program (a name on PATH or a full path).").tag(
         config=True
     )
 
+    session_user = Unicode(
+        "labfleet-session",
+        help="""The unprivileged account every local session runs as when the Hub is root (one account
+        for all: sessions are kept apart by their sandboxes, namespaces and mounts, and share virtual
+        folders as Docker sessions do). `scripts/setup.sh` creates it; it needs no home and no shell.""",
+    ).tag(config=True)
+
+    session_network = Unicode(
+        "isolated",
+        help="""`isolated` (as root): a network namespace per session behind `session_bridge`; the
+        session reaches the Hub and the labfleet service only through the Hub's public proxy, and
+        the internet through the host. `host`: the host's network, loopback included, as the Hub
+        itself (the control plane is then reachable from sessions: a warning at each spawn).""",
+    ).tag(config=True)
+
+    session_bridge = Unicode(
+        "labfleet0",
+        help="""The bridge of the sessions' networks (1 to 9 lowercase letters and digits). Hubs on
+        one machine may share it; each keeps its own nftables table. Env: LABFLEET_SESSION_BRIDGE.""",
+    ).tag(config=True)
+
+    session_subnet = Unicode(
+        "10.213.0.0/16",
+        help="""The sessions' addresses (IPv4); the first is the bridge's (the gateway), one per running
+        session after it. Pick one your network does not route. Env: LABFLEET_SESSION_SUBNET.""",
+    ).tag(config=True)
+
+    session_egress_deny = List(
+        Unicode(),
+        list(sessionnet.DEFAULT_DENY),
+        help="""Networks sessions may not reach through the host (besides the host itself and other
+        sessions, always refused): the cloud's metadata service by default; add your internal ones.""",
+    ).tag(config=True)
+
+    session_port = Integer(
+        8888, help="The port each session's server listens on in its own network namespace."
+    ).tag(config=True)
+
+    session_tmp_size = ByteSpecification(
+        DEFAULT_TMP_SIZE,
+        help="""Size of each session's private /tmp and /var/tmp (tmpfs; their pages also count against
+        the session's memory limit). Suffixes K, M, G, T.""",
+    ).tag(config=True)
+
+    cgroup_parent = Unicode(
+        "labfleet",
+        help="""The control group under which each session gets its own (memory, CPU, process limits),
+        below the root of each v1 controller or of the v2 hierarchy. Empty: no control groups.""",
+    ).tag(config=True)
+
+    sandbox_runtime = List(
+        Unicode(),
+        help="""More host folders every session sees read-only at the same place (e.g. a conda
+        installation, shared datasets). The Hub's Python environment and what its installs point to
+        are found without it.""",
+    ).tag(config=True)
+
     sandbox_writable = List(
         Unicode(),
-        help="""Extra host directories the sandboxed session may write (besides its home, its run
-        directory and its mounts), e.g. a shared scratch space.""",
+        help="""Extra host directories the sandboxed session may write (besides its home and its
+        mounts), e.g. a shared scratch space.""",
     ).tag(config=True)
 
-    sandbox_share_net = Bool(
-        True,
-        help="""Keep the host's network in the sandbox. The Hub's proxy reaches the server on 127.0.0.1,
-        so a session without the host network would be unreachable; turn off only with another route.""",
-    ).tag(config=True)
-
-    extra_mounts = List(
+    extra_mounts: List[dict] = List(
         help="""Host folders to mount in every session, as {"source": "/abs/host/dir", "target":
         "name or /abs/path", "mode": "ro"|"rw"|"wd"}; a relative target is under the session's home.""",
     ).tag(config=True)
 
     sandbox_hidden = List(
         Unicode(),
-        help="""Host paths the sandboxed session must not see: a directory is covered by an empty
-        tmpfs, a file reads as empty. E.g. the virtual-folder storage root and the homes, which the
-        read-only view of the host would otherwise show whole (the session's own home and folders
-        are still mounted from there), and the Hub's secrets and DBs.""",
+        help="""Host paths inside what the sandbox shows (the runtime's folders) that sessions must
+        not see: a directory is covered by an empty tmpfs, a file reads as empty. E.g. a state
+        directory inside the checkout (the session's own home and folders are still mounted from
+        there).""",
+    ).tag(config=True)
+
+    allow_privileged_sessions = Bool(
+        False,
+        help="""Let a Hub running as root start sessions as root when `sandbox = "no"` and no session
+        account exists. Never in production: the session is then root on the host.""",
     ).tag(config=True)
 
     _log_file = None
+    lf_net_index: int | None = None  # the session's network namespace (sessionnet index)
+    lf_cgroup: str | None = None  # the session's control group name
+
+    # ------------------------------------------------------------------ state
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.lf_net_index is not None:
+            state["labfleet_net"] = self.lf_net_index
+        if self.lf_cgroup:
+            state["labfleet_cgroup"] = self.lf_cgroup
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        index = state.get("labfleet_net")
+        self.lf_net_index = index if isinstance(index, int) else None
+        self.lf_cgroup = state.get("labfleet_cgroup") or None
+
+    # ------------------------------------------------------------------ what the session runs as
+
+    @property
+    def lf_root(self) -> bool:
+        return os.geteuid() == 0
 
     def _bwrap(self) -> str | None:
         if self.sandbox == "no":
@@ -69,12 +174,58 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         path = shutil.which(self.bwrap_path)
         if path and _bwrap_works(path):
             return path
-        if self.sandbox == "yes":
-            raise RuntimeError(f"sandbox = yes, but {self.bwrap_path!r} is missing or cannot run here")
+        if self.sandbox == "yes" or self.lf_root:
+            raise SpawnException(
+                f"labfleet: bubblewrap ({self.bwrap_path!r}) is missing or cannot run here, and sessions "
+                "never run unsandboxed as root: install it (scripts/setup.sh), or set "
+                "LabfleetLocalSpawner.sandbox = 'no' to run them unsandboxed as the session account",
+                status_code=503,
+            )
         return None
 
+    def _account(self) -> tuple[int, int] | None:
+        """(uid, gid) of the session account; None when the Hub is not root (sessions run as the Hub's user)."""
+        if not self.lf_root:
+            return None
+        try:
+            entry = pwd.getpwnam(self.session_user)
+        except KeyError:
+            if self.allow_privileged_sessions and self.sandbox == "no":
+                return None
+            raise SpawnException(
+                f"labfleet: the session account {self.session_user!r} does not exist, and sessions never run "
+                f"as root: run scripts/setup.sh, or `useradd --system --user-group --no-create-home "
+                f"--shell /usr/sbin/nologin {self.session_user}`",
+                status_code=503,
+            ) from None
+        if entry.pw_uid == 0:
+            raise SpawnException(f"labfleet: session_user {self.session_user!r} is root", status_code=503)
+        return entry.pw_uid, entry.pw_gid
+
+    def _network(self) -> sessionnet.SessionNetwork | None:
+        """The sessions' network, when they get one of their own (root, `isolated`)."""
+        if not self.lf_root or self.session_network == "host":
+            return None
+        if self.session_network != "isolated":
+            raise SpawnException(
+                f"labfleet: session_network must be isolated or host, not {self.session_network!r}",
+                status_code=500,
+            )
+        proxy = getattr(self.user, "settings", {}).get("proxy")  # type: ignore[attr-defined]
+        public = urlparse(getattr(proxy, "public_url", "") or "")
+        try:
+            return sessionnet.SessionNetwork.parse(
+                os.environ.get("LABFLEET_SESSION_BRIDGE") or self.session_bridge,
+                os.environ.get("LABFLEET_SESSION_SUBNET") or self.session_subnet,
+                public.hostname or "",
+                public.port or (443 if public.scheme == "https" else 80),
+                self.session_egress_deny,
+            )
+        except ValueError as e:
+            raise SpawnException(f"labfleet: the sessions' network: {e}", status_code=500) from None
+
     def lf_own_pid_namespace(self) -> bool:
-        return self._bwrap() is not None  # bwrap --unshare-pid
+        return self.sandbox != "no"  # bwrap --unshare-pid
 
     def lf_session_home(self) -> str:
         # The sandbox binds the host home at the same path: the session sees it there too.
@@ -89,48 +240,214 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             out.append(Mount(source=str(m["source"]), target=target, mode=m.get("mode", "rw")))
         return tuple(out)
 
-    async def lf_prepare(self, launch: LaunchSpec) -> None:
-        # A few mkdirs and one cached bwrap probe: quick enough to run on the loop.
-        self._prepare(launch)
+    # ------------------------------------------------------------------ start
 
-    def _prepare(self, launch: LaunchSpec) -> None:
+    async def lf_prepare(self, launch: LaunchSpec) -> None:
+        bwrap = self._bwrap()
+        account = self._account()
+        net = self._network() if bwrap else None
+        self._prepare_host(launch, account)
+        if net is not None:
+            if net.table not in _ENSURED:
+                await sessionnet.ensure(net)
+                _ENSURED.add(net.table)
+            self.lf_net_index = await sessionnet.attach(net)
+            self.ip = str(net.address(self.lf_net_index))
+            self.port = self.session_port
+        elif self.lf_root and self.session_network == "host":
+            self.log.warning(
+                "labfleet: %s runs on the host's network: it can reach the Hub's API, the service and "
+                "every port on the host's loopback (session_network = 'host')",
+                self._log_name,
+            )
+        # A few mkdirs, chowns and stats: quick enough to run on the loop.
+        self._prepare_command(launch, bwrap, account, net)
+
+    def _prepare_host(self, launch: LaunchSpec, account: tuple[int, int] | None) -> None:
+        """The home (the session account's), the log file, the control group."""
         home = Path(self.home_dir)
         home.mkdir(parents=True, exist_ok=True)
+        if account is not None:
+            _own(home, *account)
         log_path = self.session_log_path
         if log_path is not None:
             # The process writes its output straight into the session's log file.
             self._log_file = open(log_path, "ab", buffering=0)  # closed after Popen
             self.popen_kwargs = {"stdout": self._log_file, "stderr": subprocess.STDOUT}
-        bwrap = self._bwrap()
-        if bwrap:
-            for m in launch.mounts:
-                if m.target.startswith(str(home) + "/"):
-                    target = Path(m.target)
-                    if target.is_symlink():
-                        target.unlink()  # left by a session without the sandbox: bind a real directory
-                    # The mount point (and ~/vfolders/) exists on the host, owned by the user.
-                    target.mkdir(parents=True, exist_ok=True)
-            self.shell_cmd = bwrap_command(
-                bwrap,
-                home=str(home),
-                mounts=launch.mounts,
-                writable=list(self.sandbox_writable),
-                readonly=_hidden_by_private_tmp(self.get_env()),
-                hidden=[h for h in self.sandbox_hidden if os.path.isdir(h)],
-                hidden_files=[h for h in self.sandbox_hidden if os.path.isfile(h)],
-                share_net=self.sandbox_share_net,
-            )
-        else:
-            self.shell_cmd = []
+        if self.lf_root and self.cgroup_parent:
+            self._lf_cgroup_create(launch)
+
+    def _prepare_command(
+        self,
+        launch: LaunchSpec,
+        bwrap: str | None,
+        account: tuple[int, int] | None,
+        net: sessionnet.SessionNetwork | None,
+    ) -> None:
+        home = Path(self.home_dir)
+        if not bwrap:
+            self.shell_cmd = ["setpriv", *_drop_args(*account), "--", "/bin/sh", "-c"] if account else []
             if launch.mounts:
                 # Without a sandbox a mount is a symlink, and ro cannot be enforced: say so.
                 for m in launch.mounts:
                     _link(Path(m.target), m.source, self.log)
-                self.log.warning("labfleet: no sandbox for %s; mounts are plain symlinks", self._log_name)
+            self.log.warning("labfleet: no sandbox for %s (sandbox = 'no'): it sees the host", self._log_name)
+            return
+        for m in launch.mounts:
+            if m.target.startswith(str(home) + "/"):
+                target = Path(m.target)
+                if target.is_symlink():
+                    target.unlink()  # left by a session without the sandbox: bind a real directory
+                # The mount point (and ~/vfolders/) exists on the host, owned by the user.
+                target.mkdir(parents=True, exist_ok=True)
+                if account is not None:
+                    os.chown(target.parent, *account)
+        env = self.get_env()
+        netns = net.netns_path(self.lf_net_index) if net and self.lf_net_index is not None else None
+        self.shell_cmd = sandbox_command(
+            bwrap,
+            SandboxSpec(
+                home=str(home),
+                system=system_layout(),
+                runtime=tuple(self._runtime(env)),
+                hidden=tuple(h for h in self.sandbox_hidden if os.path.isdir(h)),
+                hidden_files=tuple(h for h in self.sandbox_hidden if os.path.isfile(h)),
+                mounts=launch.mounts,
+                writable=tuple(self.sandbox_writable) + _mps_dirs(launch, env),
+                devices=_gpu_devices(launch),
+                tmp_size=int(self.session_tmp_size or DEFAULT_TMP_SIZE),
+                hostname=_hostname(self.user.name, self.name),  # type: ignore[attr-defined]
+                uid=account[0] if account else None,
+                gid=account[1] if account else None,
+                netns=netns,
+            ),
+        )
+
+    def _lf_cgroup_create(self, launch: LaunchSpec) -> None:
+        version = cgroup_version()
+        if version is None:
+            self.log.warning(
+                "labfleet: no control groups on this host: %s has no memory or CPU limit", self._log_name
+            )
+            return
+        group = SessionGroup(self.cgroup_parent, launch.session_id, version)
+        mem = launch.mem or self.mem_limit or None
+        cpu = launch.cpu if launch.cpu is not None else (self.cpu_limit or None)
+        group.create(
+            cpu=Decimal(str(cpu)) if cpu is not None else None,
+            mem=int(mem) if mem else None,
+            pids=launch.pids_limit,
+        )
+        self.lf_cgroup = launch.session_id
+
+    def _group(self) -> SessionGroup | None:
+        version = cgroup_version()
+        if not self.lf_cgroup or version is None:
+            return None
+        return SessionGroup(self.cgroup_parent, self.lf_cgroup, version)
+
+    def _runtime(self, env: dict[str, str]) -> list[str]:
+        """What the session needs of the host read-only: its Python environments, what their installs
+        point to (an editable checkout, linked JupyterLab extensions), its PATH and PYTHONPATH (not
+        someone's home) and ``sandbox_runtime``."""
+        wanted = [sys.prefix, sys.base_prefix, *self.sandbox_runtime]
+        prefixes = [sys.prefix]
+        hidden = [h.rstrip("/") for h in self.sandbox_hidden]
+        for var in ("PATH", "PYTHONPATH"):
+            for entry in env.get(var, "").split(os.pathsep):
+                if not entry.startswith("/") or not os.path.isdir(entry):
+                    continue
+                if any(entry == r or entry.startswith(r + "/") for r in (*SHARED_PATH_ROOTS, *hidden)):
+                    continue
+                wanted.append(entry)
+                parent = os.path.dirname(entry.rstrip("/"))
+                if os.path.isfile(os.path.join(parent, "pyvenv.cfg")) and parent not in prefixes:
+                    prefixes.append(parent)
+        for prefix in prefixes:
+            wanted += environment_sources(prefix)
+        return [os.path.realpath(p) for p in wanted if p and os.path.exists(p)]
+
+    def make_preexec_fn(self, name):
+        home = self.home_dir
+        group = self._group()
+
+        def preexec():
+            # In the child, before it runs anything: every process of the session is in its group.
+            if group is not None:
+                group.join()
+            os.chdir(home)
+
+        return preexec
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        net = self._network() if self.lf_net_index is not None else None
+        if net is not None:
+            # The session's network has no route to the host's loopback: the Hub's API and the
+            # labfleet service are called through the Hub's public proxy.
+            api = net.hub_url + urlparse(self.hub.api_url).path  # type: ignore[attr-defined]
+            env["JUPYTERHUB_API_URL"] = api
+            env["JUPYTERHUB_ACTIVITY_URL"] = env.get("JUPYTERHUB_ACTIVITY_URL", "").replace(
+                self.hub.api_url.rstrip("/"),  # type: ignore[attr-defined]
+                api.rstrip("/"),
+                1,
+            )
+            if not self.session_service_url:
+                env["LABFLEET_SERVICE_URL"] = net.hub_url + urlparse(self.service_url).path
+        return env
 
     def lf_runtime(self) -> dict[str, Any] | None:
-        """The server's root process (bwrap's, when sandboxed): the sampler walks its tree."""
-        return {"pid": self.pid} if self.pid else None
+        """The server's root process (nsenter's, then bwrap's) and its address: the sampler walks its
+        tree; the serving router calls a replica there."""
+        if not self.pid:
+            return None
+        out: dict[str, Any] = {"pid": self.pid}
+        if self.lf_net_index is not None and self.ip:
+            out["address"] = self.ip
+        return out
+
+    async def start(self):
+        try:
+            return await super().start()
+        except BaseException:
+            await self._lf_teardown(self.lf_net_index, self.lf_cgroup)
+            raise
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()  # the child has its own copy
+                self._log_file = None
+
+    # ------------------------------------------------------------------ stop, poll
+
+    async def _lf_teardown(self, net_index: int | None, cgroup: str | None) -> None:
+        """What the session held on the host: what still runs in its group, the group, its namespace."""
+        if cgroup:
+            version = cgroup_version()
+            if version is not None:
+                # Kills what escaped the process group, then waits for it: off the Hub's loop.
+                await asyncio.to_thread(SessionGroup(self.cgroup_parent, cgroup, version).remove)
+        if net_index is not None:
+            net = self._network()
+            if net is not None:
+                await sessionnet.detach(net, net_index)
+        if self.lf_net_index == net_index:
+            self.lf_net_index = None
+        if self.lf_cgroup == cgroup:
+            self.lf_cgroup = None
+
+    async def poll(self):
+        held = (self.lf_net_index, self.lf_cgroup)
+        status = await super().poll()
+        if status is not None and held != (None, None):
+            await self._lf_teardown(*held)
+        return status
+
+    async def stop(self, now: bool = False):
+        held = (self.lf_net_index, self.lf_cgroup)
+        try:
+            await super().stop(now=now)
+        finally:
+            await self._lf_teardown(*held)
 
     async def _signal(self, sig):
         """Signal the whole sandbox: bwrap, and the server in its own PID namespace.
@@ -153,13 +470,50 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             return await super()._signal(sig)
         return True
 
-    async def start(self):
-        try:
-            return await super().start()
-        finally:
-            if self._log_file is not None:
-                self._log_file.close()  # the child has its own copy
-                self._log_file = None
+
+def _drop_args(uid: int, gid: int) -> list[str]:
+    return [
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+    ]
+
+
+def _own(home: Path, uid: int, gid: int) -> None:
+    """The home belongs to the session account (all of it, when it did not yet: an older home)."""
+    st = home.stat()
+    if (st.st_uid, st.st_gid) == (uid, gid):
+        return
+    for root, dirs, files in os.walk(home):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(root, name), uid, gid)
+    os.chown(home, uid, gid)
+
+
+def _hostname(user: str, server: str) -> str:
+    """The session's host name: the user's and the server's name, as DNS labels allow."""
+    raw = f"{user}-{server}" if server else user
+    label = "".join(c if c.isalnum() else "-" for c in raw.lower()).strip("-")[:63]
+    return label or "session"
+
+
+def _gpu_devices(launch: LaunchSpec) -> tuple[str, ...]:
+    """The device nodes of the session's GPUs (and the driver's control nodes), where they exist."""
+    if not launch.gpus:
+        return ()
+    nodes = [f"/dev/nvidia{g.index}" for g in launch.gpus]
+    return tuple(d for d in (*NVIDIA_CONTROL_DEVICES, *nodes) if os.path.exists(d))
+
+
+def _mps_dirs(launch: LaunchSpec, env: dict[str, str]) -> tuple[str, ...]:
+    """The MPS daemon's pipe folder, which a client of a fractional session must write to."""
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    if launch.mps and launch.gpus and pipe and os.path.isdir(pipe):
+        return (pipe,)
+    return ()
 
 
 def _link(target: Path, source: str, log) -> None:
@@ -182,31 +536,14 @@ def _link(target: Path, source: str, log) -> None:
     target.symlink_to(source)
 
 
-def _hidden_by_private_tmp(env: dict[str, str]) -> list[str]:
-    """Folders the session needs that live under /tmp or /var/tmp, which the sandbox's private /tmp
-    would hide: its Python environments (the Hub's, and a venv whose ``bin`` is on its PATH), what
-    their installs point to (an editable install's checkout, linked JupyterLab extensions), and the
-    folders on its PATH and PYTHONPATH."""
-    wanted = [sys.prefix, sys.base_prefix]
-    for var in ("PATH", "PYTHONPATH"):
-        wanted += [p for p in env.get(var, "").split(os.pathsep) if p]
-    prefixes = [sys.prefix]
-    for entry in env.get("PATH", "").split(os.pathsep):
-        parent = os.path.dirname(entry.rstrip("/"))
-        if entry and os.path.isfile(os.path.join(parent, "pyvenv.cfg")) and parent not in prefixes:
-            prefixes.append(parent)
-    for prefix in prefixes:
-        wanted += environment_sources(prefix)
-    return under_private_tmp(wanted)
-
-
 def _bwrap_works(path: str) -> bool:
     """bwrap can be installed yet refused by the kernel (no user namespaces): try it once."""
     cached = _BWRAP_OK.get(path)
     if cached is None:
+        unprivileged = [] if os.geteuid() == 0 else ["--unshare-user"]
         try:
             r = subprocess.run(
-                [path, "--ro-bind", "/", "/", "--dev", "/dev", "--", "/bin/true"],
+                [path, "--ro-bind", "/", "/", "--dev", "/dev", *unprivileged, "--", "/bin/true"],
                 capture_output=True,
                 timeout=10,
             )

@@ -1,16 +1,23 @@
-"""bubblewrap command lines for local sessions: a pure builder, and what it must show again.
+"""Sandbox command lines for local sessions: a pure builder, and what the runtime needs.
 
-The sandbox sees the host read-only, gets a private /tmp and /dev, its own /proc and PID
-namespace, and writes only its home, the extra writable folders and its rw/wd mounts; ro
-mounts are bound read-only, and ``hidden`` folders (a storage root) are not seen at all.  The
-host network stays (the proxy reaches the server on 127.0.0.1).  The session command is
-appended as one shell string (JupyterHub's ``shell_cmd``).
+A local session is a tenant.  :func:`sandbox_command` builds its command line:
 
-The private /tmp also hides what the session's Python needs when it lives under /tmp: a venv, and
-the checkout an editable install points to (a clone under /tmp).  :func:`environment_sources`
-finds where an environment's packages really live (its ``.pth`` files, editable finders, the links
-of its JupyterLab extensions; it only reads those files) and :func:`under_private_tmp` keeps what
-the private /tmp would hide, for ``bwrap_command(readonly=...)``.
+- as root (the embedded Hub): ``nsenter`` into the session's own network namespace
+  (:mod:`spawner.sessionnet`), then bubblewrap, privileged, builds a root of its own, then
+  ``setpriv`` runs the session as the unprivileged session account with no capability at all
+  (bounding set empty) and ``no_new_privs``.  The mounts belong to the host's user namespace: the
+  session cannot unmount, remount or add one (and in a user namespace of its own, what it inherits
+  is locked);
+- as any other user: bubblewrap in a user namespace of its own, every capability dropped, on the
+  host's network (no namespace can be made without root; the README says so).
+
+What the session sees: the system (``/usr``, ``/etc``, ``/sys`` read-only, the ``/bin``-style links),
+the runtime it needs read-only (the Python environment, what its installs point to: ``runtime``),
+private ``/dev``, ``/proc``, ``/tmp`` and ``/var/tmp`` (tmpfs of ``tmp_size`` bytes), its home
+read-write, its folders with their mode, and its devices.  Nothing else of the host: not ``/root``,
+not other homes, not ``/run`` (the Docker socket, the network namespaces), not the state directory.
+``hidden`` folders and ``hidden_files`` inside the runtime (a state directory inside a checkout) are
+covered.  The session command is appended as one shell string (JupyterHub's ``shell_cmd``).
 """
 
 from __future__ import annotations
@@ -21,56 +28,151 @@ import json
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from .launch import Mount
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp")
+SYSTEM_DIRS = ("/usr", "/etc", "/sys")  # read-only, at the same place
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links into /usr, or folders
+DEFAULT_TMP_SIZE = 1 << 30
 
 
-def bwrap_command(
-    bwrap: str,
-    *,
-    home: str,
-    mounts: Iterable[Mount] = (),
-    writable: Iterable[str] = (),
-    readonly: Iterable[str] = (),
-    hidden: Iterable[str] = (),
-    hidden_files: Iterable[str] = (),
-    share_net: bool = True,
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What one session's sandbox holds (plain values; :func:`sandbox_command` turns it into argv)."""
+
+    home: str
+    system: tuple[tuple[str, str], ...] = ()  # (path, link target or "" for a folder): system_layout()
+    runtime: tuple[str, ...] = ()  # host paths bound read-only at the same place
+    hidden: tuple[str, ...] = ()  # folders covered by an empty tmpfs
+    hidden_files: tuple[str, ...] = ()  # files that read as empty
+    mounts: tuple[Mount, ...] = ()
+    writable: tuple[str, ...] = ()  # more host folders bound read-write
+    devices: tuple[str, ...] = ()  # device nodes (a GPU's) bound into the private /dev
+    tmp_size: int = DEFAULT_TMP_SIZE
+    hostname: str = ""
+    uid: int | None = None  # the session account: set when the Hub runs as root
+    gid: int | None = None
+    netns: str | None = None  # the session's network namespace (a path under /run/netns)
+
+
+def system_layout(root: str = "/") -> tuple[tuple[str, str], ...]:
+    """The system folders and links of this machine as :class:`SandboxSpec` takes them."""
+    out: list[tuple[str, str]] = []
+    for path in (*SYSTEM_DIRS, *SYSTEM_LINKS):
+        host = os.path.join(root, path.lstrip("/"))
+        if os.path.islink(host):
+            out.append((path, os.readlink(host)))
+        elif os.path.isdir(host):
+            out.append((path, ""))
+    return tuple(out)
+
+
+def _inside(path: str, folders: Iterable[str]) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    """Absolute, normalised, deduplicated paths without those inside another one, by depth."""
+    clean = sorted({os.path.normpath(p) for p in paths if p.startswith("/") and p != "/"})
+    out: list[str] = []
+    for p in clean:
+        if not _inside(p, out):
+            out.append(p)
+    return sorted(out, key=lambda p: (p.count("/"), p))
+
+
+def sandbox_command(
+    bwrap: str, spec: SandboxSpec, *, nsenter: str = "nsenter", setpriv: str = "setpriv"
 ) -> list[str]:
-    """``shell_cmd`` for LocalProcessSpawner: bwrap's arguments, then ``/bin/sh -c``."""
-    args = [
-        bwrap,
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--tmpfs", "/tmp",
-        "--tmpfs", "/var/tmp",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-    ]  # fmt: skip
-    if not share_net:
-        args.append("--unshare-net")
-    # The private /tmp hides what lives under it (a venv or a checkout in /tmp): show those again,
-    # before hiding, so that what is hidden inside them (a state dir in a checkout) stays hidden.
-    for path in readonly:
-        args += ["--ro-bind", path, path]
-    # Covered by an empty tmpfs; bind sources still come from the host, so a session's own folder
-    # under a hidden root is mounted all the same.
-    for path in hidden:
-        args += ["--tmpfs", path]
-    # Files (the Hub's secrets and DBs) read as empty.
-    for path in hidden_files:
-        args += ["--ro-bind", "/dev/null", path]
-    args += ["--bind", home, home]
-    for path in writable:
-        args += ["--bind", path, path]
-    for m in mounts:
-        args += ["--ro-bind" if m.read_only else "--bind", m.source, m.target]
-    args += ["--chdir", home, "--setenv", "HOME", home, "--", "/bin/sh", "-c"]
-    return args
+    """``shell_cmd`` for LocalProcessSpawner: the sandbox's argv, ending in ``/bin/sh -c``."""
+    args: list[str] = [bwrap]
+    # What the sandbox holds so far: (folder, True when its contents come from the host).
+    layers: list[tuple[str, bool]] = []
+
+    def layer(d: str) -> tuple[str, bool] | None:
+        """The deepest (latest) layer that holds ``d``."""
+        best: tuple[str, bool] | None = None
+        for path, from_host in layers:
+            if _inside(d, [path]) and (best is None or len(path) >= len(best[0])):
+                best = (path, from_host)
+        return best
+
+    def exists(d: str) -> bool:
+        top = layer(d)
+        return top is not None and (top[1] or top[0] == d)
+
+    def shown(d: str) -> bool:
+        """Whether the sandbox shows the host's ``d`` at this point."""
+        top = layer(d)
+        return top is not None and top[1]
+
+    def parents(path: str) -> None:
+        # bwrap makes missing parents 0700 root: the session account could not cross them.
+        parts = path.strip("/").split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/" + "/".join(parts[:i])
+            if not exists(d):
+                args.extend(["--perms", "0755", "--dir", d])
+                layers.append((d, False))
+
+    def bind(option: str, source: str, target: str) -> None:
+        parents(target)
+        args.extend([option, source, target])
+        layers.append((target, True))
+
+    for path, target in spec.system:
+        if target:
+            args.extend(["--symlink", target, path])
+        else:
+            bind("--ro-bind", path, path)
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    for path in PRIVATE_DIRS:
+        parents(path)
+        args += ["--size", str(spec.tmp_size), "--perms", "1777", "--tmpfs", path]
+        layers.append((path, False))
+    early = [p for p in _outermost(r for r in spec.runtime if not _inside(r, spec.hidden)) if not shown(p)]
+    late = _outermost(r for r in spec.runtime if _inside(r, spec.hidden))
+    for path in early:
+        bind("--ro-bind", path, path)
+    # Covered only where the sandbox would show them; bind sources still come from the host, so the
+    # session's own folder under a hidden root is mounted all the same.
+    for path in _outermost(spec.hidden):
+        if shown(path):
+            args += ["--perms", "0755", "--tmpfs", path]
+            layers.append((path, False))
+    for path in spec.hidden_files:
+        if shown(path):
+            args += ["--ro-bind", "/dev/null", path]
+    for path in late:  # what the runtime needs from inside a hidden folder comes back
+        bind("--ro-bind", path, path)
+    bind("--bind", spec.home, spec.home)
+    for path in spec.writable:
+        bind("--bind", path, path)
+    for m in spec.mounts:
+        bind("--ro-bind" if m.read_only else "--bind", m.source, m.target)
+    for dev in spec.devices:
+        args += ["--dev-bind", dev, dev]
+    args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if spec.hostname:
+        args += ["--hostname", spec.hostname]
+    args += ["--chdir", spec.home, "--setenv", "HOME", spec.home]
+    if spec.uid is None:
+        # Not root: a user namespace of our own, and nothing of what it grants kept.
+        return [*args, "--unshare-user", "--cap-drop", "ALL", "--", "/bin/sh", "-c"]
+    drop = [
+        setpriv,
+        f"--reuid={spec.uid}",
+        f"--regid={spec.gid if spec.gid is not None else spec.uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+    ]
+    prefix = [nsenter, f"--net={spec.netns}"] if spec.netns else []
+    return [*prefix, *args, "--", *drop, "--", "/bin/sh", "-c"]
 
 
 # ---------------------------------------------------------------- where installed packages live
@@ -152,18 +254,6 @@ def environment_sources(prefix: str) -> list[str]:
             out += site_packages_sources(site_packages)
     out += link_targets(os.path.join(prefix, "share", "jupyter", "labextensions"))
     return list(dict.fromkeys(out))
-
-
-def under_private_tmp(paths: Iterable[str], private: Iterable[str] = PRIVATE_DIRS) -> list[str]:
-    """The existing folders (or files) among ``paths``, resolved, that the sandbox's private /tmp
-    would hide, without those inside another one (binding a folder shows what is in it)."""
-    roots = tuple(p.rstrip("/") + "/" for p in private)
-    out: list[str] = []
-    for path in paths:
-        real = os.path.realpath(path)
-        if real.startswith(roots) and os.path.exists(real) and real not in out:
-            out.append(real)
-    return [p for p in out if not any(p != q and p.startswith(q + "/") for q in out)]
 
 
 def _read(path: str) -> str:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import atexit
+import ipaddress
+import json
 import os
 import shutil
 import socket
@@ -38,6 +41,41 @@ def free_port() -> int:
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
+
+
+def _session_network() -> dict[str, str]:
+    """One bridge and subnet for the local sessions of every Hub this test process starts: not the
+    product's default (a Hub of scripts/up may run here), a subnet no interface of this machine
+    has, removed when the process ends."""
+    if os.geteuid() != 0:
+        return {}
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]"
+    used = [
+        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+        for link in json.loads(out)
+        for a in link.get("addr_info", [])
+    ]
+    for candidate in ipaddress.IPv4Network("10.216.0.0/14").subnets(new_prefix=24):
+        if not any(candidate.overlaps(u) for u in used):
+            break
+    bridge = f"lft{os.getpid() % 1000000}"
+    atexit.register(_remove_session_network, bridge)
+    return {"LABFLEET_SESSION_BRIDGE": bridge, "LABFLEET_SESSION_SUBNET": str(candidate)}
+
+
+def _remove_session_network(bridge: str) -> None:
+    """The test bridge, its sessions' namespaces and its Hubs' nftables tables."""
+    for name in os.listdir("/run/netns") if os.path.isdir("/run/netns") else []:
+        if name.startswith(bridge + "-"):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout.split()
+    for table in tables:
+        if table.startswith(f"labfleet_{bridge}_"):
+            subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+    subprocess.run(["ip", "link", "delete", bridge], capture_output=True)
+
+
+SESSION_NETWORK = _session_network()
 
 
 def seed(db_url: str) -> None:
@@ -178,6 +216,8 @@ def start_hub(
     else:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env.update(extra_env)
+    for key, value in SESSION_NETWORK.items():
+        env.setdefault(key, value)
     env.setdefault("LABFLEET_ADMIN_PORT", str(free_port()))  # the admin console's own port
     env.setdefault("LABFLEET_ADMIN_CONSOLE", "1" if console else "0")
     env.update(

@@ -27,7 +27,7 @@ import pytest
 
 from hub_ext.compute.devices.mock import USAGE_ENV, MockPlugin
 from hub_ext.usage.sampler import GpuReading, Reading, Sampler, Target, sample_interval
-from spawner.sandbox import bwrap_command
+from spawner.sandbox import SandboxSpec, sandbox_command, system_layout
 from tests.hubfixture import REPO
 
 IMAGE = "labfleet/singleuser:test"
@@ -150,7 +150,7 @@ def test_sandboxed_session_cpu_and_memory(spawn, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     # The local spawner's command line: bwrap's arguments, then the session command for /bin/sh -c.
-    root = spawn([*bwrap_command(bwrap, home=str(home)), BUSY])
+    root = spawn([*sandbox_command(bwrap, SandboxSpec(home=str(home), system=system_layout())), BUSY])
     busy = wait_for("the sandboxed loop to run", lambda: busy_descendant(root.pid))
     assert isinstance(busy, psutil.Process) and busy.pid != root.pid  # it runs below bwrap, in its namespace
     sampler = Sampler()

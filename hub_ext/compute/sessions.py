@@ -9,6 +9,7 @@ and writes the outcome.  So two concurrent decisions never see the same free sha
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 from collections import defaultdict
@@ -806,16 +807,26 @@ PID_MAX = 2**22  # the kernel's largest pid_max
 
 def check_runtime(value: Any) -> dict[str, Any]:
     """Where a session runs, as the spawner reports it: ``{"pid": N}`` (a local server's root
-    process) or ``{"container": ID}`` (a Docker container); InvalidInput otherwise."""
-    body = check_fields(value, optional=["pid", "container"])
-    if len(body) != 1:
-        raise InvalidInput('runtime must be {"pid": N} or {"container": ID}')
-    if "pid" in body:
-        return {"pid": check_int(body["pid"], "runtime.pid", minimum=1, maximum=PID_MAX)}
-    container = body["container"]
-    if not isinstance(container, str) or not _CONTAINER_ID.match(container):
-        raise InvalidInput("runtime.container must be a Docker container id (12 to 64 hex digits)")
-    return {"container": container}
+    process) or ``{"container": ID}`` (a Docker container), with ``"address"`` where the session has
+    a network of its own (the serving router calls its replica there); InvalidInput otherwise."""
+    body = check_fields(value, optional=["pid", "container", "address"])
+    where = {k: v for k, v in body.items() if k != "address"}
+    if len(where) != 1:
+        raise InvalidInput('runtime must be {"pid": N} or {"container": ID}, with an optional "address"')
+    out: dict[str, Any]
+    if "pid" in where:
+        out = {"pid": check_int(where["pid"], "runtime.pid", minimum=1, maximum=PID_MAX)}
+    else:
+        container = where["container"]
+        if not isinstance(container, str) or not _CONTAINER_ID.match(container):
+            raise InvalidInput("runtime.container must be a Docker container id (12 to 64 hex digits)")
+        out = {"container": container}
+    if "address" in body:
+        try:
+            out["address"] = str(ipaddress.ip_address(str(body["address"])[:64]))
+        except ValueError:
+            raise InvalidInput("runtime.address must be an IP address") from None
+    return out
 
 
 def list_sessions(db: Session, actor: Actor, filters: dict[str, str | None]) -> list[ComputeSession]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import signal
 import sys
@@ -37,6 +38,7 @@ ADMIN_PORT_ENV = "LABFLEET_ADMIN_PORT"
 ADMIN_CONSOLE_ENV = "LABFLEET_ADMIN_CONSOLE"  # 0, false, no or off: no admin console
 BACKEND_ENV = "LABFLEET_BACKEND"
 SESSION_LOG_DIR_ENV = "LABFLEET_SESSION_LOG_DIR"
+SESSION_ACCOUNT = "labfleet-session"  # local sessions' account (LabfleetLocalSpawner.session_user)
 STORAGE_HOSTS_ENV = "LABFLEET_STORAGE_HOSTS"
 # The local backend runs the Hub host's own Python environment: one image stands for it.
 LOCAL_IMAGE = {"name": "local/host", "display_name": "JupyterLab on the Hub host (local sessions)"}
@@ -181,8 +183,9 @@ def configure(
                 "name": "local",
                 "path": str(state / "vfolders"),
                 "default_permissions": list(RIGHTS),
-                # Docker sessions run as uid 1000: what the API writes must be theirs to change.
-                **({"owner_uid": 1000, "owner_gid": 1000} if backend in ("docker", "swarm") else {}),
+                # What the API writes must be the sessions' to change: Docker sessions run as uid
+                # 1000, local ones as the session account when the Hub is root.
+                **session_owner(backend),
             }
         ]
     settings: dict[str, Any] = {
@@ -260,6 +263,19 @@ def configure(
     c.Spawner.server_token_scopes = SESSION_TOKEN_SCOPES
 
 
+def session_owner(backend: str, account: str = SESSION_ACCOUNT) -> dict[str, int]:
+    """``owner_uid``/``owner_gid`` for the default storage host: the account sessions run as."""
+    if backend in ("docker", "swarm"):
+        return {"owner_uid": 1000, "owner_gid": 1000}
+    if os.geteuid() != 0:
+        return {}
+    try:
+        entry = pwd.getpwnam(account)
+    except KeyError:
+        return {}
+    return {"owner_uid": entry.pw_uid, "owner_gid": entry.pw_gid}
+
+
 def configure_spawner(c, backend: str, state: Path) -> list[dict]:
     """The labfleet spawner for ``backend`` (local | docker | swarm); returns the images to register."""
     c.Spawner.default_url = "/lab"
@@ -269,26 +285,14 @@ def configure_spawner(c, backend: str, state: Path) -> list[dict]:
         c.JupyterHub.spawner_class = "labfleet-local"
         c.LabfleetLocalSpawner.home_dir_template = str(state / "homes" / "{username}")
         c.LabfleetSpawnerMixin.default_image = LOCAL_IMAGE["name"]
-        if os.geteuid() == 0:
-            c.LabfleetLocalSpawner.args = ["--allow-root"]
-        # The sandbox shows the host read-only: not other users' homes and folders, nor the
-        # Hub's secrets and DBs (their names are those jupyterhub_config.py and configure() use).
-        c.LabfleetLocalSpawner.sandbox_hidden = [
-            str(state / name)
-            for name in (
-                "homes",
-                "vfolders",
-                "session-logs",
-                "labfleet_secret.key",
-                "labfleet_service_token",
-                "jupyterhub_cookie_secret",
-                "labfleet.sqlite",
-                "labfleet.sqlite-wal",
-                "labfleet.sqlite-shm",
-                "jupyterhub.sqlite",
-                "labfleet_service_config.py",  # may hold the DB's password
-            )
-        ]
+        # Sessions see the system and the runtime read-only (the checkout, when labfleet runs from
+        # one), never the state directory inside it (DBs, secrets, homes, folders, logs) nor the
+        # tools folder (Docker engines' data), but the app launchers' programs in it.
+        repo = Path(__file__).parents[2]
+        c.LabfleetLocalSpawner.sandbox_hidden = [str(state), str(repo / ".labfleet-tools")]
+        apps = repo / ".labfleet-tools" / "apps"
+        if apps.is_dir():
+            c.LabfleetLocalSpawner.sandbox_runtime = [str(apps)]
         return [LOCAL_IMAGE]
     if backend == "docker":
         image = os.environ.get(DOCKER_IMAGE_ENV, DEFAULT_DOCKER_IMAGE)

@@ -9,11 +9,11 @@ from spawner.form import render, unavailable
 from spawner.launch import Mount, build_launch
 from spawner.options import OptionsError, options_from_form, parse_mem, parse_options
 from spawner.sandbox import (
-    bwrap_command,
+    SandboxSpec,
     environment_sources,
     link_targets,
+    sandbox_command,
     site_packages_sources,
-    under_private_tmp,
 )
 
 GIB = 2**30
@@ -156,38 +156,89 @@ def test_mounts_are_checked():
     assert Mount("/a", "/b", "ro").read_only and not Mount("/a", "/b", "wd").read_only
 
 
-def test_sandbox_binds_home_and_mounts_with_their_mode():
-    cmd = bwrap_command(
-        "bwrap", home="/h/alice", mounts=[Mount("/d/ro", "/h/alice/r", "ro"), Mount("/d/rw", "/h/alice/w")]
+SYSTEM = (("/usr", ""), ("/etc", ""), ("/bin", "usr/bin"))
+
+
+def test_sandbox_shows_the_system_the_runtime_the_home_and_the_mounts_and_nothing_else():
+    spec = SandboxSpec(
+        home="/h/alice",
+        system=SYSTEM,
+        runtime=("/opt/venv", "/opt/venv/lib", "/usr/lib/python3"),
+        mounts=(Mount("/d/ro", "/h/alice/r", "ro"), Mount("/d/rw", "/h/alice/w")),
+        tmp_size=64 << 20,
+        hostname="alice-gpu",
+        uid=999,
+        gid=995,
+        netns="/run/netns/lf-3",
     )
+    cmd = sandbox_command("bwrap", spec)
     text = " ".join(cmd)
-    assert cmd[0] == "bwrap" and cmd[-2:] == ["/bin/sh", "-c"]
-    assert "--ro-bind / /" in text and "--tmpfs /tmp" in text and "--unshare-pid" in text
-    assert "--bind /h/alice /h/alice" in text
+    # Into the session's network namespace, bwrap as root, then the session account with nothing.
+    assert cmd[:3] == ["nsenter", "--net=/run/netns/lf-3", "bwrap"] and cmd[-2:] == ["/bin/sh", "-c"]
+    drop = cmd[cmd.index("setpriv") :]
+    assert drop[:7] == [
+        "setpriv",
+        "--reuid=999",
+        "--regid=995",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+    ]
+    assert cmd[cmd.index("setpriv") - 1] == "--"
+    assert "--ro-bind / /" not in text  # no view of the whole host
+    assert "--ro-bind /usr /usr" in text and "--symlink usr/bin /bin" in text
+    # The runtime once (not what is inside it, nor what the system shows already).
+    assert text.count("--ro-bind /opt/venv /opt/venv") == 1 and "/opt/venv/lib" not in text
+    assert "/usr/lib/python3" not in text
+    # Parents the session must cross are made 0755 before the binds that need them.
+    assert text.index("--perms 0755 --dir /opt") < text.index("--ro-bind /opt/venv")
+    assert text.index("--perms 0755 --dir /h") < text.index("--bind /h/alice /h/alice")
+    assert "--size 67108864 --perms 1777 --tmpfs /tmp" in text and "--tmpfs /var/tmp" in text
     assert "--ro-bind /d/ro /h/alice/r" in text and "--bind /d/rw /h/alice/w" in text
-    assert "--unshare-net" not in text
-    assert "--unshare-net" in bwrap_command("bwrap", home="/h", share_net=False)
+    assert "--hostname alice-gpu" in text and "--unshare-pid" in text and "--unshare-user" not in text
 
 
-def test_sandbox_shows_a_checkout_under_tmp_but_keeps_its_state_hidden():
-    cmd = bwrap_command(
-        "bwrap",
-        home="/tmp/co/.labfleet-state/homes/alice",
-        readonly=["/tmp/co"],
-        hidden=["/tmp/co/.labfleet-state/homes"],
-        hidden_files=["/tmp/co/.labfleet-state/jupyterhub_cookie_secret"],
-    )
+def test_sandbox_without_root_is_a_user_namespace_with_every_capability_dropped():
+    cmd = sandbox_command("bwrap", SandboxSpec(home="/h/a", system=SYSTEM))
+    assert cmd[0] == "bwrap" and "setpriv" not in cmd and "nsenter" not in cmd
     text = " ".join(cmd)
-    # The checkout is bound after /tmp is made private, and before what is hidden inside it.
+    assert "--unshare-user --cap-drop ALL -- /bin/sh -c" in text
+
+
+def test_sandbox_shows_a_checkout_but_keeps_its_state_and_tools_hidden():
+    spec = SandboxSpec(
+        home="/tmp/co/.labfleet-state/homes/alice",
+        system=SYSTEM,
+        runtime=("/tmp/co", "/tmp/co/.labfleet-tools/apps"),
+        hidden=("/tmp/co/.labfleet-state", "/tmp/co/.labfleet-tools", "/srv/vf"),
+        hidden_files=("/tmp/co/secret.key",),
+        mounts=(
+            Mount("/tmp/co/.labfleet-state/vfolders/u/d", "/tmp/co/.labfleet-state/homes/alice/vfolders/d"),
+        ),
+        uid=999,
+        gid=995,
+    )
+    text = " ".join(sandbox_command("bwrap", spec))
     assert text.index("--tmpfs /tmp ") < text.index("--ro-bind /tmp/co /tmp/co")
-    assert text.index("--ro-bind /tmp/co /tmp/co") < text.index("--tmpfs /tmp/co/.labfleet-state/homes")
-    assert text.index("--ro-bind /tmp/co /tmp/co") < text.index(
-        "--ro-bind /dev/null /tmp/co/.labfleet-state/jupyterhub_cookie_secret"
+    assert text.index("--ro-bind /tmp/co /tmp/co") < text.index("--tmpfs /tmp/co/.labfleet-state")
+    assert "--ro-bind /dev/null /tmp/co/secret.key" in text
+    # The app launchers' programs come back from inside the hidden tools folder.
+    assert text.index("--tmpfs /tmp/co/.labfleet-tools") < text.index(
+        "--ro-bind /tmp/co/.labfleet-tools/apps /tmp/co/.labfleet-tools/apps"
     )
-    # The session's own home is bound last, over the hidden root.
-    assert text.index("--tmpfs /tmp/co/.labfleet-state/homes") < text.index(
-        "--bind /tmp/co/.labfleet-state/homes/alice /tmp/co/.labfleet-state/homes/alice"
+    # The home and the folders are bound over the hidden state, with 0755 parents in the tmpfs.
+    assert text.index("--tmpfs /tmp/co/.labfleet-state") < text.index(
+        "--perms 0755 --dir /tmp/co/.labfleet-state/homes"
     )
+    assert text.index("--dir /tmp/co/.labfleet-state/homes") < text.index(
+        "--bind /tmp/co/.labfleet-state/homes/alice"
+    )
+    assert (
+        "--bind /tmp/co/.labfleet-state/vfolders/u/d /tmp/co/.labfleet-state/homes/alice/vfolders/d" in text
+    )
+    # A hidden folder the sandbox does not show anyway needs no cover.
+    assert "/srv/vf" not in text
 
 
 def _fake_venv(root):
@@ -252,24 +303,6 @@ def test_the_sources_of_editable_installs_are_found(tmp_path):
     assert set(environment_sources(str(venv))) == {*found, str(checkout / "labextension" / "build")}
     # Nothing there (a system Python, a missing folder): nothing found, no error.
     assert environment_sources(str(tmp_path / "nowhere")) == []
-
-
-def test_only_what_the_private_tmp_hides_is_bound_again(tmp_path):
-    venv, sp, checkout, src, pkg, legacy = _fake_venv(tmp_path)
-    private = tmp_path.parent
-    wanted = [str(venv), *environment_sources(str(venv)), "/usr/lib", str(tmp_path / "gone")]
-    # Under the private folder and existing; a folder inside another bound one is left out.
-    assert under_private_tmp(wanted, private=[str(private)]) == [
-        str(venv),
-        str(checkout),
-        str(src / "src" / "pkg"),
-        str(pkg / "x"),
-        str(legacy),
-    ]
-    assert under_private_tmp(wanted, private=["/nonexistent-private"]) == []
-    # A link is bound at its target.
-    (tmp_path / "link").symlink_to(checkout)
-    assert under_private_tmp([str(tmp_path / "link")], private=[str(private)]) == [str(checkout)]
 
 
 CHOICES = {

@@ -3,6 +3,8 @@ the admission body, the backends' mounts (local sandbox and symlinks, Docker bin
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 from typing import Any
 from unittest import mock
@@ -18,7 +20,7 @@ from spawner.launch import Mount, build_launch, vfolder_mounts
 from spawner.local import LabfleetLocalSpawner, _bwrap_works, _link
 from spawner.mixin import LabfleetSpawnerMixin
 from spawner.options import MAX_VFOLDERS, OptionsError, options_from_form, parse_options
-from spawner.sandbox import bwrap_command
+from spawner.sandbox import SandboxSpec, sandbox_command
 
 FID = "0f8c2a9e-4b1d-4c3a-9e6f-1a2b3c4d5e6f"
 FID2 = "7d3e9b10-2c4f-4a8b-b1c2-d3e4f5a6b7c8"
@@ -243,7 +245,11 @@ def test_a_backend_without_a_home_fails_only_when_there_is_a_folder():
 
 
 def _local(tmp_path, **kwargs) -> LabfleetLocalSpawner:
-    return LabfleetLocalSpawner(home_dir=str(tmp_path / "home" / "alice"), user=mock.Mock(), **kwargs)
+    # No control groups and the host's network: these tests run the sandbox by hand, not under a Hub.
+    kwargs = {"cgroup_parent": "", "session_network": "host", **kwargs}
+    user = mock.Mock()
+    user.name = "alice"
+    return LabfleetLocalSpawner(home_dir=str(tmp_path / "home" / "alice"), user=user, **kwargs)
 
 
 def test_local_home_and_relative_extra_mounts(tmp_path):
@@ -271,7 +277,7 @@ def test_local_without_sandbox_links_the_folders_under_vfolders(tmp_path):
         ]
     )
     options = parse_options({"project": "ml"})
-    sp._prepare(build_launch(session, options, mounts=sp.lf_session_mounts(session, options)))
+    asyncio.run(sp.lf_prepare(build_launch(session, options, mounts=sp.lf_session_mounts(session, options))))
     assert (home / "vfolders" / "data").resolve() == src["data"]
     assert (home / "vfolders" / "new").resolve() == src["new"]
     # The user's own folder of that name stays as it was.
@@ -291,16 +297,19 @@ def test_link_keeps_a_right_link_and_refuses_a_file(tmp_path):
     assert f.read_text() == "x" and log.warning.called
 
 
-def test_sandbox_hides_folders_before_binding_mounts():
-    cmd = bwrap_command(
+def test_sandbox_binds_folders_from_a_storage_root_it_does_not_show():
+    cmd = sandbox_command(
         "bwrap",
-        home="/h/alice",
-        mounts=[Mount("/srv/vf/u/d", "/h/alice/vfolders/d", "ro")],
-        hidden=["/srv/vf"],
+        SandboxSpec(
+            home="/h/alice",
+            system=(("/usr", ""),),
+            mounts=(Mount("/srv/vf/u/d", "/h/alice/vfolders/d", "ro"),),
+            hidden=("/srv/vf",),
+        ),
     )
     text = " ".join(cmd)
-    assert "--tmpfs /srv/vf" in text and "--ro-bind /srv/vf/u/d /h/alice/vfolders/d" in text
-    assert text.index("--tmpfs /srv/vf") < text.index("--bind /h/alice /h/alice") < text.index("/srv/vf/u/d")
+    assert "--ro-bind /srv/vf/u/d /h/alice/vfolders/d" in text and "--tmpfs /srv/vf" not in text
+    assert text.index("--bind /h/alice /h/alice") < text.index("/srv/vf/u/d")
 
 
 @pytest.mark.skipif(not _bwrap_works("/usr/bin/bwrap"), reason="bubblewrap cannot run here")
@@ -308,13 +317,17 @@ def test_sandboxed_ro_folder_is_read_only_and_rw_is_writable(tmp_path):
     store = tmp_path / "store"
     for n in ("ro", "rw"):
         (store / n).mkdir(parents=True)
-    sp = _local(tmp_path, sandbox="yes", bwrap_path="/usr/bin/bwrap", sandbox_share_net=False)
+    sp = _local(tmp_path, sandbox="yes", bwrap_path="/usr/bin/bwrap")
+    account = sp._account()
+    if account is not None:  # as root the session runs as the session account: the folders are its
+        for n in ("ro", "rw"):
+            os.chown(store / n, *account)
     sp.get_env = lambda: {}  # type: ignore[method-assign]
     session = _session(
         mounts=[_mount("ro", str(store / "ro"), "ro"), _mount("rw", str(store / "rw"), "wd", FID2)]
     )
     options = parse_options({"project": "ml"})
-    sp._prepare(build_launch(session, options, mounts=sp.lf_session_mounts(session, options)))
+    asyncio.run(sp.lf_prepare(build_launch(session, options, mounts=sp.lf_session_mounts(session, options))))
     home = tmp_path / "home" / "alice"
     assert (home / "vfolders" / "ro").is_dir()  # mount points made on the host, under ~/vfolders
     script = "cd ~/vfolders && (echo x > ro/f) 2>/dev/null; echo ro=$?; echo y > rw/f; echo rw=$?"
