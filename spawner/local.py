@@ -136,6 +136,14 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         there).""",
     ).tag(config=True)
 
+    session_user_namespaces = Bool(
+        False,
+        help="""Let sessions make user namespaces of their own (rootless containers, nested sandboxes).
+        Off: a session holds no capability anywhere, as Docker's default seccomp profile would have it.
+        On: what it inherits stays locked (read-only stays read-only, hidden stays hidden), but a
+        larger part of the kernel is in reach.""",
+    ).tag(config=True)
+
     allow_privileged_sessions = Bool(
         False,
         help="""Let a Hub running as root start sessions as root when `sandbox = "no"` and no session
@@ -320,6 +328,7 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 uid=account[0] if account else None,
                 gid=account[1] if account else None,
                 netns=netns,
+                user_namespaces=self.session_user_namespaces,
             ),
         )
 

@@ -5,9 +5,9 @@ A local session is a tenant.  :func:`sandbox_command` builds its command line:
 - as root (the embedded Hub): ``nsenter`` into the session's own network namespace
   (:mod:`spawner.sessionnet`), then bubblewrap, privileged, builds a root of its own, then
   ``setpriv`` runs the session as the unprivileged session account with no capability at all
-  (bounding set empty) and ``no_new_privs``.  The mounts belong to the host's user namespace: the
-  session cannot unmount, remount or add one (and in a user namespace of its own, what it inherits
-  is locked);
+  (bounding set empty) and ``no_new_privs``, then a second bubblewrap, unprivileged, takes away
+  its right to make user namespaces (unless ``user_namespaces``).  The mounts belong to the host's
+  user namespace: the session cannot unmount, remount or add one;
 - as any other user: bubblewrap in a user namespace of its own, every capability dropped, on the
   host's network (no namespace can be made without root; the README says so).
 
@@ -56,6 +56,7 @@ class SandboxSpec:
     uid: int | None = None  # the session account: set when the Hub runs as root
     gid: int | None = None
     netns: str | None = None  # the session's network namespace (a path under /run/netns)
+    user_namespaces: bool = False  # may the session make user namespaces of its own
 
 
 def system_layout(root: str = "/") -> tuple[tuple[str, str], ...]:
@@ -172,7 +173,12 @@ def sandbox_command(
         "--no-new-privs",
     ]
     prefix = [nsenter, f"--net={spec.netns}"] if spec.netns else []
-    return [*prefix, *args, "--", *drop, "--", "/bin/sh", "-c"]
+    # A user namespace of its own would give the session every capability there (over locked
+    # mounts, but a large part of the kernel): a second, unprivileged bwrap takes the last one.
+    # (--dev-bind: a plain bind is nodev, and /dev/null and the GPUs would be refused.)
+    no_userns = [] if spec.user_namespaces else [bwrap, "--dev-bind", "/", "/", "--unshare-user"]
+    no_userns += ["--disable-userns", "--cap-drop", "ALL", "--"] if no_userns else []
+    return [*prefix, *args, "--", *drop, "--", *no_userns, "/bin/sh", "-c"]
 
 
 # ---------------------------------------------------------------- where installed packages live

@@ -121,7 +121,9 @@ def ruleset(net: SessionNetwork) -> str:
     """The nftables script that (re)creates this Hub's table, in one transaction."""
     br, gw, t = net.bridge, net.gateway, net.table
     deny = ", ".join(str(d) for d in net.deny)
+    # A reset for TCP (at once, where the kernel rate-limits ICMP), ICMP for the rest.
     reject = "reject with icmpx type admin-prohibited"
+    refuse = ["meta l4proto tcp reject with tcp reset", reject]
     lines = [
         f"table inet {t}",  # so that the delete below never fails
         f"delete table inet {t}",
@@ -138,13 +140,13 @@ def ruleset(net: SessionNetwork) -> str:
         "    type filter hook input priority filter; policy accept;",
         f'    iifname "{br}" ct state established,related accept',
         f'    iifname "{br}" ct status dnat accept',
-        f'    iifname "{br}" {reject}',
+        *(f'    iifname "{br}" {r}' for r in refuse),
         "  }",
         "  chain through_host {",
         "    type filter hook forward priority filter; policy accept;",
-        f'    iifname "{br}" oifgroup {SESSION_IFGROUP} {reject}',
-        f'    iifname "{br}" oifname "{br}" {reject}',
-        *([f'    iifname "{br}" ip daddr {{ {deny} }} {reject}'] if deny else []),
+        *(f'    iifname "{br}" oifgroup {SESSION_IFGROUP} {r}' for r in refuse),
+        *(f'    iifname "{br}" oifname "{br}" {r}' for r in refuse),
+        *(f'    iifname "{br}" ip daddr {{ {deny} }} {r}' for r in (refuse if deny else [])),
         "  }",
         "}",
     ]

@@ -61,11 +61,15 @@ def test_the_ruleset_lets_sessions_reach_the_proxy_and_the_internet_only():
     to_host = rules[rules.index("chain to_host") : rules.index("chain through_host")]
     assert 'iifname "lf0" ct status dnat accept' in to_host
     assert 'iifname "lf0" ct state established,related accept' in to_host
-    assert to_host.rstrip().splitlines()[-2].strip().startswith('iifname "lf0" reject')
+    assert to_host.rstrip().splitlines()[-3:-1] == [
+        '    iifname "lf0" meta l4proto tcp reject with tcp reset',
+        '    iifname "lf0" reject with icmpx type admin-prohibited',
+    ]
     # Through the host: not to other sessions (on this bridge or any other), not to denied networks.
     through = rules[rules.index("chain through_host") :]
-    assert f'iifname "lf0" oifgroup {SESSION_IFGROUP} reject' in through
-    assert 'iifname "lf0" ip daddr { 169.254.0.0/16, 192.168.0.0/16 } reject' in through
+    assert f'iifname "lf0" oifgroup {SESSION_IFGROUP} meta l4proto tcp reject with tcp reset' in through
+    assert f'iifname "lf0" oifgroup {SESSION_IFGROUP} reject with icmpx' in through
+    assert 'iifname "lf0" ip daddr { 169.254.0.0/16, 192.168.0.0/16 } meta l4proto tcp reject' in through
     assert 'ip saddr 10.213.0.0/24 oifname != "lf0" masquerade' in rules
     # Nothing denied: no empty set (nft refuses one).
     assert "{  }" not in ruleset(_net(deny=[]))

@@ -186,6 +186,23 @@ def test_sandbox_shows_the_system_the_runtime_the_home_and_the_mounts_and_nothin
         "--no-new-privs",
     ]
     assert cmd[cmd.index("setpriv") - 1] == "--"
+    # Then an unprivileged bwrap that takes user namespaces away, unless they are allowed.
+    assert drop[7:] == [
+        "--",
+        "bwrap",
+        "--dev-bind",
+        "/",
+        "/",
+        "--unshare-user",
+        "--disable-userns",
+        "--cap-drop",
+        "ALL",
+        "--",
+        "/bin/sh",
+        "-c",
+    ]
+    allowed = sandbox_command("bwrap", SandboxSpec(home="/h", uid=1, gid=1, user_namespaces=True))
+    assert allowed[allowed.index("setpriv") + 7 :] == ["--", "/bin/sh", "-c"]
     assert "--ro-bind / /" not in text  # no view of the whole host
     assert "--ro-bind /usr /usr" in text and "--symlink usr/bin /bin" in text
     # The runtime once (not what is inside it, nor what the system shows already).
@@ -196,7 +213,8 @@ def test_sandbox_shows_the_system_the_runtime_the_home_and_the_mounts_and_nothin
     assert text.index("--perms 0755 --dir /h") < text.index("--bind /h/alice /h/alice")
     assert "--size 67108864 --perms 1777 --tmpfs /tmp" in text and "--tmpfs /var/tmp" in text
     assert "--ro-bind /d/ro /h/alice/r" in text and "--bind /d/rw /h/alice/w" in text
-    assert "--hostname alice-gpu" in text and "--unshare-pid" in text and "--unshare-user" not in text
+    assert "--hostname alice-gpu" in text and "--unshare-pid" in text
+    assert "--unshare-user" not in text[: text.index("setpriv")]  # the mounts are the host's
 
 
 def test_sandbox_without_root_is_a_user_namespace_with_every_capability_dropped():
