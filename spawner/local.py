@@ -42,7 +42,6 @@ from .sandbox import DEFAULT_TMP_SIZE, SandboxSpec, environment_sources, sandbox
 
 NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 SHARED_PATH_ROOTS = ("/root", "/home")  # PATH entries there are someone's own, not the runtime
-_ENSURED: set[str] = set()  # session networks this Hub process has set up (by nftables table)
 
 
 class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
@@ -188,6 +187,7 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 "never run unsandboxed as root: install it (scripts/setup.sh), or set "
                 "LabfleetLocalSpawner.sandbox = 'no' to run them unsandboxed as the session account",
                 status_code=503,
+                reason="labfleet-sandbox",
             )
         return None
 
@@ -205,9 +205,14 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 f"as root: run scripts/setup.sh, or `useradd --system --user-group --no-create-home "
                 f"--shell /usr/sbin/nologin {self.session_user}`",
                 status_code=503,
+                reason="labfleet-sandbox",
             ) from None
         if entry.pw_uid == 0:
-            raise SpawnException(f"labfleet: session_user {self.session_user!r} is root", status_code=503)
+            raise SpawnException(
+                f"labfleet: session_user {self.session_user!r} is root",
+                status_code=503,
+                reason="labfleet-sandbox",
+            )
         return entry.pw_uid, entry.pw_gid
 
     def _network(self) -> sessionnet.SessionNetwork | None:
@@ -218,6 +223,7 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             raise SpawnException(
                 f"labfleet: session_network must be isolated or host, not {self.session_network!r}",
                 status_code=500,
+                reason="labfleet-config",
             )
         proxy = getattr(self.user, "settings", {}).get("proxy")  # type: ignore[attr-defined]
         public = urlparse(getattr(proxy, "public_url", "") or "")
@@ -230,7 +236,9 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 self.session_egress_deny,
             )
         except ValueError as e:
-            raise SpawnException(f"labfleet: the sessions' network: {e}", status_code=500) from None
+            raise SpawnException(
+                f"labfleet: the sessions' network: {e}", status_code=500, reason="labfleet-config"
+            ) from None
 
     def lf_own_pid_namespace(self) -> bool:
         return self.sandbox != "no"  # bwrap --unshare-pid
@@ -256,9 +264,8 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         net = self._network() if bwrap else None
         self._prepare_host(launch, account)
         if net is not None:
-            if net.table not in _ENSURED:
-                await sessionnet.ensure(net)
-                _ENSURED.add(net.table)
+            # At every spawn (a few ms): a firewall reload on the host may have dropped the table.
+            await sessionnet.ensure(net)
             self.lf_net_index = await sessionnet.attach(net)
             self.ip = str(net.address(self.lf_net_index))
             self.port = self.session_port

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import ipaddress
 import json
 import os
@@ -46,20 +47,26 @@ def free_port() -> int:
 def _session_network() -> dict[str, str]:
     """One bridge and subnet for the local sessions of every Hub this test process starts: not the
     product's default (a Hub of scripts/up may run here), a subnet no interface of this machine
-    has, removed when the process ends."""
+    has, taken at once (the bridge is made here, under a lock, so that two test runs at the same
+    time never pick one subnet), removed when the process ends."""
     if os.geteuid() != 0:
         return {}
-    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]"
-    used = [
-        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
-        for link in json.loads(out)
-        for a in link.get("addr_info", [])
-    ]
-    for candidate in ipaddress.IPv4Network("10.216.0.0/14").subnets(new_prefix=24):
-        if not any(candidate.overlaps(u) for u in used):
-            break
     bridge = f"lft{os.getpid() % 1000000}"
-    atexit.register(_remove_session_network, bridge)
+    with open("/run/lock/labfleet-test-subnets", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]"
+        used = [
+            ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+            for link in json.loads(out)
+            for a in link.get("addr_info", [])
+        ]
+        for candidate in ipaddress.IPv4Network("10.216.0.0/14").subnets(new_prefix=24):
+            if not any(candidate.overlaps(u) for u in used):
+                break
+        atexit.register(_remove_session_network, bridge)
+        gateway = f"{candidate.network_address + 1}/{candidate.prefixlen}"
+        for cmd in (["link", "add", bridge, "type", "bridge"], ["addr", "add", gateway, "dev", bridge]):
+            subprocess.run(["ip", *cmd], capture_output=True, check=True)
     return {"LABFLEET_SESSION_BRIDGE": bridge, "LABFLEET_SESSION_SUBNET": str(candidate)}
 
 
@@ -76,6 +83,48 @@ def _remove_session_network(bridge: str) -> None:
 
 
 SESSION_NETWORK = _session_network()
+
+
+def _docker_session_network() -> dict[str, str]:
+    """The Docker sessions' network of every Hub this test process starts (LABFLEET_BACKEND=docker):
+    a network, bridge and subnet of its own (not the product's default, not the local sessions'
+    subnet, none that an interface of this machine has), removed when the process ends."""
+    if os.geteuid() != 0:
+        return {}
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]"
+    used = [
+        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+        for link in json.loads(out)
+        for a in link.get("addr_info", [])
+    ]
+    if SESSION_NETWORK:
+        used.append(ipaddress.IPv4Network(SESSION_NETWORK["LABFLEET_SESSION_SUBNET"]))
+    candidates = list(ipaddress.IPv4Network("10.220.0.0/14").subnets(new_prefix=24))
+    start = os.getpid() % len(candidates)  # test processes side by side start apart
+    subnet = next(c for c in candidates[start:] + candidates[:start] if not any(c.overlaps(u) for u in used))
+    bridge = f"lfd{os.getpid() % 1000000}"
+    name = f"lftest-{bridge}"
+    atexit.register(remove_docker_session_network, name, bridge)
+    return {
+        "LABFLEET_DOCKER_NETWORK": name,
+        "LABFLEET_DOCKER_SESSION_BRIDGE": bridge,
+        "LABFLEET_DOCKER_SESSION_SUBNET": str(subnet),
+    }
+
+
+def remove_docker_session_network(name: str, bridge: str) -> None:
+    """The test's Docker network (once its containers are gone), its Hubs' nftables tables, the bridge."""
+    if shutil.which("docker") and os.path.exists(f"/sys/class/net/{bridge}"):
+        subprocess.run(["docker", "network", "rm", name], capture_output=True, stdin=subprocess.DEVNULL)
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout.split()
+    for table in tables:
+        if table.startswith(f"labfleet_{bridge}_"):
+            subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+    if os.path.exists(f"/sys/class/net/{bridge}"):
+        subprocess.run(["ip", "link", "delete", bridge], capture_output=True)
+
+
+DOCKER_SESSION_NETWORK = _docker_session_network()
 
 
 def seed(db_url: str) -> None:
@@ -217,6 +266,8 @@ def start_hub(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env.update(extra_env)
     for key, value in SESSION_NETWORK.items():
+        env.setdefault(key, value)
+    for key, value in DOCKER_SESSION_NETWORK.items():
         env.setdefault(key, value)
     env.setdefault("LABFLEET_ADMIN_PORT", str(free_port()))  # the admin console's own port
     env.setdefault("LABFLEET_ADMIN_CONSOLE", "1" if console else "0")

@@ -140,11 +140,17 @@ def _host_listeners() -> list[tuple[str, int]]:
 
 
 def _host_addresses() -> list[str]:
+    """The host's own addresses a session could try besides its gateway: those of the interface of
+    the default route (other interfaces here may be other test runs' bridges, gone any moment, and
+    a connection to a vanished address would leave the machine)."""
+    route = subprocess.run(["ip", "-j", "route", "show", "default"], capture_output=True, text=True).stdout
+    devices = {r["dev"] for r in json.loads(route or "[]") if r.get("dev")}
     return sorted(
         a.address
         for name, addrs in psutil.net_if_addrs().items()
+        if name in devices
         for a in addrs
-        if a.family.name == "AF_INET" and not a.address.startswith("127.")
+        if a.family.name == "AF_INET"
     )
 
 
@@ -192,7 +198,8 @@ def test_a_session_cannot_leave_its_sandbox(env):
     targets = listeners + [(gateway, p) for _, p in listeners if p != port]
     # The control plane's own ports at every other address of the host.
     plane = [port, *hub.ports[1:]]
-    targets += [(a, p) for a in _host_addresses() if a != gateway for p in plane]
+    near = outside_ip.rsplit(".", 1)[0] + ".1"  # the host's end of the test's own veth pair
+    targets += [(a, p) for a in [*_host_addresses(), near] if a != gateway for p in plane]
     targets += [(bob_ip, 8888), (gus_ip, 9000), ("169.254.169.254", 80)]
     listen_port = free_port()
     plan = {

@@ -412,3 +412,29 @@ def test_form_escapes_folder_names_and_owners():
 def test_no_fieldset_without_folders_to_offer(folders):
     choices = dict(CHOICES) if folders is None else {**CHOICES, "vfolders": folders}
     assert "lf-vfolders" not in render(choices)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root Hub switches sessions to the session account")
+def test_a_root_hub_refuses_to_start_a_session_as_root(tmp_path):
+    # No such account: the spawn fails with how to make one, it never falls back to root.
+    sp = _local(tmp_path, session_user="labfleet-no-such-account")
+    with pytest.raises(SpawnException, match="useradd") as e:
+        sp._account()
+    assert e.value.status_code == 503
+    # A missing bubblewrap, too.
+    sp = _local(tmp_path, bwrap_path="/nonexistent/bwrap")
+    with pytest.raises(SpawnException, match="never run unsandboxed as root"):
+        sp._bwrap()
+
+
+def test_bad_session_network_settings_fail_the_spawn_with_the_reason(tmp_path):
+    sp = _local(tmp_path, session_network="isolated", session_subnet="10.1.2.3/24")
+    sp.user.settings = {"proxy": mock.Mock(public_url="http://127.0.0.1:8000/")}
+    if os.geteuid() == 0:
+        with pytest.raises(SpawnException, match="session subnet .* host bits"):
+            sp._network()
+    sp = _local(tmp_path, session_network="sideways")
+    sp.user.settings = {}
+    if os.geteuid() == 0:
+        with pytest.raises(SpawnException, match="isolated or host"):
+            sp._network()
