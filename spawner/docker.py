@@ -7,10 +7,20 @@ limits, devices by UUID, mounts, hardening, labels), merged over what the deploy
 for DockerSpawner (an admin's ``extra_host_config`` or ``volumes`` still apply; labfleet's
 limits and hardening win).
 
-- Networking: with ``network_name = "host"`` (the default here; the workplace's rule and the
-  simplest single-machine set-up) each server listens on 127.0.0.1 on a random port of the host,
-  and the Hub connects there.  With a Docker network (bridge, overlay) the server listens on its
-  container's port 8888 and the Hub uses the container's address (DockerSpawner's own logic).
+- Networking: a session is a tenant.  Its container joins the sessions' bridge network
+  (``network_name``, by default ``labfleet-sessions``, made when missing on ``session_subnet``
+  with the Linux bridge ``session_bridge``), on which the control plane does not listen: the Hub's
+  API, the labfleet service, the proxy's API stay on the host's loopback.  The spawner guards the
+  network with :mod:`spawner.sessionnet`'s nftables table (the same rules as local sessions'): a
+  session reaches the Hub's public proxy at the bridge's address (the gateway) and, through the
+  host, the internet; not the host's other ports, not other sessions (frames between two
+  containers cross the host's firewall: ``br_netfilter``), not the ``session_egress_deny``
+  networks.  Its environment points the Hub's API, the activity URL and the labfleet service at
+  the gateway (:func:`spawner.docker_config.gateway_environment`).  The server listens on the
+  container's port 8888; the proxy connects to the container's address, which the session's
+  runtime also reports (where the serving router can reach a replica).  ``network_name = "host"``,
+  only where an operator sets it, shares the host's network (loopback included: a warning at each
+  spawn); the server then listens on 127.0.0.1 on a random port of the host.
 - Logs: while the container runs, its output is followed into the session's log file
   (``session_log_path``), which the labfleet service serves at ``/api/sessions/{id}/logs``.
 - End of a session: a batch command ends the server with the command's exit code; ``poll()``
@@ -26,19 +36,36 @@ import inspect
 import os
 from copy import deepcopy
 from typing import Any
+from urllib.parse import urlparse
 
 import docker
 from dockerspawner import DockerSpawner
 from dockerspawner.dockerspawner import _deep_merge
+from jupyterhub.spawner import SpawnException
 from jupyterhub.utils import random_port
 from traitlets import Float, List, Unicode, default
 
-from .docker_config import ContainerConfig, container_config
+from . import sessionnet
+from .docker_config import (
+    HOST_NETWORK,
+    ContainerConfig,
+    container_config,
+    gateway_environment,
+    network_bridge,
+    session_network_spec,
+)
 from .dockerlogs import follow_logs
 from .launch import LaunchSpec, Mount
 from .mixin import LabfleetSpawnerMixin
 
 MOCK_UUID_PREFIX = "GPU-mock-"
+DEFAULT_NETWORK = "labfleet-sessions"
+DEFAULT_BRIDGE = "lfdock0"  # sessionnet: 1 to 9 characters
+DEFAULT_SUBNET = "10.214.0.0/16"  # beside the local sessions' 10.213.0.0/16
+BRIDGE_NF = "/proc/sys/net/bridge"  # there when the kernel's br_netfilter is loaded
+# Session networks this Hub process has guarded: (nftables table, Docker network id, bridge ifindex).
+# A network or bridge made again (Docker restarted, the network removed) is guarded again.
+_GUARDED: set[tuple[str, str, int]] = set()
 
 
 def _escape_template(value: str) -> str:
@@ -94,10 +121,54 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
         the session's virtual folders are mounted at `<container_home>/vfolders/<name>`.""",
     ).tag(config=True)
 
-    extra_mounts = List(
+    extra_mounts: List[dict] = List(
         help="""Host folders to mount in every session, as {"source": "/abs/host/dir", "target": "name or
         /abs/path", "mode": "ro"|"rw"|"wd"}; a relative target is under `container_home`. The container
         user (`container_user`) must be allowed to write a rw or wd source on the host.""",
+    ).tag(config=True)
+
+    network_name = Unicode(
+        help="""The Docker network sessions join. Default: $LABFLEET_DOCKER_NETWORK, else
+        `labfleet-sessions`, a bridge network the spawner makes when it is missing (on
+        `session_subnet`, with the Linux bridge `session_bridge`). Any network but `host` must be a
+        bridge network whose Linux bridge has a name of 1 to 9 characters (the option
+        `com.docker.network.bridge.name`) and whose gateway is its subnet's first address: the
+        spawner guards it with an nftables table (sessions reach the Hub's public proxy at the
+        gateway and the internet; not the host's other ports, not each other), which needs the Hub
+        to run as root. `host`: the host's network, loopback included; every session can reach the
+        Hub's API, the labfleet service and every port of the host (a warning at each spawn).""",
+    ).tag(config=True)
+
+    @default("network_name")
+    def _network_name_default(self) -> str:
+        return os.environ.get("LABFLEET_DOCKER_NETWORK") or DEFAULT_NETWORK
+
+    session_bridge = Unicode(
+        help="""The Linux bridge of the sessions' network when the spawner makes it (1 to 9 lowercase
+        letters and digits, starting with a letter). Default: $LABFLEET_DOCKER_SESSION_BRIDGE, else
+        `lfdock0`.""",
+    ).tag(config=True)
+
+    @default("session_bridge")
+    def _session_bridge_default(self) -> str:
+        return os.environ.get("LABFLEET_DOCKER_SESSION_BRIDGE") or DEFAULT_BRIDGE
+
+    session_subnet = Unicode(
+        help="""The sessions' addresses (IPv4) when the spawner makes their network: the first is the
+        bridge's (the gateway, where sessions call the Hub's public proxy), one per running session
+        after it. Pick a range your network does not route. Default: $LABFLEET_DOCKER_SESSION_SUBNET,
+        else `10.214.0.0/16`.""",
+    ).tag(config=True)
+
+    @default("session_subnet")
+    def _session_subnet_default(self) -> str:
+        return os.environ.get("LABFLEET_DOCKER_SESSION_SUBNET") or DEFAULT_SUBNET
+
+    session_egress_deny = List(
+        Unicode(),
+        list(sessionnet.DEFAULT_DENY),
+        help="""Networks sessions may not reach through the host (besides the host itself and other
+        sessions, always refused): the cloud's metadata service by default; add your internal ones.""",
     ).tag(config=True)
 
     log_follow_timeout = Float(
@@ -113,11 +184,13 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
     @default("ip")
     def _ip_default(self) -> str:
         # Host networking: the server shares the host's interfaces, so only loopback is bound.
-        return "127.0.0.1" if self.network_name == "host" else "0.0.0.0"
+        return "127.0.0.1" if self.network_name == HOST_NETWORK else "0.0.0.0"
 
     # ------------------------------------------------------------------ state
 
     lf_container: ContainerConfig | None = None
+    lf_network: sessionnet.SessionNetwork | None = None  # the guarded network of this start
+    lf_address: str | None = None  # the container's address on it
     _lf_configured: dict[str, Any] | None = None
     _lf_log_done: asyncio.Future | None = None
     _lf_log_stream_client: docker.APIClient | None = None
@@ -169,6 +242,8 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
             raise RuntimeError(f"labfleet cannot run this session in Docker: {e}") from None
         self.lf_container = cfg
         self._lf_final_status = None
+        self.lf_address = None
+        self.lf_network = await self.lf_session_network()
         self.image = cfg.image
         if cfg.cmd is not None:
             self.cmd = cfg.cmd
@@ -184,24 +259,95 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
             # removed): Docker's auto-remove would take the exit code of a batch command with it.
             "auto_remove": False,
         }
-        if self.network_name == "host":
-            # DockerSpawner publishes the server's port when use_internal_ip is off; Docker refuses
-            # published ports on the host network (the server is on the host's own ports already).
-            ours_host["port_bindings"] = None
         self.extra_host_config = self._lf_merged(configured["extra_host_config"], ours_host)
         self.extra_create_kwargs = self._lf_merged(
             configured["extra_create_kwargs"], _escape_all(cfg.extra_create_kwargs)
         )
-        if self.network_name == "host":
+        if self.network_name == HOST_NETWORK:
             # Every server shares the host's ports: each gets its own.
             self.port = random_port()
         # The container's environment (spec.env and what running it needs, such as the MPS pipe
         # directory) reaches it through get_env().
 
+    async def lf_session_network(self) -> sessionnet.SessionNetwork | None:
+        """The sessions' network, made when missing and guarded (its nftables table, its bridge's
+        settings); None on the host's network."""
+        if self.network_name == HOST_NETWORK:
+            self.log.warning(
+                "labfleet: %s runs on the host's network: it can reach the Hub's API, the labfleet "
+                "service and every port on the host's loopback (network_name = 'host')",
+                self._log_name,
+            )
+            return None
+        if os.geteuid() != 0:
+            raise SpawnException(
+                f"labfleet: the sessions' Docker network {self.network_name!r} is guarded with nftables, "
+                "which needs the Hub to run as root (or set c.DockerSpawner.network_name = 'host': "
+                "sessions then reach everything on the host's loopback)",
+                status_code=503,
+                reason="session-network",
+            )
+        proxy = getattr(self.user, "settings", {}).get("proxy")  # type: ignore[attr-defined]
+        public = urlparse(getattr(proxy, "public_url", "") or "")
+        public_port = public.port or (443 if public.scheme == "https" else 80)
+        network = await self._lf_docker_network(public.hostname or "", public_port)
+        try:
+            bridge, subnet = network_bridge(network)
+            net = sessionnet.SessionNetwork.parse(
+                bridge, subnet, public.hostname or "", public_port, self.session_egress_deny
+            )
+        except ValueError as e:
+            raise SpawnException(
+                f"labfleet: the sessions' network: {e}", status_code=500, reason="session-network"
+            ) from None
+        network_id = str(network.get("Id"))
+        if (net.table, network_id, _ifindex(net.bridge)) not in _GUARDED:
+            await _filter_bridged(net.bridge)
+            await sessionnet.ensure(net)
+            _GUARDED.add((net.table, network_id, _ifindex(net.bridge)))
+        return net
+
+    async def _lf_docker_network(self, proxy_host: str, proxy_port: int) -> dict[str, Any]:
+        """``inspect_network`` of ``network_name``, made first when it is missing."""
+        name = self.network_name
+        try:
+            return await self.docker("inspect_network", name)
+        except docker.errors.NotFound:
+            pass
+        try:
+            # What the operator configured is checked before Docker makes anything.
+            sessionnet.SessionNetwork.parse(self.session_bridge, self.session_subnet, proxy_host, proxy_port)
+            spec = session_network_spec(name, self.session_bridge, self.session_subnet)
+        except ValueError as e:
+            raise SpawnException(
+                f"labfleet: the sessions' network: {e}", status_code=500, reason="session-network"
+            ) from None
+        self.log.info(
+            "labfleet: making the sessions' Docker network %s (bridge %s, %s)",
+            name,
+            self.session_bridge,
+            self.session_subnet,
+        )
+        try:
+            await self.docker("create_network", **spec)
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: another spawn made it meanwhile
+                raise SpawnException(
+                    f"labfleet: cannot make the sessions' Docker network {name!r}: {e.explanation or e}",
+                    status_code=500,
+                    reason="session-network",
+                ) from None
+        return await self.docker("inspect_network", name)
+
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         if self.lf_container is not None:
             env.update(self.lf_container.environment)
+        if self.lf_network is not None:
+            # The session's network has no route to the host's loopback: the Hub's API and the
+            # labfleet service are called through the Hub's public proxy, at the gateway.
+            service = None if self.session_service_url else self.service_url
+            env.update(gateway_environment(env, self.lf_network.hub_url, service))
         return env
 
     def _lf_merged(self, configured: Any, ours: dict[str, Any]):
@@ -225,14 +371,24 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
         return image
 
     def lf_runtime(self) -> dict[str, Any] | None:
-        """The container: the sampler reads the engine's stats of it."""
-        return {"container": self.object_id} if self.object_id else None
+        """The container (the sampler reads the engine's stats of it) and its address on the
+        sessions' network (the serving router calls a replica there)."""
+        if not self.object_id:
+            return None
+        out: dict[str, Any] = {"container": self.object_id}
+        if self.lf_address and self.network_name != HOST_NETWORK:
+            out["address"] = self.lf_address
+        return out
 
     async def get_ip_and_port(self):
-        if self.network_name == "host":
+        if self.network_name == HOST_NETWORK:
             ip = self.ip if self.ip not in ("", "0.0.0.0") else "127.0.0.1"
             return ip, self.port
-        return await super().get_ip_and_port()
+        # The container's address on the sessions' network, whatever use_internal_ip says: no port
+        # is published on the host.
+        info = await self.docker("inspect_container", self.container_id)
+        self.lf_address = self.get_network_ip(info["NetworkSettings"])
+        return self.lf_address, self.port
 
     async def start(self):
         self._lf_final_status = None
@@ -301,3 +457,48 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
     async def stop(self, now: bool = False):
         await super().stop(now=now)
         self._lf_log_done = None
+
+
+async def _run(args: list[str]) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode(errors="replace").strip()
+
+
+def _ifindex(link: str) -> int:
+    try:
+        with open(f"/sys/class/net/{link}/ifindex") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return -1
+
+
+def _bridge_nf_loaded() -> bool:
+    return os.path.isdir(BRIDGE_NF)
+
+
+async def _filter_bridged(bridge: str) -> None:
+    """Let the host's firewall see the frames the bridge forwards between its containers.
+
+    Docker plugs containers into ordinary bridge ports, which forward to each other without the
+    IP layer; with ``br_netfilter`` (as Docker's own inter-container rules need it) they cross the
+    ``forward`` hook, where the sessions' table refuses traffic from the bridge back into it. Set
+    on this bridge only (``nf_call_iptables``), not host-wide."""
+    if not _bridge_nf_loaded():
+        await _run(["modprobe", "br_netfilter"])
+    if not _bridge_nf_loaded():
+        raise SpawnException(
+            "labfleet: the kernel's br_netfilter is not loaded (modprobe br_netfilter failed): sessions "
+            f"on the bridge {bridge} could reach each other",
+            status_code=503,
+            reason="session-network",
+        )
+    cmd = f"ip link set dev {bridge} type bridge nf_call_iptables 1 nf_call_ip6tables 1".split()
+    rc, out = await _run(cmd)
+    if rc:
+        raise sessionnet.NetworkError(f"{' '.join(cmd)} failed ({rc}): {out[-500:]}")

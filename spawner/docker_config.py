@@ -10,13 +10,24 @@ so it needs no capability back.  Devices are requested by UUID: Docker does not 
 the placement does.  A fraction of a device is limited through MPS when ``mps_pipe_dir`` is
 given (the client talks to the node's MPS daemon through its pipe directory and the host IPC
 namespace), else by the framework caps already in the spec's environment.
+
+Networking: a session joins ``network_name``.  ``host`` shares the host's network, its loopback
+included (the Hub's API, the labfleet service): an operator's explicit choice.  Any other name is
+a Docker bridge network for sessions (:func:`session_network_spec` makes it, :func:`network_bridge`
+reads one that exists), which the Docker backend guards with :mod:`spawner.sessionnet`'s nftables
+table: its sessions reach the Hub's public proxy at the bridge's address and the internet, nothing
+else of the host, and not each other.  They call the Hub and the labfleet service through that
+proxy (:func:`gateway_environment`).  No port is published: the proxy connects to the container's
+address on the network (or to the host's port, with host networking).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 from .launch import LaunchSpec
 
@@ -27,6 +38,14 @@ MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 # Docker refuses a memory limit under 6 MiB.
 MIN_MEM = 6 * 2**20
 NO_NEW_PRIVILEGES = "no-new-privileges:true"
+HOST_NETWORK = "host"
+# A Docker bridge network's options: the Linux bridge's name (sessionnet's rules name it), and no
+# traffic between its containers nor masquerading by Docker itself where Docker writes iptables
+# rules (the nftables table refuses the one and does the other either way).
+BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
+ICC_OPTION = "com.docker.network.bridge.enable_icc"
+MASQUERADE_OPTION = "com.docker.network.bridge.enable_ip_masquerade"
+LABEL_SESSION_NETWORK = "ai.labfleet.session-network"
 
 
 @dataclass(frozen=True)
@@ -67,8 +86,9 @@ def container_config(
 ) -> ContainerConfig:
     """The container for ``spec``.
 
-    - ``network_name``: ``host`` (the server listens on the host's loopback, the Hub connects to
-      127.0.0.1:port) or a Docker network (bridge, overlay) shared with the Hub.
+    - ``network_name``: the sessions' Docker network (the server listens on the container's port,
+      the Hub's proxy connects to the container's address there), or ``host`` (the server listens
+      on the host's loopback, the Hub connects to 127.0.0.1:port).
     - ``mps_pipe_dir``: the node's MPS pipe directory; needed when the spec limits a fraction of a
       device with MPS (``spec.mps``).
     - ``gpu_driver``: the device driver to ask Docker for (``nvidia``); None requests no device
@@ -80,7 +100,7 @@ def container_config(
     if not spec.image:
         raise ValueError(f"session {spec.session_id} has no image to run")
     if not network_name or not network_name.strip():
-        raise ValueError("network_name must name a Docker network (host, bridge or your own)")
+        raise ValueError("network_name must name a Docker network (the sessions' bridge network, or host)")
     if spec.cpu is not None and spec.cpu <= 0:
         raise ValueError(f"cpu limit must be more than 0, not {spec.cpu}")
     if spec.mem is not None and spec.mem < MIN_MEM:
@@ -120,6 +140,9 @@ def container_config(
         "security_opt": [NO_NEW_PRIVILEGES],
         "cap_drop": ["ALL"],
         "network_mode": network_name,
+        # Nothing published on the host's ports: the Hub's proxy connects to the container's address
+        # on its network (with host networking the server is on a port of the host already).
+        "port_bindings": None,
         "init": init,
     }
     if spec.mem is not None:
@@ -156,3 +179,80 @@ def container_config(
         network_name=network_name,
         cmd=None,
     )
+
+
+# ---------------------------------------------------------------- the sessions' network
+
+
+def session_network_spec(name: str, bridge: str, subnet: str) -> dict[str, Any]:
+    """Keyword arguments of docker-py's ``APIClient.create_network`` for the sessions' network: a
+    bridge network whose Linux bridge is ``bridge``, on ``subnet``, its first address the gateway
+    (where :mod:`spawner.sessionnet` expects it). ValueError for a name or subnet that is not one."""
+    if not name or not name.strip() or name == HOST_NETWORK:
+        raise ValueError(f"{name!r} cannot name the sessions' network")
+    try:
+        net = ipaddress.IPv4Network(subnet, strict=True)
+    except ValueError as e:
+        raise ValueError(f"session subnet {subnet!r}: {e}") from None
+    return {
+        "name": name,
+        "driver": "bridge",
+        "options": {BRIDGE_NAME_OPTION: bridge, ICC_OPTION: "false", MASQUERADE_OPTION: "false"},
+        "ipam": {
+            "Driver": "default",
+            "Config": [{"Subnet": str(net), "Gateway": str(net.network_address + 1)}],
+        },
+        "labels": {LABEL_SESSION_NETWORK: bridge},
+        "check_duplicate": True,
+    }
+
+
+def network_bridge(network: Mapping[str, Any]) -> tuple[str, str]:
+    """The Linux bridge and the IPv4 subnet of a Docker network (as ``inspect_network`` answers),
+    which the backend guards. ValueError for a network it cannot guard: not a bridge network, not
+    exactly one IPv4 subnet, a gateway other than the subnet's first address."""
+    name = network.get("Name") or network.get("Id", "?")
+    driver = network.get("Driver")
+    if driver != "bridge":
+        raise ValueError(
+            f"Docker network {name!r} is a {driver!r} network: labfleet keeps sessions apart on a bridge "
+            "network only (or on the host's network, when network_name = 'host' says so)"
+        )
+    options = network.get("Options") or {}
+    bridge = options.get(BRIDGE_NAME_OPTION) or "br-" + str(network.get("Id", ""))[:12]
+    ipam = network.get("IPAM") or {}
+    configs = [c for c in ipam.get("Config") or [] if ":" not in str(c.get("Subnet", ":"))]
+    if len(configs) != 1:
+        raise ValueError(f"Docker network {name!r} must have one IPv4 subnet, not {len(configs)}")
+    try:
+        net = ipaddress.IPv4Network(str(configs[0]["Subnet"]), strict=False)
+    except ValueError as e:
+        raise ValueError(f"Docker network {name!r}: {e}") from None
+    gateway = str(configs[0].get("Gateway") or "").split("/")[0]
+    if gateway and gateway != str(net.network_address + 1):
+        raise ValueError(
+            f"Docker network {name!r}: its gateway {gateway} is not the first address of {net}, where "
+            "labfleet's sessions call the Hub"
+        )
+    return bridge, str(net)
+
+
+def gateway_environment(
+    env: Mapping[str, str], gateway_url: str, service_url: str | None = None
+) -> dict[str, str]:
+    """What changes in a session's environment when it reaches the Hub only through the Hub's public
+    proxy at ``gateway_url`` (``sessionnet.SessionNetwork.hub_url``): the Hub's API and activity
+    URLs (JupyterHub points them at the Hub's own address, which the session cannot reach), and the
+    labfleet service's URL when ``service_url`` (the URL the Hub itself uses) is given. Pure."""
+    base = gateway_url.rstrip("/")
+    out: dict[str, str] = {}
+    api = env.get("JUPYTERHUB_API_URL")
+    if api:
+        out["JUPYTERHUB_API_URL"] = base + urlparse(api).path
+        activity = env.get("JUPYTERHUB_ACTIVITY_URL", "")
+        prefix = api.rstrip("/")
+        if activity.startswith(prefix):
+            out["JUPYTERHUB_ACTIVITY_URL"] = out["JUPYTERHUB_API_URL"].rstrip("/") + activity[len(prefix) :]
+    if service_url:
+        out["LABFLEET_SERVICE_URL"] = base + urlparse(service_url).path
+    return out

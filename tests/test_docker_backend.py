@@ -1,29 +1,50 @@
 """The Docker backend on a real Docker engine and a real Hub: the test image built locally
 (scripts/build-image.sh), registered with the labfleet service, spawned through the Hub REST API
-with user_options; limits, hardening, host networking and the placement's environment checked
-with `docker inspect`; JupyterLab reached through the proxy; ro and rw mounts; a batch session
-ending with its command's exit code and its logs; stop freeing the allocation.
+with user_options; limits, hardening, the sessions' network and the placement's environment
+checked with `docker inspect`; JupyterLab reached through the proxy; ro and rw mounts; a batch
+session ending with its command's exit code and its logs; stop freeing the allocation.
 
-The module starts Docker itself (scripts/docker.sh): a missing engine is a failure, not a skip.
+A Docker session is a tenant (issue [1/7]): from inside a real session (tests/session_probe.py run
+with `docker exec` as the container's user) it is not root and holds no capability, cannot mount,
+reaches none of the host's listeners (the Hub's API, the labfleet service, the proxy's API: at
+127.0.0.1, at the gateway or at the host's other addresses) but the Hub's public proxy at the
+gateway, through which it is its owner; a memory hog over its limit is killed; a listener it opens
+is on its own address, not on the host's loopback; an address outside the host (a network namespace
+the test makes) is reached, as the internet would be; a second session cannot reach the first.
+
+The module starts Docker itself (scripts/docker.sh): a missing engine is a failure, not a skip. Its
+Hubs' sessions join a network of this test process (tests/hubfixture.DOCKER_SESSION_NETWORK),
+removed at the end with its nftables tables and the test's namespace.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import secrets
+import socket
+import sqlite3
 import subprocess
+import threading
 import time
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 import requests
 
-from tests.hubfixture import REPO, free_port, start_hub
+from tests.hubfixture import DOCKER_SESSION_NETWORK, REPO, free_port, remove_docker_session_network, start_hub
 
 pytestmark = pytest.mark.docker
 
 IMAGE = "labfleet/singleuser:test"
 GIB = 2**30
+PROBE = Path(__file__).with_name("session_probe.py")
+NETWORK = DOCKER_SESSION_NETWORK.get("LABFLEET_DOCKER_NETWORK", "")
+BRIDGE = DOCKER_SESSION_NETWORK.get("LABFLEET_DOCKER_SESSION_BRIDGE", "")
+SUBNET = ipaddress.IPv4Network(DOCKER_SESSION_NETWORK.get("LABFLEET_DOCKER_SESSION_SUBNET", "0.0.0.0/32"))
+GATEWAY = str(SUBNET.network_address + 1)
 
 
 def _run_script(name: str, timeout: float) -> str:
@@ -70,8 +91,51 @@ def _start_docker_hub(state, extra, **kw):
                 os.environ[k] = v
 
 
+def _outside_network():
+    """A network namespace with an HTTP server, standing for the internet: not the host's loopback,
+    addresses this test picks (a free /24 in 10.77.20-99.x: the host end of a veth pair, and the far
+    end, which serves)."""
+    name = f"lfdout{os.getpid() % 100000}"
+    _drop_outside(name)
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]"
+    used = [
+        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+        for link in json.loads(out)
+        for a in link.get("addr_info", [])
+    ]
+    net = next(
+        n
+        for n in (ipaddress.IPv4Network(f"10.77.{i}.0/24") for i in range(20, 100))
+        if not any(n.overlaps(u) for u in used)
+    )
+    near, far = str(net.network_address + 1), str(net.network_address + 2)
+    for cmd in (
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name],
+        ["ip", "addr", "add", f"{near}/24", "dev", name],
+        ["ip", "link", "set", name, "up"],
+        ["ip", "-n", name, "addr", "add", f"{far}/24", "dev", "eth0"],
+        ["ip", "-n", name, "link", "set", "eth0", "up"],
+        ["ip", "-n", name, "link", "set", "lo", "up"],
+    ):
+        subprocess.run(cmd, check=True, capture_output=True)
+    server = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{name}", "python3", "-m", "http.server", "8080", "--bind", far],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return name, far, server, near
+
+
+def _drop_outside(name: str) -> None:
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    subprocess.run(["ip", "link", "delete", name], capture_output=True)
+
+
 @pytest.fixture(scope="module")
 def env(engine, tmp_path_factory):
+    if not DOCKER_SESSION_NETWORK:
+        pytest.fail("the sessions' network is the root Hub's (nftables): run the tests as root, as CI does")
     state = tmp_path_factory.mktemp("docker-hub")
     # Folders mounted into every session: one read-only, one writable by the session user (uid 1000).
     ro, rw = state / "mnt-ro", state / "mnt-rw"
@@ -84,24 +148,29 @@ def env(engine, tmp_path_factory):
         # The session user (uid 1000) must reach the mounts: pytest's tmp dirs are 0700.
         os.chmod(p, p.stat().st_mode | 0o011)
     prefix = "lftest" + secrets.token_hex(3)
+    hub_port = free_port()
+    # Sessions join the default: the sessions' network, here this test process's own
+    # (LABFLEET_DOCKER_NETWORK and its bridge and subnet, from tests.hubfixture).
     extra = f"""
 c.JupyterHub.spawner_class = "spawner.docker.LabfleetDockerSpawner"
-c.DockerSpawner.network_name = "host"
 c.DockerSpawner.pull_policy = "never"
 c.DockerSpawner.name_template = "{prefix}-{{username}}--{{servername}}"
 c.LabfleetSpawnerMixin.queue_poll_interval = 0.3
 # Sessions outlive a Hub restart (test_hub_restart_...); the fixture's teardown removes what is left.
-# The restarted Hub keeps its API port: the running servers call it there.
+# The restarted Hub keeps its ports (its API port here, the others in start_hub's ports).
 c.JupyterHub.cleanup_servers = False
-c.JupyterHub.hub_port = {free_port()}
+c.JupyterHub.hub_port = {hub_port}
 c.LabfleetDockerSpawner.extra_mounts = [
     {{"source": {str(ro)!r}, "target": "ro-data", "mode": "ro"}},
     {{"source": {str(rw)!r}, "target": "/home/jovyan/rw-data", "mode": "rw"}},
 ]
 """
     hub = _start_docker_hub(state, extra)
-    box = {"hub": hub, "extra": extra, "state": state}
+    box = {"hub": hub, "extra": extra, "state": state, "hub_port": hub_port}
+    outside = None
     try:
+        outside = _outside_network()
+        box["outside"], box["outside_near"] = outside[1], outside[3]
         root = hub.wait_token("root")
         for method, path, body in [
             ("POST", "/domains", {"name": "acme"}),
@@ -119,6 +188,11 @@ c.LabfleetDockerSpawner.extra_mounts = [
         hub.stop()
         for c in engine.containers.list(all=True, filters={"name": prefix}):
             c.remove(force=True)
+        if outside is not None:
+            outside[2].kill()
+            outside[2].wait()
+            _drop_outside(outside[0])
+        remove_docker_session_network(NETWORK, BRIDGE)
 
 
 def _image_path() -> str:
@@ -183,6 +257,111 @@ def _exec(container, cmd):
     return r.exit_code, r.output.decode(errors="replace")
 
 
+# The probe, run by `docker exec` as the container's user, with the session's own environment: it
+# calls the Hub and the labfleet service at the URLs the session was given, with the session's token.
+PROBE_RUNNER = """
+import json, os, sys
+plan = json.loads(sys.argv[1])
+token = os.environ["JUPYTERHUB_API_TOKEN"]
+plan["urls"] = {
+    "hub": [os.environ["JUPYTERHUB_API_URL"].rstrip("/") + "/user", token],
+    "service": [os.environ["LABFLEET_SERVICE_URL"].rstrip("/") + "/me", token],
+}
+source, sys.argv = sys.argv[2], ["session_probe.py", json.dumps(plan)]
+exec(compile(source, "session_probe.py", "exec"), {"__name__": "__main__"})
+"""
+
+
+def _probe(container, plan) -> dict:
+    r = container.exec_run(["python3", "-c", PROBE_RUNNER, json.dumps(plan), PROBE.read_text()])
+    out = r.output.decode(errors="replace")
+    lines = [line for line in out.splitlines() if line.startswith("PROBE ")]
+    assert r.exit_code == 0 and lines, out[-3000:]
+    return json.loads(lines[-1][len("PROBE ") :])
+
+
+def _host_listeners() -> set[int]:
+    """Every TCP port the host listens on at its loopback or at all its addresses (/proc/net/tcp*)."""
+    ports = set()
+    for path, anywhere in (("/proc/net/tcp", ("0100007F", "00000000")), ("/proc/net/tcp6", None)):
+        with open(path) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, port = local.split(":")
+                if state == "0A" and (anywhere is None or address in anywhere):
+                    ports.add(int(port, 16))
+    return ports
+
+
+# Tries every (host, port) at once from inside a session: a refusal is quick (the sessions' table
+# answers TCP with a reset), but anything answered by an ICMP error (rate-limited by the kernel, about
+# one a second) or dropped would cost its seconds one after the other. A timeout is no connection.
+CONNECTS = """
+import json, socket, sys
+from concurrent.futures import ThreadPoolExecutor
+def connect(target):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((target[0], target[1]))
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        s.close()
+targets = json.loads(sys.argv[1])
+with ThreadPoolExecutor(64) as pool:
+    print(json.dumps(dict(zip([f"{h}:{p}" for h, p in targets], pool.map(connect, targets)))))
+"""
+
+
+def _connects(container, targets) -> dict[str, str]:
+    r = container.exec_run(["python3", "-c", CONNECTS, json.dumps(targets)])
+    out = r.output.decode(errors="replace")
+    assert r.exit_code == 0, out[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _host_addresses(*own: str) -> list[str]:
+    """The host's addresses a session might try: those of the interface of its default route, and
+    ``own`` (addresses this test gave the host). Not the bridges of other tests running beside:
+    they come and go, and an address gone is routed off the machine."""
+    route = subprocess.run(["ip", "-j", "-4", "route", "show", "default"], capture_output=True, text=True)
+    devices = {r["dev"] for r in json.loads(route.stdout or "[]") if r.get("dev")}
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]"
+    found = [
+        a["local"]
+        for link in json.loads(out)
+        if link.get("ifname") in devices
+        for a in link.get("addr_info", [])
+        if not a["local"].startswith("127.")
+    ]
+    return sorted({*found, *own})
+
+
+def _runtime(hub, sid) -> dict:
+    """Where the service records the session running (the spawner's report)."""
+    db = sqlite3.connect(hub.db_url.removeprefix("sqlite:///"))
+    try:
+        (raw,) = db.execute("SELECT runtime FROM sessions WHERE id = ?", (sid,)).fetchone()
+    finally:
+        db.close()
+    return json.loads(raw) if raw else {}
+
+
+def _address(engine, container) -> str:
+    info = engine.api.inspect_container(container.id)
+    return info["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
+
+
+def _connect(host: str, port: int, timeout: float = 3) -> str:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return "connected"
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def test_image_is_registered_with_its_labels(env):
     hub, root = env["hub"], env["root"]
     # LABFLEET_BACKEND=docker registers the default image when the service starts; register it
@@ -229,8 +408,12 @@ def test_interactive_session_limits_hardening_mounts_and_stop(env, engine):
     assert [x.upper() for x in host["CapDrop"]] == ["ALL"] and not host.get("CapAdd")
     assert host["Init"] is True and host["Privileged"] is False
     assert info["Config"]["User"] == "1000:1000"
-    # Host networking; mock devices are accounted but not requested from Docker.
-    assert host["NetworkMode"] == "host"
+    # The sessions' network, nothing published on the host; the service knows the address.
+    assert host["NetworkMode"] == NETWORK and not host.get("PortBindings")
+    address = info["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
+    assert ipaddress.IPv4Address(address) in SUBNET and address != GATEWAY
+    assert _runtime(hub, s["id"]) == {"container": c.id, "address": address}
+    # Mock devices are accounted but not requested from Docker.
     assert not host.get("DeviceRequests")
     assert info["Config"]["Labels"]["ai.labfleet.session-id"] == s["id"]
     assert info["Config"]["Labels"]["ai.labfleet.user"] == "alice"
@@ -242,25 +425,84 @@ def test_interactive_session_limits_hardening_mounts_and_stop(env, engine):
     assert env_["CUDA_VISIBLE_DEVICES"] == "0"  # renumbered inside the container
     assert env_["NVIDIA_VISIBLE_DEVICES"] == s["devices"][0]["uuid"]
     assert env_["LABFLEET_CPU_LIMIT"] == "1" and env_["LABFLEET_MEM_LIMIT"] == str(GIB)
-    assert env_["JUPYTERHUB_SERVICE_URL"].startswith("http://127.0.0.1:")
+    assert env_["JUPYTERHUB_SERVICE_URL"].startswith("http://0.0.0.0:8888/")
+    # The Hub and the service, through the Hub's public proxy at the gateway.
+    proxy_port = int(hub.url.rsplit(":", 1)[1])
+    assert env_["JUPYTERHUB_API_URL"] == f"http://{GATEWAY}:{proxy_port}/hub/api"
+    assert env_["JUPYTERHUB_ACTIVITY_URL"] == f"http://{GATEWAY}:{proxy_port}/hub/api/users/alice/activity"
+    assert env_["LABFLEET_SERVICE_URL"] == f"http://{GATEWAY}:{proxy_port}/services/labfleet/api"
     assert "LABFLEET_SERVICE_TOKEN" not in env_
 
     # The limits reach the kernel: the container's own cgroup and process status.
     code, out = _exec(
         c,
         "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; "
-        "id -u; grep CapEff /proc/self/status",
+        "id -u; grep CapEff /proc/self/status; mount -t tmpfs x /mnt; echo mount=$?; "
+        "umount /home/jovyan/ro-data; echo umount=$?",
     )
     assert code == 0, out
     mem, uid, capeff = out.split("\n")[:3]
     assert int(mem) == GIB and uid == "1000"
     assert capeff.split()[1] == "0000000000000000"
+    # Not root, no capability: no mount, no unmount (the read-only mount stays).
+    assert "must be superuser to use mount" in out and "mount=32" in out, out
+    assert "must be superuser to unmount" in out and "umount=32" in out, out
 
-    # JupyterLab through the Hub's proxy, with the user's token.
+    # JupyterLab through the Hub's proxy, with the user's token: the server checked the token with
+    # the Hub at the gateway (its JUPYTERHUB_API_URL), through the proxy.
     lab = requests.get(
         f"{hub.url}/user/alice/a/api/status", headers={"Authorization": f"token {alice}"}, timeout=30
     )
     assert lab.status_code == 200, lab.text
+
+    # From inside: every listener of the host (the Hub's API, the labfleet service, the proxy's
+    # API among them) at 127.0.0.1, at the gateway and at the host's other addresses is out of
+    # reach; the public proxy at the gateway and an address outside the host are not.
+    listeners = _host_listeners()
+    assert {env["hub_port"], hub.ports[2], hub.ports[3]} <= listeners
+    targets = [("127.0.0.1", p) for p in listeners if p != 8888]  # 8888: the session's own server
+    targets += [(GATEWAY, p) for p in listeners if p != proxy_port]
+    targets += [(a, p) for a in _host_addresses(env["outside_near"]) for p in listeners]
+    tried = _connects(c, targets)
+    assert len(tried) == len(targets)
+    reached = [t for t, result in tried.items() if result == "connected"]
+    assert not reached, f"reached from the session: {reached}"
+    listen_port = free_port()
+    for name in ("listening", "release"):
+        (env["rw"] / name).unlink(missing_ok=True)
+    plan = {
+        "reachable": [(env["outside"], 8080), (GATEWAY, proxy_port)],
+        "hog_bytes": 2 * GIB,
+        "listen_port": listen_port,
+        "handshake_dir": "/home/jovyan/rw-data",
+    }
+    probed: list[dict] = []
+    runner = threading.Thread(target=lambda: probed.append(_probe(c, plan)), daemon=True)
+    runner.start()
+    # While it listens: not on the host's loopback, but on the session's own address.
+    deadline = time.monotonic() + 120
+    while not (env["rw"] / "listening").exists():
+        assert runner.is_alive() and time.monotonic() < deadline, "the probe never listened"
+        time.sleep(0.2)
+    assert _connect("127.0.0.1", listen_port).startswith("ConnectionRefusedError"), listen_port
+    assert listen_port not in _host_listeners()
+    assert _connect(address, listen_port + 1) == "connected"
+    (env["rw"] / "release").write_text("")
+    runner.join(60)
+    (out,) = probed
+    assert out["uid"] == out["euid"] == 1000, out
+    assert int(out["CapEff"], 16) == 0 and out["NoNewPrivs"] == "1", out
+    assert out["mount"]["rc"] != 0 and out["umount"]["rc"] != 0, out
+    assert out["address"] == address
+    for target, result in out["reachable"].items():
+        assert result == "connected", f"{target}: {result}"
+    # Through the public proxy, with its own token, the session is alice (Hub and labfleet service).
+    for name in ("hub", "service"):
+        status, body = out["urls"][name].split(" ", 1)
+        assert status == "200" and '"alice"' in body, out["urls"][name]
+    assert out["hog"]["rc"] == -9, out["hog"]  # the kernel's OOM killer, inside the container's limit
+    c.reload()
+    assert c.status == "running"  # the hog went, the session stays
 
     # Mounts: ro cannot be written, rw can (and the file lands on the host, owned by the session user).
     code, out = _exec(c, "cat ~/ro-data/given.txt && touch ~/ro-data/new.txt")
@@ -340,7 +582,8 @@ def test_hub_restart_keeps_the_container_its_allocation_and_its_log(env, engine)
     hub.stop()
     c.reload()
     assert c.status == "running", "the session must survive the Hub's restart"
-    again = _start_docker_hub(env["state"], env["extra"], db_url=hub.db_url, do_seed=False)
+    # Same ports: the running session calls the Hub's public proxy at the gateway, on its port.
+    again = _start_docker_hub(env["state"], env["extra"], db_url=hub.db_url, do_seed=False, ports=hub.ports)
     env["hub"] = again
     token = again.wait_token("alice")
     time.sleep(2)  # the service reconciles with the Hub's servers at start
@@ -424,6 +667,16 @@ def test_vfolders_in_containers_ro_rw_and_shared(env, engine):
     )
     code, out = _exec(c2, "cat ~/vfolders/shared-rw/note.txt && echo more >> ~/vfolders/shared-rw/api.txt")
     assert code == 0 and "from-a" in out, out
+
+    # Two sessions on one network: the host (the proxy) reaches each server, neither reaches the other.
+    a1, a2 = _address(engine, c1), _address(engine, c2)
+    assert requests.get(f"http://{a1}:8888/user/alice/a/api", timeout=10).status_code == 200
+    assert requests.get(f"http://{a2}:8888/user/alice/b/api", timeout=10).status_code == 200
+    tries = "import socket\nfor h in {!r}:\n try:\n  socket.create_connection((h, 8888), 3); print(h, 'connected')\n except OSError as e: print(h, e)"
+    for container, other in ((c2, a1), (c1, a2)):
+        r = container.exec_run(["python3", "-c", tries.format([other])])
+        out = r.output.decode(errors="replace")
+        assert r.exit_code == 0 and "connected" not in out and other in out, out
     for server in ("a", "b"):
         hub.hub_api("DELETE", f"/users/alice/servers/{server}")
     _wait_status(hub, alice, s1["id"], ("TERMINATED",))

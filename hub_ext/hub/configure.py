@@ -97,13 +97,19 @@ def service_args(settings: dict[str, Any]) -> list[str]:
     return args
 
 
-def admin_service(service_port: int, repo_root: str) -> dict[str, Any]:
+def admin_service(service_port: int, repo_root: str, state_dir: str | Path | None = None) -> dict[str, Any]:
     """The admin console: Voila dashboards in a jupyter-server run by ``jupyterhub-singleuser`` as a
     Hub service (admin_dashboards/). People reach it through the Hub's OAuth with no confirmation
     page; the tokens the Hub issues to it for them also reach the labfleet service, which the
-    dashboards' kernels call as the viewer. Its port: $LABFLEET_ADMIN_PORT, else the service's + 1."""
+    dashboards' kernels call as the viewer. Its port: $LABFLEET_ADMIN_PORT, else the service's + 1.
+
+    Its Jupyter runtime directory (the kernels' connection files and their unix sockets: the
+    kernels talk ZeroMQ over ``ipc``, never TCP) is ``admin-runtime`` in the state directory
+    (``state_dir``, else $LABFLEET_STATE_DIR, else the working directory, as for :func:`configure`),
+    which the console keeps private (0700; admin_dashboards/__main__.py), not the Hub user's home."""
     port = int(os.environ.get(ADMIN_PORT_ENV) or service_port + 1)
     config = str(Path(repo_root) / "admin_dashboards" / "jupyter_server_config.py")
+    state = Path(state_dir or os.environ.get("LABFLEET_STATE_DIR") or os.getcwd()).absolute()
     return {
         "name": ADMIN_SERVICE_NAME,
         "display": True,
@@ -115,6 +121,7 @@ def admin_service(service_port: int, repo_root: str) -> dict[str, Any]:
         "environment": {
             "LABFLEET_SERVICE_URL": f"http://127.0.0.1:{service_port}/services/{SERVICE_NAME}/api",
             "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
+            "JUPYTER_RUNTIME_DIR": str(state / "admin-runtime"),
         },
     }
 
@@ -223,7 +230,7 @@ def configure(
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
             },
         },
-        *([admin_service(port, repo_root)] if console else []),
+        *([admin_service(port, repo_root, state)] if console else []),
     ]
     # The pages' "Fleet admin" link (templates/page.html) only where the console runs; a callable
     # template_vars of the deployment's own is left as it is (the link then shows, as by default).
@@ -298,8 +305,9 @@ def configure_spawner(c, backend: str, state: Path) -> list[dict]:
         image = os.environ.get(DOCKER_IMAGE_ENV, DEFAULT_DOCKER_IMAGE)
         c.JupyterHub.spawner_class = "labfleet-docker"
         c.LabfleetSpawnerMixin.default_image = image
-        # Host networking: the Hub reaches each server on 127.0.0.1 (see the README).
-        c.DockerSpawner.network_name = "host"
+        # Sessions join their own bridge network (LabfleetDockerSpawner.network_name, made when
+        # missing, guarded by spawner.sessionnet): they reach the Hub and the service only through
+        # the Hub's public proxy; the Hub's API stays on 127.0.0.1 (see the README).
         c.JupyterHub.hub_connect_ip = "127.0.0.1"
         return [{"name": image, "inspect": True}]
     if backend == "swarm":

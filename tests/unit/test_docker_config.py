@@ -1,4 +1,4 @@
-"""spawner.docker_config: a LaunchSpec as DockerSpawner settings (pure, no daemon)."""
+"""spawner.docker_config: a LaunchSpec as DockerSpawner settings, the sessions' network (pure, no daemon)."""
 
 from dataclasses import replace
 from decimal import Decimal
@@ -6,7 +6,14 @@ from decimal import Decimal
 import pytest
 from docker.types import DeviceRequest
 
-from spawner.docker_config import ContainerConfig, container_config
+from spawner import sessionnet
+from spawner.docker_config import (
+    ContainerConfig,
+    container_config,
+    gateway_environment,
+    network_bridge,
+    session_network_spec,
+)
 from spawner.launch import LaunchSpec, Mount, build_launch
 from spawner.options import parse_options
 
@@ -17,6 +24,7 @@ HARDENING = {
     "pids_limit": 4096,
     "security_opt": ["no-new-privileges:true"],
     "cap_drop": ["ALL"],
+    "port_bindings": None,  # nothing published on the host: the proxy connects to the container
     "init": True,
 }
 LABELS = {
@@ -246,6 +254,13 @@ def _docker_spawner(**config):
     return LabfleetDockerSpawner(user=_User(), orm_spawner=_OrmSpawner(), **config)
 
 
+NET = sessionnet.SessionNetwork.parse("lfdock0", "10.214.0.0/16", "127.0.0.1", 8000)
+
+
+async def _guarded():
+    return NET
+
+
 async def test_backend_applies_the_config_over_the_deployments_settings():
     s = _docker_spawner(
         network_name="host",
@@ -292,11 +307,12 @@ async def test_backend_merges_a_callable_host_config_and_skips_mock_devices():
         return {"shm_size": f"{len(spawner.user.name)}g", "pids_limit": 10}
 
     s = _docker_spawner(network_name="labfleet-net", extra_host_config=per_user, gpu_driver="nvidia")
+    s.lf_session_network = _guarded  # no engine, no nftables here
     mock = "GPU-mock-0123abcd-0000-0000-0000-000000000000"
     await s.lf_prepare(_spec(devices=[_gpu(mock, 0, 1)], gpu=1))
     host = await s.extra_host_config(s)
     assert host["shm_size"] == "5g" and host["pids_limit"] == 4096
-    assert host["network_mode"] == "labfleet-net" and "port_bindings" not in host
+    assert host["network_mode"] == "labfleet-net" and host["port_bindings"] is None
     assert "device_requests" not in host  # Docker cannot give a mock device
     assert s.ip == "0.0.0.0" and s.port == 8888
 
@@ -330,3 +346,217 @@ async def test_backend_hands_the_containers_environment_to_the_session():
     # The MPS pipe directory the container config adds, beside the spec's own variables
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and env["LABFLEET_GPU_SHARES"] == "0.5"
+
+
+# -- the sessions' network -----------------------------------------------------------------------------
+
+
+def test_session_network_spec_names_its_bridge_and_its_gateway():
+    spec = session_network_spec("labfleet-sessions", "lfdock0", "10.214.0.0/16")
+    assert spec == {
+        "name": "labfleet-sessions",
+        "driver": "bridge",
+        "options": {
+            "com.docker.network.bridge.name": "lfdock0",
+            "com.docker.network.bridge.enable_icc": "false",
+            "com.docker.network.bridge.enable_ip_masquerade": "false",
+        },
+        # The gateway is the subnet's first address: the bridge's, where sessionnet's table lets
+        # sessions call the Hub's proxy.
+        "ipam": {"Driver": "default", "Config": [{"Subnet": "10.214.0.0/16", "Gateway": "10.214.0.1"}]},
+        "labels": {"ai.labfleet.session-network": "lfdock0"},
+        "check_duplicate": True,
+    }
+    with pytest.raises(ValueError, match="session subnet"):
+        session_network_spec("n", "lfdock0", "10.214.0.1/16")  # an address, not a network
+    with pytest.raises(ValueError, match="cannot name"):
+        session_network_spec("host", "lfdock0", "10.214.0.0/16")
+
+
+def _inspected(**over):
+    """A bridge network as the engine's inspect_network answers (the fields read)."""
+    network = {
+        "Name": "labfleet-sessions",
+        "Id": "0123456789abcdef" * 4,
+        "Driver": "bridge",
+        "Options": {"com.docker.network.bridge.name": "lfdock0"},
+        "IPAM": {"Driver": "default", "Config": [{"Subnet": "10.214.0.0/16", "Gateway": "10.214.0.1"}]},
+    }
+    return {**network, **over}
+
+
+def test_network_bridge_reads_what_the_backend_guards():
+    assert network_bridge(_inspected()) == ("lfdock0", "10.214.0.0/16")
+    # IPv6 subnets are left out; a network made without a gateway gets the first address.
+    dual = {"Config": [{"Subnet": "fd00::/64"}, {"Subnet": "10.9.0.0/24"}]}
+    assert network_bridge(_inspected(IPAM=dual)) == ("lfdock0", "10.9.0.0/24")
+    # Docker's own name for a bridge is longer than sessionnet's rules allow: parse says so.
+    bridge, subnet = network_bridge(_inspected(Options={}))
+    assert bridge == "br-0123456789ab"
+    with pytest.raises(ValueError, match="1 to 9"):
+        sessionnet.SessionNetwork.parse(bridge, subnet, "127.0.0.1", 8000)
+
+
+def test_networks_the_backend_cannot_guard():
+    with pytest.raises(ValueError, match="'overlay' network: .*bridge network only"):
+        network_bridge(_inspected(Driver="overlay"))
+    with pytest.raises(ValueError, match="one IPv4 subnet, not 0"):
+        network_bridge(_inspected(IPAM={"Config": []}))
+    two = {"Config": [{"Subnet": "10.9.0.0/24"}, {"Subnet": "10.8.0.0/24"}]}
+    with pytest.raises(ValueError, match="one IPv4 subnet, not 2"):
+        network_bridge(_inspected(IPAM=two))
+    odd = {"Config": [{"Subnet": "10.9.0.0/24", "Gateway": "10.9.0.254"}]}
+    with pytest.raises(ValueError, match="gateway 10.9.0.254 is not the first address"):
+        network_bridge(_inspected(IPAM=odd))
+
+
+def test_gateway_environment_points_the_session_at_the_proxy():
+    env = {
+        "JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api",
+        "JUPYTERHUB_ACTIVITY_URL": "http://127.0.0.1:8081/hub/api/users/alice/activity",
+        "LABFLEET_SERVICE_URL": "http://127.0.0.1:10101/services/labfleet/api",
+    }
+    before = dict(env)
+    out = gateway_environment(env, NET.hub_url, "http://127.0.0.1:10101/services/labfleet/api")
+    assert out == {
+        "JUPYTERHUB_API_URL": "http://10.214.0.1:8000/hub/api",
+        "JUPYTERHUB_ACTIVITY_URL": "http://10.214.0.1:8000/hub/api/users/alice/activity",
+        "LABFLEET_SERVICE_URL": "http://10.214.0.1:8000/services/labfleet/api",
+    }
+    assert env == before
+    # A service URL the deployment set for sessions (session_service_url) is not the Hub's: kept.
+    assert "LABFLEET_SERVICE_URL" not in gateway_environment(env, NET.hub_url, None)
+
+
+def _hub_env(s):
+    from types import SimpleNamespace
+
+    s.api_token = "t"
+    s.hub = SimpleNamespace(
+        public_host="", url="/hub/", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"
+    )
+
+
+async def test_backend_session_environment_on_the_guarded_network():
+    s = _docker_spawner(
+        network_name="labfleet-net", service_url="http://127.0.0.1:10101/services/labfleet/api"
+    )
+    s.lf_session_network = _guarded
+    _hub_env(s)
+    await s.lf_prepare(_spec())
+    assert s.lf_network == NET
+    env = s.get_env()
+    assert env["JUPYTERHUB_API_URL"] == "http://10.214.0.1:8000/hub/api"
+    assert env["JUPYTERHUB_ACTIVITY_URL"] == "http://10.214.0.1:8000/hub/api/users/alice/activity"
+    assert env["LABFLEET_SERVICE_URL"] == "http://10.214.0.1:8000/services/labfleet/api"
+    assert env["JUPYTERHUB_SERVICE_URL"].startswith("http://0.0.0.0:8888/")
+    # The runtime names the container and, once the Hub knows it, its address on the network.
+    s.object_id = "ab" * 32
+    assert s.lf_runtime() == {"container": "ab" * 32}
+    s.lf_address = "10.214.0.7"
+    assert s.lf_runtime() == {"container": "ab" * 32, "address": "10.214.0.7"}
+    # A service URL set for sessions stays as it is.
+    s.session_service_url = "http://lb.example.org/services/labfleet/api"
+    assert s.get_env()["LABFLEET_SERVICE_URL"] == "http://lb.example.org/services/labfleet/api"
+
+
+async def test_backend_on_the_hosts_network_keeps_the_hubs_urls_and_warns(caplog):
+    s = _docker_spawner(network_name="host")
+    _hub_env(s)
+    with caplog.at_level("WARNING"):
+        await s.lf_prepare(_spec())
+    assert s.lf_network is None
+    assert "runs on the host's network" in caplog.text
+    env = s.get_env()
+    assert env["JUPYTERHUB_API_URL"] == "http://127.0.0.1:8081/hub/api"
+    s.object_id, s.lf_address = "ab" * 32, "127.0.0.1"
+    assert s.lf_runtime() == {"container": "ab" * 32}
+
+
+def test_backend_network_defaults_and_environment(monkeypatch):
+    s = _docker_spawner()
+    assert (s.network_name, s.session_bridge, s.session_subnet) == (
+        "labfleet-sessions",
+        "lfdock0",
+        "10.214.0.0/16",
+    )
+    assert s.ip == "0.0.0.0" and s.port == 8888
+    monkeypatch.setenv("LABFLEET_DOCKER_NETWORK", "lftest-n")
+    monkeypatch.setenv("LABFLEET_DOCKER_SESSION_BRIDGE", "lfd42")
+    monkeypatch.setenv("LABFLEET_DOCKER_SESSION_SUBNET", "10.220.3.0/24")
+    s = _docker_spawner()
+    assert (s.network_name, s.session_bridge, s.session_subnet) == ("lftest-n", "lfd42", "10.220.3.0/24")
+    # What a deployment configures wins over the environment.
+    assert _docker_spawner(network_name="host").network_name == "host"
+
+
+def test_configure_docker_backend_leaves_the_network_to_the_spawner(tmp_path, monkeypatch):
+    from traitlets.config import Config
+
+    from hub_ext.hub.configure import configure
+
+    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
+    c = Config()
+    configure(c, tmp_path, backend="docker", service_port=12345)
+    assert c.JupyterHub.spawner_class == "labfleet-docker"
+    assert "network_name" not in c.DockerSpawner  # the sessions' network, not the host's
+    assert c.JupyterHub.hub_connect_ip == "127.0.0.1"
+
+
+async def test_backend_makes_the_missing_network_and_guards_it_once(monkeypatch):
+    import docker
+
+    import spawner.docker as backend
+
+    s = _docker_spawner(network_name="lf-n", session_bridge="lfu1", session_subnet="10.220.9.0/24")
+    s.user.settings = {"proxy": type("P", (), {"public_url": "http://127.0.0.1:8000/"})()}
+    calls, networks = [], {}
+
+    async def engine(method, *args, **kw):
+        calls.append(method)
+        if method == "create_network":
+            networks[kw["name"]] = _inspected(Name=kw["name"], Options=kw["options"], IPAM=kw["ipam"])
+            return {"Id": "x"}
+        if args[0] not in networks:
+            raise docker.errors.NotFound("no such network")
+        return networks[args[0]]
+
+    guarded = []
+
+    async def ensure(net):
+        guarded.append(net)
+
+    async def filtered(bridge):
+        guarded.append(bridge)
+
+    monkeypatch.setattr(s, "docker", engine)
+    monkeypatch.setattr(backend.sessionnet, "ensure", ensure)
+    monkeypatch.setattr(backend, "_filter_bridged", filtered)
+    monkeypatch.setattr(backend, "_GUARDED", set())
+    net = await s.lf_session_network()
+    assert calls == ["inspect_network", "create_network", "inspect_network"]
+    assert net == sessionnet.SessionNetwork.parse("lfu1", "10.220.9.0/24", "127.0.0.1", 8000)
+    assert net.hub_url == "http://10.220.9.1:8000"
+    assert guarded == ["lfu1", net]
+    # The next spawn finds the network, and this Hub has guarded it already.
+    assert await s.lf_session_network() == net
+    assert calls[3:] == ["inspect_network"] and len(guarded) == 2
+
+
+async def test_backend_refuses_a_network_it_cannot_guard(monkeypatch):
+    from jupyterhub.spawner import SpawnException
+
+    s = _docker_spawner(network_name="overlay-net")
+
+    async def engine(method, *args, **kw):
+        return _inspected(Name="overlay-net", Driver="overlay")
+
+    monkeypatch.setattr(s, "docker", engine)
+    with pytest.raises(SpawnException, match="'overlay' network"):
+        await s.lf_session_network()
+    # Not root: no nftables, so no session network at all (host networking only where asked for).
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(SpawnException, match="needs the Hub to run as root"):
+        await s.lf_session_network()
+    s.network_name = "host"
+    assert await s.lf_session_network() is None
