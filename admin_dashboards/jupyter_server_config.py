@@ -1,5 +1,6 @@
 """The admin service's jupyter-server (``jupyterhub-singleuser --config=<this file>``): Voila and the
-console's short paths, the dashboards' folder, and kernels that get no token of the service's."""
+console's short paths, the dashboards' folder, and kernels that get no token of the service's and
+that only the console's own user can reach (unix sockets in its private runtime directory)."""
 
 import os
 from pathlib import Path
@@ -25,6 +26,10 @@ c.ServerApp.allow_root = (
     os.geteuid() == 0
 )  # the embedded Hub may run as root (its kernels are the viewer's pages)
 c.ServerApp.kernel_manager_class = "admin_dashboards.kernels.ViewerKernelManager"
+# The kernels hold the viewer's token: their channels are ZeroMQ over unix sockets in the console's
+# private runtime directory (0700, see __main__.py), beside their connection files, not TCP ports on
+# the host's loopback that anyone on the host could try with a connection file.
+c.KernelManager.transport = "ipc"
 c.VoilaConfiguration.prelaunch_hook = __import__(
     "admin_dashboards.viewer", fromlist=["inject_viewer"]
 ).inject_viewer

@@ -6,18 +6,24 @@ Chromium: who gets in, what each sees, and that its actions are the viewer's own
 - the sessions page shows a domain admin only their domain's sessions, disables the monitor's
   stop buttons, and a superadmin's stop through the page ends the session, audited with the
   superadmin as the actor;
-- the dashboards' kernels never see the service's own token.
+- the dashboards' kernels never see the service's own token, and nobody but the console reaches
+  them: their connection files are in the console's private runtime directory in the state
+  directory (0700, the files 0600), and their channels are unix sockets there, not TCP ports.
 Screenshots go to test-artifacts/admin/.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
+import stat
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+from jupyter_core.paths import jupyter_runtime_dir
 
 from admin_dashboards.kernels import kernel_environment
 from tests.browserfixture import WAIT_MS, create_people, hub_login
@@ -94,6 +100,50 @@ def test_admins_and_monitors_open_the_console_as_themselves(hub, browser, name, 
     shot(page, f"index-{name}")
     page.close()
     assert took < 60
+
+
+def _console_and_kernels(hub) -> tuple[psutil.Process, list[psutil.Process]]:
+    """The admin console's server (found by its service URL) and its dashboards' kernels."""
+    url = f"http://127.0.0.1:{hub.env['LABFLEET_ADMIN_PORT']}"
+    for proc in psutil.process_iter(["cmdline"]):
+        if "admin_dashboards" not in (proc.info["cmdline"] or []):
+            continue
+        try:
+            if proc.environ().get("JUPYTERHUB_SERVICE_URL") != url:
+                continue
+            kernels = [k for k in proc.children(recursive=True) if "ipykernel_launcher" in k.cmdline()]
+        except psutil.Error:
+            continue
+        return proc, kernels
+    raise AssertionError(f"no admin console serves {url}")
+
+
+def test_the_dashboards_kernels_are_reachable_by_the_console_only(hub, browser):
+    page = login(browser, hub, "root")
+    page.goto(f"{hub.url}/services/labfleet-admin/")
+    page.wait_for_selector(".lf-card", timeout=WAIT_MS)
+    console, kernels = _console_and_kernels(hub)
+    assert kernels, "the open page has no kernel"
+    private = hub.state / "admin-runtime"  # not root's ~/.local/share/jupyter/runtime
+    info = private.stat()
+    assert stat.S_IMODE(info.st_mode) & 0o777 == 0o700 and info.st_uid == os.geteuid(), oct(info.st_mode)
+    assert (private / f"jpserver-{console.pid}.json").is_file()  # the console's own runtime files too
+    for kernel in kernels:
+        cmd = kernel.cmdline()
+        connection = Path(cmd[cmd.index("-f") + 1])
+        assert connection.parent == private, connection
+        assert not (Path(jupyter_runtime_dir()) / connection.name).exists()
+        assert stat.S_IMODE(connection.stat().st_mode) == 0o600, oct(connection.stat().st_mode)
+        spec = json.loads(connection.read_text())
+        assert spec["transport"] == "ipc" and spec["ip"].startswith(f"{private}/"), spec
+        for channel in ("shell", "iopub", "stdin", "control", "hb"):
+            assert stat.S_ISSOCK(Path(f"{spec['ip']}-{spec[channel + '_port']}").stat().st_mode), channel
+        # No channel of the kernel on TCP: the one TCP listener ipykernel keeps is its pipe for the
+        # output of forked subprocesses (127.0.0.1), which drops every message that lacks a random
+        # key the kernel never writes anywhere; it runs no code.
+        listening = [c for c in kernel.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        assert len(listening) <= 1 and all(c.laddr.ip == "127.0.0.1" for c in listening), listening
+    page.close()
 
 
 def test_a_plain_user_gets_403(hub, browser):
