@@ -13,7 +13,7 @@ A local session is a tenant.  :func:`sandbox_command` builds its command line:
 
 What the session sees: the system (``/usr``, ``/etc``, ``/sys`` read-only, the ``/bin``-style links),
 the runtime it needs read-only (the Python environment, what its installs point to: ``runtime``),
-private ``/dev``, ``/proc``, ``/tmp`` and ``/var/tmp`` (tmpfs of ``tmp_size`` bytes), its home
+private ``/dev``, ``/proc``, ``/dev/shm``, ``/tmp`` and ``/var/tmp`` (tmpfs of ``tmp_size`` bytes each), its home
 read-write, its folders with their mode, and its devices.  Nothing else of the host: not ``/root``,
 not other homes, not ``/run`` (the Docker socket, the network namespaces), not the state directory.
 ``hidden`` folders and ``hidden_files`` inside the runtime (a state directory inside a checkout) are
@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlparse
 
 from .launch import Mount
 
-PRIVATE_DIRS = ("/tmp", "/var/tmp")
+PRIVATE_DIRS = ("/tmp", "/var/tmp")  # private, the session's to write, bounded
 SYSTEM_DIRS = ("/usr", "/etc", "/sys")  # read-only, at the same place
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links into /usr, or folders
 DEFAULT_TMP_SIZE = 1 << 30
@@ -130,7 +130,7 @@ def sandbox_command(
         else:
             bind("--ro-bind", path, path)
     args += ["--dev", "/dev", "--proc", "/proc"]
-    for path in PRIVATE_DIRS:
+    for path in ("/dev/shm", *PRIVATE_DIRS):  # shared memory (PyTorch's DataLoader, gunicorn) too
         parents(path)
         args += ["--size", str(spec.tmp_size), "--perms", "1777", "--tmpfs", path]
         layers.append((path, False))

@@ -8,8 +8,10 @@ import fcntl
 import ipaddress
 import json
 import os
+import pwd
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -125,6 +127,39 @@ def remove_docker_session_network(name: str, bridge: str) -> None:
 
 
 DOCKER_SESSION_NETWORK = _docker_session_network()
+
+
+def spawner_state(state: Path, name: str, server: str) -> dict:
+    """What the Hub keeps of a user's server (its spawner's state: pid, session id, network index)."""
+    db = sqlite3.connect(state / "jupyterhub.sqlite")
+    try:
+        rows = db.execute(
+            "SELECT spawners.state FROM spawners JOIN users ON users.id = spawners.user_id "
+            "WHERE users.name = ? AND spawners.name = ?",
+            (name, server),
+        ).fetchall()
+    finally:
+        db.close()
+    return json.loads(rows[0][0] or "{}") if rows else {}
+
+
+def session_netns(state: Path, name: str, server: str) -> str:
+    """The network namespace of a running local session of a Hub this process started."""
+    return f"/run/netns/{SESSION_NETWORK['LABFLEET_SESSION_BRIDGE']}-{spawner_state(state, name, server)['labfleet_net']}"
+
+
+def session_address(state: Path, name: str, server: str) -> str:
+    """A local session's address on its bridge (where the proxy, and the host, reach it)."""
+    subnet = ipaddress.IPv4Network(SESSION_NETWORK["LABFLEET_SESSION_SUBNET"])
+    return str(subnet.network_address + 2 + spawner_state(state, name, server)["labfleet_net"])
+
+
+def in_session(state: Path, name: str, server: str, argv: list[str]) -> list[str]:
+    """``argv`` as a program of a running local session would run: in its network namespace, as the
+    session account, with no capability (what the session's own code can do on the network)."""
+    account = pwd.getpwnam("labfleet-session")
+    drop = [f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups", "--inh-caps=-all"]
+    return ["nsenter", f"--net={session_netns(state, name, server)}", "setpriv", *drop, "--", *argv]
 
 
 def seed(db_url: str) -> None:

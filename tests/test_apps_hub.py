@@ -20,7 +20,7 @@ import requests
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
-from tests.hubfixture import REPO, free_port, start_hub
+from tests.hubfixture import REPO, in_session, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -65,13 +65,9 @@ def env(tmp_path_factory):
         if not os.access(APPS_BIN / program, os.X_OK):
             raise RuntimeError(f"{APPS_BIN / program} is missing: run `bash scripts/setup.sh --test`")
     state = tmp_path_factory.mktemp("apps")
-    http_port, tcp_port = free_port(), free_port()
-    services = subprocess.Popen(
-        [sys.executable, "-c", SERVICES, str(http_port), str(tcp_port)], stdout=subprocess.PIPE, text=True
-    )
-    hub = None
+    http_port, tcp_port = 8701, 8702  # in the session's own network: any ports
+    services = hub = None
     try:
-        assert services.stdout.readline().strip() == "services listening"
         with pytest.MonkeyPatch.context() as mp:
             # Sessions get the Hub's PATH: the launchers find the programs there.
             mp.setenv("PATH", f"{os.environ['PATH']}{os.pathsep}{APPS_BIN}")
@@ -98,13 +94,23 @@ def env(tmp_path_factory):
         r = hub.hub_api("POST", f"/users/alice/servers/{SERVER}", json={"project": "ml", "image": IMAGE})
         assert r.status_code in (201, 202), r.text
         wait_ready(hub, "alice", SERVER)
+        # The image's own services run in the session, as its processes would in a container.
+        services = subprocess.Popen(
+            in_session(
+                state, "alice", SERVER, [sys.executable, "-c", SERVICES, str(http_port), str(tcp_port)]
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert services.stdout.readline().strip() == "services listening"
         yield hub, tokens, home
     finally:
         if hub is not None:
             hub.hub_api("DELETE", f"/users/alice/servers/{SERVER}")
             hub.stop()
-        services.terminate()
-        services.wait(10)
+        if services is not None:
+            services.terminate()
+            services.wait(10)
 
 
 def write_run(logdir) -> None:

@@ -21,11 +21,9 @@ with a demo login's session holding half a GPU:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -37,7 +35,7 @@ import pytest
 import requests
 
 from hub_ext.cli.init import DEMO_PASSWORD
-from tests.hubfixture import SESSION_NETWORK, free_port
+from tests.hubfixture import SESSION_NETWORK, free_port, session_netns, spawner_state
 
 pytestmark = pytest.mark.hub
 
@@ -143,19 +141,6 @@ def login_token(url: str, name: str, password: str) -> str:
     return r.json()["token"]
 
 
-def spawner_state(state: Path, name: str, server: str) -> dict:
-    db = sqlite3.connect(state / "jupyterhub.sqlite")
-    try:
-        (raw,) = db.execute(
-            "SELECT spawners.state FROM spawners JOIN users ON users.id = spawners.user_id "
-            "WHERE users.name = ? AND spawners.name = ?",
-            (name, server),
-        ).fetchone()
-    finally:
-        db.close()
-    return json.loads(raw)
-
-
 def wait(cond, what: str, timeout: float, up: Up):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -217,7 +202,7 @@ def fleet(tmp_path_factory):
         wait(ready, "alice's session ready", 120, first)
         ports = read_ports(state)
         spawner = spawner_state(state, "alice", SERVER)
-        netns = f"/run/netns/{SESSION_NETWORK['LABFLEET_SESSION_BRIDGE']}-{spawner['labfleet_net']}"
+        netns = session_netns(state, "alice", SERVER)
         heard = root / "listener.txt"
         listener = subprocess.Popen(
             [

@@ -24,12 +24,10 @@ session's log:
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import shutil
 import socket
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ import psutil
 import pytest
 import requests
 
-from tests.hubfixture import SESSION_NETWORK, free_port, start_hub
+from tests.hubfixture import free_port, session_address, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -115,21 +113,6 @@ def _ready(hub, name, server, timeout=90):
     raise AssertionError(f"{name}/{server} never became ready\n{hub.log_text()[-3000:]}")
 
 
-def _address(state: Path, name: str, server: str) -> str:
-    """A session's address on the sessions' bridge, from the Hub's record of its spawner."""
-    db = sqlite3.connect(state / "jupyterhub.sqlite")
-    try:
-        (raw,) = db.execute(
-            "SELECT spawners.state FROM spawners JOIN users ON users.id = spawners.user_id "
-            "WHERE users.name = ? AND spawners.name = ?",
-            (name, server),
-        ).fetchone()
-    finally:
-        db.close()
-    index = json.loads(raw)["labfleet_net"]
-    return str(ipaddress.IPv4Network(SESSION_NETWORK["LABFLEET_SESSION_SUBNET"]).network_address + 2 + index)
-
-
 def _host_listeners() -> list[tuple[str, int]]:
     """Every TCP port the host listens on, at the addresses a session would try."""
     out = set()
@@ -176,7 +159,7 @@ def test_a_session_cannot_leave_its_sandbox(env):
     assert hub.hub_api("POST", "/users/gus/servers/r", json=replica).status_code in (201, 202)
     _ready(hub, "bob", "b")
     _ready(hub, "gus", "r")
-    bob_ip, gus_ip = _address(state, "bob", "b"), _address(state, "gus", "r")
+    bob_ip, gus_ip = session_address(state, "bob", "b"), session_address(state, "gus", "r")
     # The host reaches both (the proxy does); the probe below must not.
     assert requests.get(f"http://{bob_ip}:8888/user/bob/b/api", timeout=10).status_code == 200
     deadline = time.monotonic() + 30

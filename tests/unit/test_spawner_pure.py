@@ -212,6 +212,7 @@ def test_sandbox_shows_the_system_the_runtime_the_home_and_the_mounts_and_nothin
     assert text.index("--perms 0755 --dir /opt") < text.index("--ro-bind /opt/venv")
     assert text.index("--perms 0755 --dir /h") < text.index("--bind /h/alice /h/alice")
     assert "--size 67108864 --perms 1777 --tmpfs /tmp" in text and "--tmpfs /var/tmp" in text
+    assert text.index("--dev /dev") < text.index("--size 67108864 --perms 1777 --tmpfs /dev/shm")
     assert "--ro-bind /d/ro /h/alice/r" in text and "--bind /d/rw /h/alice/w" in text
     assert "--hostname alice-gpu" in text and "--unshare-pid" in text
     assert "--unshare-user" not in text[: text.index("setpriv")]  # the mounts are the host's
