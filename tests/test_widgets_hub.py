@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 import pytest
 import requests
 
-from tests.hubfixture import start_hub
+from tests.hubfixture import session_address, start_hub
 from tests.test_widgets_voila import NOTEBOOK, assert_rendered
 from widgets import FleetClient, GPUMonitor, QuotaMeter, SessionLauncher, Sessions, VFolderBrowser
 
@@ -255,6 +255,7 @@ def test_voila_renders_the_demo_inside_the_session_with_the_real_client(env):
     )
     assert r.status_code == 200, r.text[-2000:]
     assert_rendered(r.text, "the Voila page in the session")
-    # The real client, from the kernel's environment: the session's own server on the loopback.
-    assert "data from FleetClient(&#39;http://127.0.0.1:" in r.text and "/user/alice/work/&#39;)" in r.text
+    # The real client, from the kernel's environment: the session's own server, on its own address.
+    own = f"data from FleetClient(&#39;http://{session_address(state, 'alice', 'work')}:8888/user/alice/work/&#39;)"
+    assert own in r.text
     assert "project acme/ml; 1 session(s)" in r.text and "1 GPU(s)" in r.text
