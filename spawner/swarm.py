@@ -201,6 +201,11 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
         self.image = cfg.image
         if self.network_name == "host":
             # The server shares its node's interfaces: it listens on the node's address, on a port of its own.
+            self.log.warning(
+                "labfleet: %s runs on its node's network (SwarmSpawner.network_name = 'host'): it can reach "
+                "what listens on that node's loopback, the Hub's API and the labfleet service on the manager",
+                self._log_name,
+            )
             self.ip = cfg.address
             self.port = random_port()
         else:
