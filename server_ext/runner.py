@@ -6,6 +6,13 @@ next to the Lab: its output goes to a log file in the Lab's root folder (so the 
 browser while it runs) and to the server's own stdout (so the per-session log the spawner captures has it),
 and its life is recorded in ``<run dir>/runner.json``.
 
+An inference session that is a replica of a model-serving endpoint (the labfleet service answers its
+replica credential) runs its command behind an authenticating front (:mod:`server_ext.front`): the command
+listens on the session's loopback at a port of its own (``$PORT``), the front on the replica's port
+(``$LABFLEET_INFERENCE_PORT``) on every address of the session (``$LABFLEET_INFERENCE_HOST``, default
+``0.0.0.0``), and only calls with the credential (the endpoint's router) get through. The session's own
+``labfleet/inference/`` page calls the command on the loopback, behind the server's authentication.
+
 No tornado and no jupyter-server here: the extension (``server_ext.extension``) decides what happens when the
 command ends (stop the server with the command's exit code), the handlers only read :meth:`Runner.snapshot`.
 """
@@ -22,11 +29,13 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from .front import ReplicaFront, credential_source
 
 SESSION_TYPES = ("interactive", "batch", "inference")
 
@@ -122,6 +131,7 @@ class SessionEnv:
     run_dir: Path
     linger: float
     inference_port: str
+    inference_host: str = "0.0.0.0"  # where a replica's front listens (the command: the loopback)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> SessionEnv:
@@ -146,6 +156,7 @@ class SessionEnv:
             run_dir=Path(run_dir).expanduser(),
             linger=linger,
             inference_port=env.get("LABFLEET_INFERENCE_PORT", "").strip(),
+            inference_host=env.get("LABFLEET_INFERENCE_HOST", "").strip() or "0.0.0.0",
         )
 
 
@@ -171,7 +182,11 @@ class Runner:
         on_exit: Callable[[int], Any] | None = None,
         stdout: Any = None,
         log: logging.Logger | None = None,
+        replica_credential: Callable[[], Awaitable[str | None]] | None | bool = True,
     ) -> None:
+        """``replica_credential``: how an inference session learns that it is a replica, and its
+        credential (None: it is not); True (default): ask the labfleet service when this is a labfleet
+        session (:func:`server_ext.front.credential_source`); None or False: never a replica."""
         if session.type not in ("batch", "inference"):
             raise ValueError(f"no runner for session type {session.type!r}")
         self.session = session
@@ -184,7 +199,11 @@ class Runner:
         # None: the interpreter's stdout at the time of writing (pytest swaps it; a saved one goes stale).
         self._stdout = stdout
         self.log = log or logging.getLogger("labfleet.runner")
-        self.port: int | None = None
+        self.port: int | None = None  # where the command listens
+        self.front: ReplicaFront | None = None  # a replica's front, on the replica's port
+        if replica_credential is True:
+            replica_credential = credential_source(log=self.log) if session.type == "inference" else None
+        self._replica_credential = replica_credential or None
         self._ready = False  # the inference port has accepted a connection
         self._log_broken = False
         self.proc: asyncio.subprocess.Process | None = None
@@ -312,6 +331,7 @@ class Runner:
         self._finish()
 
     def _finish(self) -> None:
+        self._close_front()
         self._done.set()
         atexit.unregister(self._kill_at_exit)
         if self.on_exit is not None:
@@ -343,6 +363,8 @@ class Runner:
                     EXIT_BAD_COMMAND, f"LABFLEET_INFERENCE_PORT={self.session.inference_port!r} is bad: {e}"
                 )
                 return
+            if self._replica_credential is not None and not await self._start_front():
+                return
             env["PORT"] = str(self.port)
             # A plain replace, not str.format: shell command lines are full of braces (${VAR}, awk '{...}').
             command = command.replace("{port}", str(self.port))
@@ -371,12 +393,48 @@ class Runner:
         self._update(state="running", pid=self.proc.pid, started_at=_now())
         self._task = asyncio.create_task(self._watch())
 
+    async def _start_front(self) -> bool:
+        """A replica: the command moves to a loopback port of its own, the front takes the replica's port.
+        False when the session cannot serve (it has failed: no credential, the port taken)."""
+        assert self._replica_credential is not None and self.port is not None
+        try:
+            credential = await self._replica_credential()
+        except Exception as e:
+            self._fail(EXIT_BAD_COMMAND, f"cannot start the replica's front: {e}")
+            return False
+        if not credential:
+            return True  # a plain inference session: the command listens on its port itself
+        outer = self.port
+        front = ReplicaFront(credential, free_port(), log=self.log)
+        try:
+            await front.start(self.session.inference_host, outer)
+        except OSError as e:
+            self._fail(
+                EXIT_BAD_COMMAND,
+                f"the replica's front cannot listen on {self.session.inference_host}:{outer}: {e}",
+            )
+            return False
+        self.front, self.port = front, front.inner_port
+        self.state.update(front={"host": self.session.inference_host, "port": outer})
+        self.log.info(
+            "labfleet inference runner: replica front on %s:%s, the command on 127.0.0.1:%s",
+            self.session.inference_host,
+            outer,
+            self.port,
+        )
+        return True
+
+    def _close_front(self) -> None:
+        if self.front is not None:
+            self.front.close()  # connections are refused from now on: the router tries another replica
+
     async def _watch(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        proc = self.proc
+        proc, stdout = self.proc, self.proc.stdout if self.proc is not None else None
+        assert proc is not None and stdout is not None
         with self._open_log() as logf:
-            pump = asyncio.create_task(self._pump(proc.stdout, logf))
+            pump = asyncio.create_task(self._pump(stdout, logf))
             returncode = await proc.wait()
+            self._close_front()
             try:
                 # The rest of the output; a background child still holding the pipe open is not waited for.
                 await asyncio.wait_for(asyncio.shield(pump), _DRAIN_TIMEOUT)

@@ -410,6 +410,9 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             )
             if not self.session_service_url:
                 env["LABFLEET_SERVICE_URL"] = net.hub_url + urlparse(self.service_url).path
+        else:
+            # On the host's network a replica's front listens on the loopback only, as replicas did.
+            env.setdefault("LABFLEET_INFERENCE_HOST", "127.0.0.1")
         return env
 
     def lf_runtime(self) -> dict[str, Any] | None:

@@ -171,6 +171,8 @@ MATRIX = [
         _row(401, 202, 403, 403, 403, 403, 403),  # alice's starts a Hub server for it
     ),
     ("GET", "/sessions/{alice_session}", None, _row(401, 200, 404, 200, 404, 200, 200)),
+    # A replica's credential: its own session (the owner) and the Hub only; this one is no replica.
+    ("GET", "/sessions/{alice_session}/replica-credential", None, _row(401, 200, 404, 404, 404, 404, 404)),
     ("PATCH", "/sessions/{alice_session}", {"status": "RUNNING"}, _row(401, 403, 404, 403, 404, 403, 403)),
     ("DELETE", "/sessions/{alice_session}", None, _row(401, 200, 404, 200, 404, 403, 200)),
     ("GET", "/scheduler/queue", None, _row(401, 200, 200, 200, 200, 200, 200)),

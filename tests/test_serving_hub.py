@@ -1,14 +1,19 @@
 """Model serving against the real Hub (local backend, mock GPUs): an endpoint of 2 replicas at a quarter
 of a GPU each, every replica an inference session of its owner started through the Hub, answers through
-one URL from both; tokens; a killed replica is replaced while calls keep succeeding; server-sent events
-stream through; scale down; delete; another domain sees nothing; bad model definitions start nothing;
-the Model Store shows a project's model folders with their README and model to its members only."""
+one URL from both; tokens; a replica refuses every call without its credential, from the host and from
+another tenant's session, and the credential shows in no log, page or option; a killed replica is
+replaced while calls keep succeeding; server-sent events stream through; scale down; delete; another
+domain sees nothing; bad model definitions start nothing; the Model Store shows a project's model
+folders with their README and model to its members only."""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +22,8 @@ import requests
 from tornado import websocket
 from tornado.httpclient import HTTPClientError, HTTPRequest
 
-from tests.hubfixture import start_hub
+from hub_ext.serving.credentials import HEADER, PROBE_HEADER
+from tests.hubfixture import SESSION_NETWORK, in_session, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -92,6 +98,8 @@ class H(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
+        if self.path == "/headers":
+            return self._json({"replica": NAME, "headers": list(self.headers)})
         self._json({"replica": NAME, "port": os.environ.get("PORT"), "host": os.environ.get("HOST"),
                     "path": self.path, "auth": self.headers.get("Authorization"), "cwd": os.getcwd()})
 
@@ -136,13 +144,15 @@ def env(tmp_path_factory):
         ("POST", "/domains", {"name": "acme", "total_resource_slots": {"gpu.shares": 2}}),
         ("POST", "/domains", {"name": "other"}),
         ("POST", "/projects", {"domain": "acme", "name": "ml", "total_resource_slots": {"gpu.shares": 1}}),
+        ("POST", "/projects", {"domain": "other", "name": "play"}),
         ("POST", "/users", {"username": "alice", "domain": "acme", "projects": ["ml"]}),
-        ("POST", "/users", {"username": "eve", "domain": "other"}),
+        ("POST", "/users", {"username": "eve", "domain": "other", "projects": ["play"]}),
     ]:
         r = hub.api(method, path, root, json=body)
         assert r.status_code == 201, (path, r.text)
     tokens = {name: hub.wait_token(name) for name in ("alice", "eve")}
     yield hub, state, tokens
+    hub.hub_api("DELETE", "/users/eve/servers/peek")
     for name in ("echo", "bad"):
         hub.api("DELETE", f"/endpoints/{name}", tokens["alice"])
     time.sleep(2)
@@ -183,7 +193,7 @@ def _endpoint(hub, token, name="echo"):
 
 def _call(hub, url, token, path="whoami", **kw):
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return requests.get(f"{hub.url}{url}{path}", headers=headers, timeout=30, **kw)
+    return requests.get(f"{hub.url}{url}{path}", headers=headers | kw.pop("headers", {}), timeout=30, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -237,9 +247,24 @@ def test_two_quarter_gpu_replicas_answer_through_one_url(env, deployed):
         assert r.status_code == 200, r.text
         body = r.json()
         seen.add(body["replica"])
-        # The model got the path and query, $PORT and $HOST, ran in its folder; the token stayed with the router.
+        # The model got the path and query, $PORT and $HOST (its session's loopback, behind the front),
+        # ran in its folder; the token stayed with the router, the replica credential with the front.
         assert body["path"] == "/whoami?x=1" and body["host"] == "127.0.0.1" and body["auth"] is None
         assert body["cwd"].endswith("/vfolders/echo-model")
+        assert body["port"] != str(_address(next(x for x in routes if x["server"] == body["replica"]))[1])
+    for _ in range(2):
+        # A caller's own replica headers are dropped, and the router's credential stops at the front.
+        named = _call(
+            hub, ep["url"], token, "headers", headers={HEADER: "lfrc_forged", PROBE_HEADER: "connect"}
+        )
+        assert named.status_code == 200, named.text
+        assert not [h for h in named.json()["headers"] if h.lower().startswith("x-labfleet-replica")], (
+            named.text
+        )
+    if SESSION_NETWORK:
+        # Each replica is called at its session's own address, on the test's bridge.
+        subnet = ipaddress.ip_network(SESSION_NETWORK["LABFLEET_SESSION_SUBNET"])
+        assert all(ipaddress.ip_address(_address(r)[0]) in subnet for r in routes), routes
     assert seen == {r["server"] for r in routes}
     post = requests.post(
         f"{hub.url}{ep['url']}echo", data=b"ping", headers={"Authorization": f"Bearer {token}"}, timeout=30
@@ -322,17 +347,165 @@ def test_websockets_pass_through(env, deployed):
     assert e.value.code == 401
 
 
-def _pids_of(port: int) -> list[int]:
+def _address(route) -> tuple[str, int]:
+    host, port = route["address"].rsplit(":", 1)
+    return host, int(port)
+
+
+_DIRECT = requests.Session()
+_DIRECT.trust_env = False  # straight to the replica, whatever proxy the environment names
+
+
+def _direct(host: str, port: int, headers=None, path="whoami"):
+    return _DIRECT.get(f"http://{host}:{port}/{path}", headers=headers or {}, timeout=10)
+
+
+# Run inside another session's network namespace as the session account: each URL's status, or the
+# error that stopped it (unreachable, refused, timed out).
+PEEK = r"""
+import json, sys, urllib.error, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+out = []
+for url, headers in json.loads(sys.argv[1]):
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=3) as r:
+            out.append(r.status)
+    except urllib.error.HTTPError as e:
+        out.append(e.code)
+    except Exception as e:
+        out.append(type(getattr(e, "reason", e)).__name__)
+print(json.dumps(out))
+"""
+
+
+def _from_session(state, user: str, server: str, targets) -> list:
+    """``targets`` ([(url, headers)]) called from inside ``user``'s session ``server``: its network
+    namespace and its unprivileged account, as its own code would."""
+    out = subprocess.run(
+        in_session(state, user, server, ["/usr/bin/python3", "-c", PEEK, json.dumps(targets)]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_replica_refuses_calls_without_its_credential(env, deployed):
+    hub, state, tokens = env
+    ep, token, _ = deployed
+    root = hub.wait_token("root")
+    routes = [r for r in _endpoint(hub, tokens["alice"])["routes"] if r["status"] == "RUNNING"]
+    assert len(routes) == 2
+    creds = {}
+    for r in routes:
+        # The credential goes to the replica's own session (its owner's token) and the Hub, nobody else.
+        path = f"/sessions/{r['session_id']}/replica-credential"
+        mine = hub.api("GET", path, tokens["alice"])
+        assert mine.status_code == 200 and mine.headers["Cache-Control"] == "no-store", mine.text
+        got = mine.json()
+        assert (got["replica"], got["endpoint"], got["route"], got["header"]) == (
+            True,
+            "echo",
+            r["id"],
+            HEADER,
+        )
+        assert hub.api("GET", path, hub.service_token).json()["credential"] == got["credential"]
+        for other in (tokens["eve"], root):
+            assert hub.api("GET", path, other).status_code == 404
+        creds[r["id"]] = got["credential"]
+    assert len(set(creds.values())) == 2  # one per replica
+
+    # From the host, straight at a replica's port: 401 without the credential, with a wrong one, with
+    # the other replica's, or with the endpoint's own token; the model is never reached.
+    (a, b) = routes
+    host, port = _address(a)
+    for headers in (
+        {},
+        {HEADER: "lfrc_" + "A" * 43},
+        {HEADER: creds[b["id"]]},
+        {"Authorization": f"Bearer {token}"},
+        {PROBE_HEADER: "connect"},
+    ):
+        r = _direct(host, port, headers)
+        assert r.status_code == 401, (headers, r.text)
+        assert r.json()["message"].startswith("this is a replica of a model-serving endpoint")
+    # With its credential it answers (what the router sends), and the model never sees the credential.
+    r = _direct(host, port, {HEADER: creds[a["id"]]})
+    assert r.status_code == 200 and r.json()["replica"] == a["server"]
+    named = _direct(host, port, {HEADER: creds[a["id"]]}, path="headers").json()["headers"]
+    assert not [h for h in named if h.lower().startswith("x-labfleet-replica")], named
+    if SESSION_NETWORK:
+        # The model itself listens on its session's loopback: not reachable at the session's address.
+        inner = int(r.json()["port"])
+        assert inner != port
+        with pytest.raises(requests.ConnectionError):
+            _direct(host, inner)
+
+        # From another tenant's session (eve's, in domain `other`): the replica cannot even be reached,
+        # its own credential included; the host's loopback is not the session's.
+        assert hub.hub_api("POST", "/users/eve/servers/peek", json={"project": "other/play", "cpu": 0.25}).ok
+        _wait(
+            "eve's session ready",
+            lambda: (hub.hub_api("GET", "/users/eve").json()["servers"].get("peek") or {}).get("ready"),
+            timeout=90,
+            hub=hub,
+        )
+        url = f"http://{host}:{port}/whoami"
+        got = _from_session(
+            state,
+            "eve",
+            "peek",
+            [
+                [url, {}],
+                [url, {HEADER: "lfrc_" + "A" * 43}],
+                [url, {HEADER: creds[a["id"]]}],
+                [f"http://127.0.0.1:{port}/whoami", {HEADER: creds[a["id"]]}],
+            ],
+        )
+        print(f"calls from eve's session: {got}")
+        assert all(g == 401 or isinstance(g, str) for g in got), got  # refused or unreachable: never 200
+        assert hub.hub_api("DELETE", "/users/eve/servers/peek").status_code in (202, 204)
+
+    # The credential is in no log (the Hub's, the service's, the sessions'), no page and no option.
+    seen = [hub.log_text()]
+    for r in routes:
+        seen.append(hub.api("GET", f"/sessions/{r['session_id']}/logs", tokens["alice"]).text)
+        seen.append(hub.api("GET", f"/sessions/{r['session_id']}", tokens["alice"]).text)
+        page = requests.get(
+            f"{hub.url}/user/alice/{r['server']}/labfleet/session",
+            headers={"Authorization": f"token {tokens['alice']}"},
+            timeout=30,
+        )
+        assert page.status_code == 200, page.text
+        seen.append(page.text)
+        for pid in _pids_of(r["server"]):
+            seen.append(Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace"))
+    seen.append(json.dumps(hub.hub_api("GET", "/users/alice").json()))  # user_options, as the Hub shows them
+    seen += [hub.api("GET", "/endpoints/echo", who).text for who in (tokens["alice"], root)]
+    home = state / "homes" / "alice"
+    seen += [
+        p.read_text(errors="replace") for p in home.rglob("*") if p.is_file() and p.stat().st_size < 1 << 20
+    ]
+    for c in creds.values():
+        assert not [i for i, text in enumerate(seen) if c in text]
+
+
+def _pids_of(server: str) -> list[int]:
+    """The model's processes of one replica (its Hub server's name in their environment)."""
     out = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
             args = (p / "cmdline").read_bytes().split(b"\0")
+            if b"server.py" in args and f"JUPYTERHUB_SERVER_NAME={server}".encode() in (
+                p / "environ"
+            ).read_bytes().split(b"\0"):
+                out.append(int(p.name))
         except OSError:
             continue
-        if b"server.py" in args and str(port).encode() in args:
-            out.append(int(p.name))
     return out
 
 
@@ -341,7 +514,7 @@ def test_a_killed_replica_is_replaced_while_calls_keep_succeeding(env, deployed)
     _, token, _ = deployed
     ep = _endpoint(hub, tokens["alice"])
     victim = next(r for r in ep["routes"] if r["status"] == "RUNNING")
-    pids = _pids_of(int(victim["address"].rsplit(":", 1)[1]))
+    pids = _pids_of(victim["server"])
     assert pids, victim
     for pid in pids:
         os.kill(pid, signal.SIGKILL)

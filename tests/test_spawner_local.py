@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.hubfixture import start_hub
+from tests.hubfixture import SESSION_NETWORK, session_address, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -344,6 +345,24 @@ def test_inference_endpoint_through_the_proxy_shared_with_a_scoped_token(env):
         url, headers={"Authorization": f"token {tokens['bob']}"}, timeout=30, allow_redirects=False
     )
     assert denied.status_code in (302, 403), denied.status_code
+    # A plain inference session is no endpoint's replica: the service says so to its owner (404 to anyone
+    # else), and its command runs without a replica front, on the port it was given.
+    (sid,) = [x["id"] for x in _sessions(hub, tokens["alice"], status="RUNNING") if x["name"] == "infer"]
+    cred = hub.api("GET", f"/sessions/{sid}/replica-credential", tokens["alice"])
+    assert cred.status_code == 200 and cred.json()["replica"] is False and cred.json()["credential"] is None
+    assert hub.api("GET", f"/sessions/{sid}/replica-credential", tokens["bob"]).status_code == 404
+    runner = requests.get(
+        f"{hub.url}/user/alice/infer/labfleet/runner",
+        headers={"Authorization": f"token {shared}"},
+        timeout=30,
+    ).json()
+    assert "front" not in runner and runner["port"], runner
+    if SESSION_NETWORK:
+        # It listens on its session's loopback: not even the host reaches it at the session's address.
+        with pytest.raises(OSError):
+            socket.create_connection(
+                (session_address(state, "alice", "infer"), runner["port"]), timeout=5
+            ).close()
     assert hub.hub_api("DELETE", "/users/alice/servers/infer").status_code in (202, 204)
 
 

@@ -362,15 +362,20 @@ def test_a_replica_on_node_2_answers_through_the_endpoints_url(env, nodes, engin
         timeout=30,
     )
     assert answer.status_code == 200, answer.text
+    # The model listens on its session's loopback at a port of its own, behind the replica's front,
+    # which listens on the node's addresses at the route's port (server_ext/front.py).
     port = route["address"].rsplit(":", 1)[1]
+    assert answer.json()["port"] != port
     assert answer.json() | {"auth": None} == {
         "replica": "far-r1",
-        "port": port,
-        "host": "0.0.0.0",
+        "port": answer.json()["port"],
+        "host": "127.0.0.1",
         "path": "/hello",
         "auth": None,
         "cwd": answer.json()["cwd"],
     }
+    denied = requests.get(f"http://{route['address']}/hello", timeout=30)
+    assert denied.status_code == 401, denied.text  # straight at the replica: no credential, no model
     # The session's own inference page proxies the same port on its loopback.
     page = requests.get(
         f"{hub.url}/user/alice/far-r1/labfleet/inference/health",

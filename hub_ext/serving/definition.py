@@ -20,10 +20,12 @@ The subset::
             expected_status_code: 200
             initial_delay: 60.0
 
-Replicas share their node's network, so each gets a port of its own: ``$PORT`` (and ``$HOST``) say
-which. A list ``start_command`` whose argument is exactly the definition's ``port`` gets the replica's
-port there instead, so Backend.AI definitions that name their port run unchanged; ``{port}`` in a
-command is replaced too.
+A replica's command listens on its session's loopback, ``$HOST`` (127.0.0.1), at ``$PORT``, a port the
+session's runner picks; the runner's authenticating front (:mod:`server_ext.front`) listens on the
+replica's own port (where the router calls it) and passes on only the calls that carry the replica's
+credential. A list ``start_command`` whose argument is exactly the definition's ``port`` gets ``$PORT``
+there instead, so Backend.AI definitions that name their port run unchanged; ``{port}`` in a command
+is replaced too.
 """
 
 from __future__ import annotations
@@ -279,14 +281,19 @@ def check_env(value: Any) -> dict[str, str]:
     return out
 
 
-def command_line(service: ModelService, *, port: int) -> str:
-    """The start command as one shell line, with the replica's ``port`` where the definition named its own."""
+# In a replica's command, where the session's runner puts the port the command listens on.
+PORT_PLACEHOLDER = "{port}"
+
+
+def command_line(service: ModelService, *, port: int | str) -> str:
+    """The start command as one shell line, with ``port`` where the definition named its own (the
+    replica's port, or :data:`PORT_PLACEHOLDER` for the session's runner to fill in)."""
+    value = str(port)
     if isinstance(service.start_command, str):
-        return service.start_command.replace("{port}", str(port))
-    args = [
-        str(port) if a == str(service.port) else a.replace("{port}", str(port)) for a in service.start_command
-    ]
-    return shlex.join(args)
+        return service.start_command.replace("{port}", value)
+    args = [value if a == str(service.port) else a.replace("{port}", value) for a in service.start_command]
+    # The placeholder stands alone unquoted: the runner replaces it with digits.
+    return " ".join(a if a == PORT_PLACEHOLDER else shlex.quote(a) for a in args)
 
 
 def _action_line(action: Mapping[str, Any]) -> str:
@@ -302,24 +309,23 @@ def _action_line(action: Mapping[str, Any]) -> str:
     return f"echo {shlex.quote('[model] ' + args['message'])}"
 
 
-# Where a replica listens: the spawner says where its node wants it (a Swarm node's replicas listen on
-# every interface of the node, so the router reaches them at the node's address and the session's own
-# inference page at its loopback); else the loopback, where the router runs on the same host.
-HOST_LINE = 'HOST="${LABFLEET_INFERENCE_HOST:-127.0.0.1}"'
+# Where a replica's command listens: the session's loopback, behind its runner's front. The front
+# listens where the router reaches the replica (every address of the session, or what the spawner
+# says in $LABFLEET_INFERENCE_HOST); the command never does.
+HOST_LINE = "HOST=127.0.0.1"
 
 
-def replica_command(
-    service: ModelService, *, folder: str, port: int, env: Mapping[str, str] | None = None
-) -> str:
-    """What a replica's inference session runs: ``$PORT`` and ``$HOST`` set, the endpoint's env, then
-    in the mounted model folder the pre-start actions (any failing stops the replica) and the command."""
-    lines = ["set -e", f"export PORT={int(port)} {HOST_LINE}"]
+def replica_command(service: ModelService, *, folder: str, env: Mapping[str, str] | None = None) -> str:
+    """What a replica's inference session runs: ``$HOST`` set (the runner sets ``$PORT`` and puts it
+    where the command had its port), the endpoint's env, then in the mounted model folder the pre-start
+    actions (any failing stops the replica) and the command."""
+    lines = ["set -e", f"export {HOST_LINE}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())]
     lines.append(f'cd "${{LABFLEET_VFOLDER_DIR:-$HOME/vfolders}}"/{shlex.quote(folder)}')
     lines += [_action_line(a) for a in service.pre_start_actions]
     lines.append(
-        "exec " + command_line(service, port=port)
+        "exec " + command_line(service, port=PORT_PLACEHOLDER)
         if not isinstance(service.start_command, str)
-        else command_line(service, port=port)
+        else command_line(service, port=PORT_PLACEHOLDER)
     )
     return "\n".join(lines)

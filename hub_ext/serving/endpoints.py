@@ -228,7 +228,7 @@ def create(
         probe = ServingEndpoint(
             name=name, project=project, vfolder_id=folder.id, slots=slots, image=image, resource_group=group
         )
-        command = definition.replica_command(service, folder=folder.name, port=service.port, env=env)
+        command = definition.replica_command(service, folder=folder.name, env=env)
         # Any valid port: the dry run checks the request and places nothing (each replica gets its own).
         check = launch_body(probe, user.username, f"{name}-r0", command, sessions.PORTS[0])
         project_ref = project.full_name
@@ -402,6 +402,36 @@ def verify_token(db: Session, endpoint_id: str, plain: str) -> ServingToken | No
     if t.expires_at is not None and t.expires_at <= _now():
         return None
     return t if passwords.verify_password(parsed[1], t.token_hash) else None
+
+
+def replica_route(db: Session, actor: Actor, session_id: str) -> ServingRoute | None:
+    """The replica (route) that session ``session_id`` is, for its owner and the Hub (None: the session
+    is no endpoint's replica); NotFound for anyone else (who learns nothing, not even that the session
+    exists).
+
+    A replica is the inference session of the endpoint's owner with the route's server name, started
+    after the route was made (a later route of that name is another replica)."""
+    s = sessions.readable(db, actor, session_id) if isinstance(session_id, str) else None
+    if s is None:
+        raise NotFound(f"no session {session_id!r:.70}")
+    if not (actor.kind == "hub" or (actor.kind == "user" and actor.name == s.user.username)):
+        raise NotFound(f"no session {session_id!r:.70}")  # not even the owner's admin: it is the key
+    if s.type != "inference" or not s.name:
+        return None
+    r = db.scalars(
+        select(ServingRoute)
+        .join(ServingEndpoint)
+        .where(
+            ServingEndpoint.user_id == s.user_id,
+            ServingRoute.server == s.name,
+            ServingRoute.created_at <= s.created_at,
+        )
+        .order_by(ServingRoute.id.desc())
+        .limit(1)
+    ).first()
+    if r is None or (r.session_id is not None and r.session_id != s.id):
+        return None
+    return r
 
 
 # ---------------------------------------------------------------- views

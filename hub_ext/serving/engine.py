@@ -14,6 +14,11 @@ Each tick (``LABFLEET_SERVING_INTERVAL`` seconds, 2 by default, and at once afte
 4. then asks the Hub to start and to stop (and remove) servers, and rebuilds the routing table that
    :mod:`hub_ext.serving.router` reads: per endpoint, the replicas that carry traffic, and its tokens.
 
+A replica is called at its session's own address when the spawner reported one (a session with a
+network of its own: ``runtime["address"]``), else at its node's address label, else on the loopback;
+every call (the router's, the health checks) carries the replica's credential
+(:mod:`hub_ext.serving.credentials`), which the replica's front demands.
+
 A replica is a named Hub server of the endpoint's owner (``<endpoint>-r<route id>``) started with the
 spawn options of an inference session: the Hub's spawner asks this service for admission and
 placement like any other session, so quotas count it and fractions of a GPU are allowed.
@@ -43,7 +48,8 @@ from hub_ext.compute import sessions
 from hub_ext.core import http
 from hub_ext.core.db import session_scope
 from hub_ext.core.models import ComputeSession, ServingEndpoint, ServingRoute, ServingToken
-from hub_ext.serving import definition, endpoints
+from hub_ext.core.secretbox import load_key
+from hub_ext.serving import credentials, definition, endpoints
 from hub_ext.usage import serving as serving_usage
 
 LOCAL_HOST = "127.0.0.1"
@@ -76,6 +82,18 @@ def replica_host(node_labels: Mapping[str, Any] | None) -> str:
         return address if _HOSTNAME.match(address) else LOCAL_HOST
 
 
+def replica_address(runtime: Mapping[str, Any] | None, node_labels: Mapping[str, Any] | None) -> str:
+    """Where the router reaches a replica: the address its session reported (a network of its own:
+    a local session's namespace, a container on a bridge), else :func:`replica_host`."""
+    address = (runtime or {}).get("address")
+    if isinstance(address, str) and address:
+        try:
+            return str(ipaddress.ip_address(address))
+        except ValueError:
+            pass  # the service checks what it stores; an odd value is not routed to
+    return replica_host(node_labels)
+
+
 def free_port(taken: set[int], host: str = LOCAL_HOST) -> int:
     """A port nobody listens on now and no other replica was given."""
     for _ in range(50):
@@ -101,6 +119,7 @@ class Replica:
     port: int
     outstanding: int = 0  # requests in flight through the router
     down: bool = False  # refused a connection: out of rotation until a health check passes
+    credential: str = ""  # what the replica's front demands (hub_ext.serving.credentials)
 
 
 @dataclass
@@ -165,6 +184,7 @@ class ServingEngine:
         *,
         interval: float = 2.0,
         poke: Callable[[], None] | None = None,
+        secret_key: bytes | None = None,
     ) -> None:
         self.session_factory = session_factory
         self.hub = hub
@@ -179,6 +199,9 @@ class ServingEngine:
         self._start_errors: dict[int, str] = {}
         self._next_check: dict[int, float] = {}  # route id -> monotonic time of its next health check
         self._down: set[int] = set()  # routes that refused the router, until a health check passes
+        # Replica credentials are derived from the service's secret key ($LABFLEET_SECRET_KEY or its file).
+        self._credential_key = credentials.derive_key(secret_key if secret_key is not None else load_key())
+        self._credentials: dict[tuple[str, int], str] = {}
 
     @classmethod
     def attach(cls, app: Any) -> ServingEngine:
@@ -191,6 +214,18 @@ class ServingEngine:
         return engine
 
     # ------------------------------------------------------------ router side
+
+    def credential(self, endpoint_id: str, route_id: int) -> str:
+        """The credential of a replica: sent by the router and the health checks, demanded by its front."""
+        key = (endpoint_id, route_id)
+        found = self._credentials.get(key)
+        if found is None:
+            if len(self._credentials) > 10_000:
+                self._credentials.clear()
+            found = self._credentials[key] = credentials.credential(
+                self._credential_key, endpoint_id, route_id
+            )
+        return found
 
     def count(self, endpoint_id: str, token_id: int | None, ms: float, error: bool) -> None:
         now = _now()
@@ -272,7 +307,16 @@ class ServingEngine:
                     if r.status == "RUNNING" and r.traffic == "ACTIVE":
                         prev = before.get(r.id)
                         outstanding = prev.outstanding if prev is not None else 0
-                        replicas.append(Replica(r.id, r.host, r.port, outstanding, down=r.id in self._down))
+                        replicas.append(
+                            Replica(
+                                r.id,
+                                r.host,
+                                r.port,
+                                outstanding,
+                                down=r.id in self._down,
+                                credential=self.credential(e.id, r.id),
+                            )
+                        )
                 tokens = {
                     t.id: TokenEntry(t.id, t.rate_limit, t.expires_at.timestamp() if t.expires_at else None)
                     for t in e.tokens
@@ -293,7 +337,7 @@ class ServingEngine:
     # ------------------------------------------------------------ health
 
     async def _probe_due(self, states: dict[str, dict[str, str] | None]) -> dict[int, _Probe]:
-        due: list[tuple[int, str, int, definition.HealthCheck | None]] = []
+        due: list[tuple[int, str, int, definition.HealthCheck | None, str]] = []
         mono = time.monotonic()
         with session_scope(self.session_factory) as db:
             rows = db.scalars(
@@ -314,39 +358,43 @@ class ServingEngine:
                         delay -= (_now() - r.ready_at).total_seconds()
                     nxt = self._next_check[r.id] = mono + max(0.0, delay)
                 if nxt <= mono:
-                    due.append((r.id, r.host, r.port, hc))
+                    due.append((r.id, r.host, r.port, hc, self.credential(r.endpoint_id, r.id)))
         results = await asyncio.gather(*(self._probe(*d) for d in due))
-        for (rid, _h, _p, hc), _res in zip(due, results, strict=True):
+        for (rid, _h, _p, hc, _c), _res in zip(due, results, strict=True):
             self._next_check[rid] = time.monotonic() + (hc.interval if hc is not None else self.interval)
         return {p.route_id: p for p in results}
 
-    async def _probe(self, route_id: int, host: str, port: int, hc: definition.HealthCheck | None) -> _Probe:
+    async def _probe(
+        self, route_id: int, host: str, port: int, hc: definition.HealthCheck | None, credential: str
+    ) -> _Probe:
+        """One health check, with the replica's credential. Without a ``health_check`` in the definition:
+        whether the command accepts connections, as the replica's front answers it (a connect to the
+        front alone would say nothing of the command behind it)."""
+        headers = {credentials.HEADER: credential}
         if hc is None:
-            try:
-                _r, w = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
-            except (OSError, asyncio.TimeoutError) as e:
-                return _Probe(
-                    route_id, False, f"nothing accepts connections on {host}:{port} ({e or 'timeout'})"
-                )
-            w.close()
-            return _Probe(route_id, True)
+            headers[credentials.PROBE_HEADER] = "connect"
+        path, expected, wait = (hc.path, hc.expected_status_code, hc.max_wait_time) if hc else ("/", 204, 5.0)
+        what = f"health check GET {path}" if hc is not None else f"connect check of {host}:{port}"
         req = HTTPRequest(
-            f"http://{host}:{port}{hc.path}",
-            connect_timeout=hc.max_wait_time,
-            request_timeout=hc.max_wait_time,
+            f"http://{host}:{port}{path}",
+            headers=headers,
+            connect_timeout=wait,
+            request_timeout=wait,
             follow_redirects=False,
         )
         try:
             resp = await AsyncHTTPClient().fetch(req, raise_error=False)
         except Exception as e:  # a refused connection is raised, not answered
-            return _Probe(route_id, False, f"health check GET {hc.path} failed: {e}")
-        if resp.code == hc.expected_status_code:
+            return _Probe(route_id, False, f"{what} failed: {e}")
+        if resp.code == expected:
             return _Probe(route_id, True)
         if resp.code == 599:
-            return _Probe(route_id, False, f"health check GET {hc.path} failed: {resp.error}")
-        return _Probe(
-            route_id, False, f"health check GET {hc.path} answered {resp.code}, not {hc.expected_status_code}"
-        )
+            return _Probe(route_id, False, f"{what} failed: {resp.error}")
+        if resp.headers.get(credentials.REFUSED_HEADER):
+            return _Probe(route_id, False, f"{what}: nothing accepts connections behind the replica's front")
+        if resp.code == 401:
+            return _Probe(route_id, False, f"{what}: the replica refused its credential (401)")
+        return _Probe(route_id, False, f"{what} answered {resp.code}, not {expected}")
 
     # ------------------------------------------------------------ one endpoint
 
@@ -390,8 +438,12 @@ class ServingEngine:
                 r.status, r.ready_at = "RUNNING", now
                 session = self._session(db, e, r)
                 r.session_id = session.id if session is not None else None
-                # On another node (a Swarm node's address label), the router calls it there.
-                r.host = replica_host(session.node.labels if session is not None and session.node else None)
+                # In a network of its own (the session's address), or on another node (a Swarm node's
+                # address label), the router calls it there.
+                r.host = replica_address(
+                    session.runtime if session is not None else None,
+                    session.node.labels if session is not None and session.node else None,
+                )
             probe = probes.get(r.id)
             if probe is None:
                 continue
@@ -441,9 +493,7 @@ class ServingEngine:
                 e.routes.append(r)
                 db.flush()
                 r.server = f"{e.name}-r{r.id}"
-                command = definition.replica_command(
-                    service, folder=e.folder_name, port=port, env=e.env or {}
-                )
+                command = definition.replica_command(service, folder=e.folder_name, env=e.env or {})
                 body = endpoints.launch_body(e, owner, r.server, command, port)
                 try:
                     options = sessions.launch_options(sessions.parse_request(body))

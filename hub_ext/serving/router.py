@@ -8,6 +8,11 @@ rotation and the request goes to the next one; the answer streams back as it com
 events arrive piece by piece); a websocket is bridged to one replica's, message by message.
 Requests, errors and latency are counted per endpoint and per token.
 
+Every call to a replica carries that replica's credential (``X-Labfleet-Replica-Credential``, see
+:mod:`hub_ext.serving.credentials`): its front refuses anything else with 401, so the router is the only
+way in. A caller's own ``X-Labfleet-Replica-*`` headers are dropped. The front's 502 that says its
+command refused the connection (``X-Labfleet-Replica-Refused``) counts as a refused connection.
+
 :func:`choose` is the pure part; :class:`ServeHandler` the tornado handler (the service's routes list
 it). The routing table is the engine's (:mod:`hub_ext.serving.engine`), rebuilt at every tick.
 """
@@ -30,7 +35,7 @@ from hub_ext.core import passwords
 from hub_ext.core.db import session_scope
 from hub_ext.core.models import ServingToken
 from hub_ext.core.signing import RateLimiter
-from hub_ext.serving import endpoints
+from hub_ext.serving import credentials, endpoints
 from hub_ext.serving.engine import Entry, Replica, ServingEngine, token_key
 
 POLICIES = ("round_robin", "least_outstanding")
@@ -52,6 +57,8 @@ HOP_BY_HOP = frozenset(
 CONNECT_TIMEOUT = 5.0
 REQUEST_TIMEOUT = 600.0
 BAD_TOKEN_MEMORY = 30.0  # seconds a wrong token is answered 401 without hashing it again
+
+_REPLICA_HEADERS = "x-labfleet-replica-"  # the router's own to the replica: never a caller's
 
 _client: AsyncHTTPClient | None = None
 _limiter = RateLimiter(window=60)
@@ -91,6 +98,17 @@ def _refused(error: BaseException | None) -> bool:
     return isinstance(real, ConnectionRefusedError) or (
         isinstance(real, OSError) and real.errno == errno.ECONNREFUSED
     )
+
+
+def _front_refused(headers: Any, status: int) -> bool:
+    """Whether an answer is the replica front's "my command refused the connection" (nothing was sent
+    to the model: safe to retry elsewhere, like a refused connection)."""
+    return status == 502 and headers is not None and bool(headers.get(credentials.REFUSED_HEADER))
+
+
+def replica_url(scheme: str, replica: Replica, path: str, query: str) -> str:
+    host = f"[{replica.host}]" if ":" in replica.host else replica.host
+    return f"{scheme}://{host}:{replica.port}/{path}{query}"
 
 
 def _http_client() -> AsyncHTTPClient:
@@ -226,7 +244,9 @@ class ServeHandler(websocket.WebSocketHandler):
         out = httputil.HTTPHeaders()
         for k, v in self.request.headers.get_all():
             lk = k.lower()
-            if lk in HOP_BY_HOP or (lk == "authorization" and not entry.open_to_public):
+            if lk in HOP_BY_HOP or lk.startswith(_REPLICA_HEADERS):
+                continue
+            if lk == "authorization" and not entry.open_to_public:
                 continue
             out.add(k, v)
         prior = self.request.headers.get("X-Forwarded-For")
@@ -280,9 +300,11 @@ class ServeHandler(websocket.WebSocketHandler):
                 self._answer(503, f"endpoint {name} has no healthy replica to answer", Retry_After="2")
                 return 503
             tried.add(replica.route_id)
+            attempt = headers.copy()  # each replica its own credential (and Host)
+            attempt[credentials.HEADER] = replica.credential
             req = HTTPRequest(
-                f"ws://{replica.host}:{replica.port}/{path}{query}",
-                headers=headers,
+                replica_url("ws", replica, path, query),
+                headers=attempt,
                 connect_timeout=CONNECT_TIMEOUT,
                 request_timeout=CONNECT_TIMEOUT,
             )
@@ -292,7 +314,10 @@ class ServeHandler(websocket.WebSocketHandler):
                 )
                 break
             except Exception as e:
-                if _refused(e):
+                response = getattr(e, "response", None)
+                if _refused(e) or (
+                    response is not None and _front_refused(response.headers, getattr(e, "code", 0))
+                ):
                     engine.refused(replica)
                     continue
                 self._answer(502, f"replica {replica.route_id} of {name} refused the websocket: {e}")
@@ -362,6 +387,9 @@ class ServeHandler(websocket.WebSocketHandler):
             elif line in ("\r\n", "\n"):
                 if not state.get("headers") and state["status"] == 0:
                     return
+                if _front_refused(httputil.HTTPHeaders(state["headers"]), state["status"]):
+                    state["refused"] = True  # nothing reached the model: the next replica answers
+                    return
                 state["started"] = True
                 self._copy_headers(state["headers"], keep_length=True)
                 self.set_status(
@@ -372,6 +400,8 @@ class ServeHandler(websocket.WebSocketHandler):
                 state["headers"].append((k.strip(), v.strip()))
 
         def on_chunk(chunk: bytes) -> None:
+            if state.get("refused"):
+                return
             self.write(chunk)
             self.flush()
 
@@ -381,10 +411,14 @@ class ServeHandler(websocket.WebSocketHandler):
             if replica is None:
                 break
             tried.add(replica.route_id)
+            attempt = headers.copy()  # each replica its own credential (and Host)
+            attempt[credentials.HEADER] = replica.credential
+            state.clear()
+            state.update(started=False, status=0)
             req = HTTPRequest(
-                f"http://{replica.host}:{replica.port}/{path}{query}",
+                replica_url("http", replica, path, query),
                 method=method,
-                headers=headers,
+                headers=attempt,
                 body=body,
                 header_callback=on_header,
                 streaming_callback=on_chunk,
@@ -407,7 +441,9 @@ class ServeHandler(websocket.WebSocketHandler):
             if state["started"]:
                 self.finish()
                 return int(state["status"])
-            if error is not None and _refused(error):
+            if (error is not None and _refused(error)) or (
+                error is None and (state.get("refused") or _front_refused(resp.headers, resp.code))
+            ):
                 engine.refused(replica)
                 last_error = f"replica {replica.route_id} refused the connection"
                 continue

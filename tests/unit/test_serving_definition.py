@@ -120,16 +120,28 @@ def test_replica_command_runs_in_the_folder_with_port_host_and_env(tmp_path):
     folder = tmp_path / "vfolders" / "my model"
     folder.mkdir(parents=True)
     svc = parse_definition(
-        "models:\n- service:\n    start_command: [sh, -c, 'echo $PORT $HOST $GREETING $(pwd) $(cat made/f)']\n"
+        "models:\n- service:\n    start_command: [sh, -c, 'echo $PORT $HOST $GREETING $(pwd) $(cat made/f)', '80']\n"
         "    port: 80\n    pre_start_actions:\n    - action: mkdir\n      args: {path: made}\n"
         '    - action: write_file\n      args: {filename: made/f, body: "it\'s here"}\n'
     )
-    cmd = replica_command(svc, folder="my model", port=4321, env={"GREETING": "a b"})
-    base = {"LABFLEET_VFOLDER_DIR": str(tmp_path / "vfolders"), "PATH": "/usr/bin:/bin"}
-    # The loopback unless the spawner says where its node wants replicas to listen
-    for extra, host in [({}, "127.0.0.1"), ({"LABFLEET_INFERENCE_HOST": "0.0.0.0"}, "0.0.0.0")]:
+    cmd = replica_command(svc, folder="my model", env={"GREETING": "a b"})
+    # The definition's port becomes the placeholder the session's runner fills with the command's port
+    # (as it sets $PORT); the command listens on the loopback whatever the spawner says: the replica's
+    # front listens where the router reaches it (LABFLEET_INFERENCE_HOST), never the command.
+    assert cmd.endswith(" {port}") and "export PORT" not in cmd
+    cmd = cmd.replace("{port}", "4321")
+    base = {"LABFLEET_VFOLDER_DIR": str(tmp_path / "vfolders"), "PATH": "/usr/bin:/bin", "PORT": "4321"}
+    for extra in ({}, {"LABFLEET_INFERENCE_HOST": "0.0.0.0"}):
         out = subprocess.run(
             ["bash", "-c", cmd], env={**base, **extra}, capture_output=True, text=True, timeout=30
         )
         assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == f"4321 {host} a b {folder} it's here"
+        assert out.stdout.strip() == f"4321 127.0.0.1 a b {folder} it's here"
+
+
+def test_a_list_command_keeps_its_arguments_quoted_and_the_placeholder_bare():
+    svc = parse_definition(
+        "models:\n- service:\n    start_command: [serve, 'a b', '--port={port}', '80']\n    port: 80\n"
+    )
+    assert command_line(svc, port="{port}") == "serve 'a b' '--port={port}' {port}"
+    assert command_line(svc, port=41000) == "serve 'a b' --port=41000 41000"

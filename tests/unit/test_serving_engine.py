@@ -1,12 +1,17 @@
 """The serving engine's decisions on a real (SQLite) DB with a fake Hub: replicas started as inference
 sessions, health, a crashed replica FAILED with its reason and replaced after the backoff, scale down,
-destroy. The real-Hub test (tests/test_serving_hub.py) runs the same against real servers."""
+destroy; replicas called at their session's address, with their credential (derived, one per replica),
+health checks through a real replica front. The real-Hub test (tests/test_serving_hub.py) runs the same
+against real servers."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import uuid
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,11 +20,12 @@ from hub_ext.core.authz import Actor
 from hub_ext.core.db import session_scope
 from hub_ext.core.http import HTTPReply
 from hub_ext.core.models import ServingEndpoint
-from hub_ext.serving import endpoints
-from hub_ext.serving.definition import parse_definition
-from hub_ext.serving.engine import ServingEngine, _Probe, replica_host
+from hub_ext.serving import credentials, endpoints
+from hub_ext.serving.definition import HealthCheck, parse_definition
+from hub_ext.serving.engine import ServingEngine, _Probe, replica_address, replica_host
 from hub_ext.tenancy import directory
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from server_ext.front import ReplicaFront
 from tests.dbfixture import fresh_db
 
 DEFINITION = "models:\n- service:\n    start_command: [python3, server.py, '8000']\n    port: 8000\n"
@@ -77,8 +83,10 @@ def world(tmp_path, monkeypatch):
     hub = FakeHub()
     eng = ServingEngine(factory, hub, logging.getLogger("test"), interval=0)  # checks at every tick
     healthy: set[int] = set()
+    eng.probed = []  # (route id, host, credential) of every health check
 
-    async def probe(route_id, host, port, hc):
+    async def probe(route_id, host, port, hc, credential):
+        eng.probed.append((route_id, host, credential))
         return _Probe(route_id, route_id in healthy, "" if route_id in healthy else "refused")
 
     async def stop(owner, server):
@@ -110,9 +118,13 @@ async def test_replicas_start_become_healthy_fail_and_are_replaced(world):
     assert user == "alice" and options["type"] == "inference" and options["project"] == "acme/ml"
     assert options["gpu"] == "0.25" and options["cpu"] == "1"
     port = _endpoint(factory)["routes"][0]["address"].rsplit(":", 1)[1]
-    assert f'export PORT={port} HOST="${{LABFLEET_INFERENCE_HOST:-127.0.0.1}}"' in options["command"]
-    assert options["port"] == int(port)  # the session's runner and its inference page use the same port
-    assert options["command"].endswith(f"exec python3 server.py {port}")
+    # The command listens on the session's loopback at the port its runner puts in place of {port};
+    # the replica's port (the runner's front, where the router calls) is the session's `port`.
+    assert "export HOST=127.0.0.1\n" in options["command"]
+    assert options["port"] == int(port)
+    assert options["command"].endswith("exec python3 server.py {port}")
+    # No credential in what the Hub is given (user_options show in its admin page and API).
+    assert "lfrc_" not in str(options) and credentials.HEADER not in str(options)
     assert _endpoint(factory)["status"] == "DEPLOYING"
 
     hub.servers = {"echo-r1": "ready", "echo-r2": "ready"}
@@ -126,6 +138,10 @@ async def test_replicas_start_become_healthy_fail_and_are_replaced(world):
         2,
     )
     assert [r.route_id for r in eng.table["echo"].replicas] == [1, 2]
+    # Every replica has its own credential; the health checks and the router's table carry it.
+    creds = {r.route_id: r.credential for r in eng.table["echo"].replicas}
+    assert len(set(creds.values())) == 2 and all(c.startswith("lfrc_") for c in creds.values())
+    assert {(rid, c) for rid, _h, c in eng.probed} == set(creds.items())
 
     # r1's server goes away: FAILED with the reason, out of the table; the replacement waits for the backoff.
     del hub.servers["echo-r1"]
@@ -188,3 +204,107 @@ async def test_unhealthy_replica_is_replaced_scale_down_and_destroy(world):
 )
 def test_a_replica_is_called_at_its_nodes_address(labels, host):
     assert replica_host(labels) == host
+
+
+@pytest.mark.parametrize(
+    "runtime, labels, host",
+    [
+        ({"pid": 7, "address": "10.216.0.5"}, None, "10.216.0.5"),  # a local session's own network
+        ({"container": "ab" * 6, "address": "10.0.3.4"}, {"address": "10.77.0.2"}, "10.0.3.4"),
+        ({"pid": 7}, {"address": "10.77.0.2"}, "10.77.0.2"),  # none of its own: its node's
+        ({"pid": 7}, None, "127.0.0.1"),  # the host's network
+        ({"pid": 7, "address": "not an address"}, None, "127.0.0.1"),
+        (None, None, "127.0.0.1"),
+    ],
+)
+def test_a_replica_is_called_at_its_sessions_address(runtime, labels, host):
+    assert replica_address(runtime, labels) == host
+
+
+async def test_the_route_takes_the_address_its_session_reported(world, monkeypatch):
+    factory, hub, eng, healthy = world
+    await _settle(eng)
+    sessions = {
+        "echo-r1": SimpleNamespace(id="s-1", runtime={"pid": 9, "address": "10.216.0.5"}, node=None),
+        "echo-r2": SimpleNamespace(id="s-2", runtime={"pid": 10}, node=None),
+    }
+    monkeypatch.setattr(eng, "_session", lambda db, e, r: sessions[r.server])
+    hub.servers = {"echo-r1": "ready", "echo-r2": "ready"}
+    healthy.update({1, 2})
+    await _settle(eng)
+    await _settle(eng)
+    routes = {r["server"]: r for r in _endpoint(factory)["routes"]}
+    assert routes["echo-r1"]["address"].startswith("10.216.0.5:") and routes["echo-r1"]["session_id"] == "s-1"
+    assert routes["echo-r2"]["address"].startswith("127.0.0.1:")
+    assert {r.route_id: r.host for r in eng.table["echo"].replicas} == {1: "10.216.0.5", 2: "127.0.0.1"}
+    assert {h for rid, h, _c in eng.probed if rid == 1} == {"10.216.0.5"}
+
+
+def test_credentials_are_derived_one_per_replica_and_key():
+    key = credentials.derive_key(b"k" * 44)
+    a = credentials.credential(key, "ep-1", 1)
+    assert a == credentials.credential(key, "ep-1", 1)  # derived again, the same: nothing stored
+    assert len({a, credentials.credential(key, "ep-1", 2), credentials.credential(key, "ep-2", 1)}) == 3
+    assert a != credentials.credential(credentials.derive_key(b"x" * 44), "ep-1", 1)  # another service key
+    assert a.startswith("lfrc_") and len(a) == len("lfrc_") + 43  # 256 bits, URL-safe base64
+    assert credentials.matches(a, a) and credentials.matches(a.encode(), a)
+    assert not credentials.matches(a[:-1], a) and not credentials.matches(None, a)
+    assert not credentials.matches("", a)
+    with pytest.raises(ValueError):
+        credentials.derive_key(b"")
+
+
+def test_the_engine_derives_from_the_services_secret_key(world):
+    factory, hub, eng, healthy = world
+    other = ServingEngine(factory, hub, logging.getLogger("test"), secret_key=b"another key")
+    assert eng.credential("ep", 1) == ServingEngine(factory, hub, logging.getLogger("t")).credential("ep", 1)
+    assert eng.credential("ep", 1) != other.credential("ep", 1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_health_checks_go_through_the_replica_front_with_the_credential(world):
+    factory, hub, _eng, _ = world
+    eng = ServingEngine(factory, hub, logging.getLogger("test"))  # the real _probe
+    cred = eng.credential("ep", 1)
+    inner = _free_port()
+    front = ReplicaFront(cred, inner)
+    await front.start("127.0.0.1", 0)
+    assert front.server is not None
+    port = front.server.sockets[0].getsockname()[1]
+    hc = HealthCheck(path="/health", max_wait_time=3.0)
+    try:
+        # Nothing behind the front: both kinds of check fail, saying so.
+        no_hc = await eng._probe(1, "127.0.0.1", port, None, cred)
+        assert not no_hc.ok and "nothing accepts connections behind the replica's front" in no_hc.error
+        assert not (await eng._probe(1, "127.0.0.1", port, hc, cred)).ok
+
+        async def model(reader, writer):
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the front's connect check: connected, and gone
+                writer.close()
+                return
+            ok = head.startswith(b"GET /health ") and credentials.HEADER.lower().encode() not in head.lower()
+            writer.write(
+                b"HTTP/1.1 %d X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" % (200 if ok else 500)
+            )
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(model, "127.0.0.1", inner)
+        try:
+            assert (await eng._probe(1, "127.0.0.1", port, None, cred)).ok  # the front's connect check
+            assert (await eng._probe(1, "127.0.0.1", port, hc, cred)).ok  # the model's own, stripped
+            wrong = await eng._probe(1, "127.0.0.1", port, hc, eng.credential("ep", 2))
+            assert not wrong.ok and "refused its credential (401)" in wrong.error
+        finally:
+            server.close()
+    finally:
+        front.close()
+    gone = await eng._probe(1, "127.0.0.1", port, hc, cred)
+    assert not gone.ok and "failed" in gone.error  # the front closed: the connection is refused

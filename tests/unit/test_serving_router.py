@@ -1,10 +1,27 @@
 """The router's choice of replica (pure): round robin over those in rotation, least outstanding
-requests, replicas that refused skipped while another is left, none twice for one request."""
+requests, replicas that refused skipped while another is left, none twice for one request; and the
+router in process in front of real replica fronts: each replica gets its own credential, a caller's
+forged one is dropped, a front whose model is down sends the request to the next replica."""
 
 from __future__ import annotations
 
-from hub_ext.serving.engine import Replica, backoff
-from hub_ext.serving.router import _refused, choose
+import asyncio
+import json
+import logging
+import socket
+from types import SimpleNamespace
+from typing import Any
+
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.httputil import HTTPHeaders
+from tornado.netutil import bind_sockets
+
+from hub_ext.serving import credentials
+from hub_ext.serving.engine import Entry, Replica, ServingEngine, backoff
+from hub_ext.serving.router import ServeHandler, _front_refused, _refused, choose, replica_url
+from server_ext.front import ReplicaFront
 
 
 def _reps(n):
@@ -52,3 +69,90 @@ def test_refusal_is_told_from_other_errors():
 
 def test_backoff_doubles_up_to_a_minute():
     assert [backoff(n) for n in (0, 1, 2, 3, 6, 7, 50)] == [0.0, 2.0, 4.0, 8.0, 60.0, 60.0, 60.0]
+
+
+# ---------------------------------------------------------------- the router and replica fronts, in process
+
+
+def test_the_fronts_refusal_is_told_from_the_models_own_502():
+    assert _front_refused(HTTPHeaders({credentials.REFUSED_HEADER: "1"}), 502)
+    assert not _front_refused(HTTPHeaders({}), 502)  # the model's own 502: passed on to the caller
+    assert not _front_refused(HTTPHeaders({credentials.REFUSED_HEADER: "1"}), 200)
+    assert not _front_refused(None, 502)
+
+
+def test_replica_urls_bracket_ipv6_addresses():
+    r = Replica(route_id=1, host="fd00::2", port=9000)
+    assert replica_url("http", r, "v1/x", "?q=1") == "http://[fd00::2]:9000/v1/x?q=1"
+    assert replica_url("ws", Replica(1, "10.216.0.5", 80), "", "") == "ws://10.216.0.5:80/"
+
+
+async def _model(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A model that answers with the request head it got."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+    body = json.dumps({"head": head}).encode()
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    writer.write(body)
+    await writer.drain()
+    writer.close()
+
+
+def _port(server: Any) -> int:
+    return server.sockets[0].getsockname()[1]
+
+
+async def test_the_router_sends_each_replica_its_credential_and_fails_over_when_the_front_refuses():
+    engine = ServingEngine(None, None, logging.getLogger("test"), secret_key=b"router test")  # type: ignore[arg-type]
+    model = await asyncio.start_server(_model, "127.0.0.1", 0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # nothing listens behind replica 1's front
+    fronts = [
+        ReplicaFront(engine.credential("ep", 1), dead),
+        ReplicaFront(engine.credential("ep", 2), _port(model)),
+    ]
+    for f in fronts:
+        await f.start("127.0.0.1", 0)
+    replicas = [
+        Replica(i + 1, "127.0.0.1", _port(f.server), credential=engine.credential("ep", i + 1))
+        for i, f in enumerate(fronts)
+    ]
+    engine.table["e"] = Entry("ep", "e", True, replicas, {}, 2, "READY")
+    lf = SimpleNamespace(
+        serving=engine,
+        log=logging.getLogger("test"),
+        prefix="/services/labfleet/",
+        metrics=SimpleNamespace(observe_serving=lambda *a: None),
+    )
+    app = web.Application([(r"/services/labfleet/serve/([^/]+)/(.*)", ServeHandler)], labfleet=lf)
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(app)
+    server.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/services/labfleet/serve/e/x"
+    try:
+        client = AsyncHTTPClient()
+        forged = {credentials.HEADER: "lfrc_forged", credentials.PROBE_HEADER: "connect"}
+        for _ in range(3):
+            r = await client.fetch(url, headers=forged, raise_error=False)
+            assert r.code == 200, r.body
+            head = json.loads(r.body)["head"].lower()
+            # Replica 2's model answered; it saw neither the credential nor the caller's forged headers.
+            assert head.startswith("get /x http/1.1") and "x-labfleet-replica" not in head
+            assert "connection: close" in head and "x-forwarded-prefix: /services/labfleet/serve/e" in head
+        assert replicas[0].down and not replicas[1].down  # replica 1 out of rotation
+        assert fronts[0].refused == fronts[1].refused == 0  # both got their own credential
+        # Directly, without the credential (or another replica's): 401 from both fronts, the model untouched.
+        for f, other in ((fronts[0], 2), (fronts[1], 1)):
+            for headers in ({}, {credentials.HEADER: engine.credential("ep", other)}):
+                r = await client.fetch(
+                    f"http://127.0.0.1:{_port(f.server)}/x", headers=headers, raise_error=False
+                )
+                assert r.code == 401 and json.loads(r.body)["message"].startswith("this is a replica"), r.body
+        assert fronts[1].passed == 3 and fronts[1].refused == 2
+    finally:
+        server.stop()
+        for f in fronts:
+            f.close()
+        model.close()

@@ -1,14 +1,14 @@
 """REST handlers for model serving: endpoints and their tokens (hub_ext.serving), the Model Store,
-and the router's route."""
+a replica's credential, and the router's route."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from hub_ext.core.errors import InvalidInput
+from hub_ext.core.errors import InvalidInput, NotFound
 from hub_ext.service.base import APIHandler, request_json, required_body
-from hub_ext.serving import endpoints, store
+from hub_ext.serving import credentials, endpoints, store
 from hub_ext.serving.router import ServeHandler
 
 
@@ -92,6 +92,31 @@ class ModelStoreHandler(APIHandler):
         self.write_json(await asyncio.to_thread(store.cards, found, search=search))
 
 
+class ReplicaCredentialHandler(APIHandler):
+    """``GET /api/sessions/<id>/replica-credential``: what the router sends to this replica, for the
+    replica's own session (its owner's Hub token) and the Hub; 404 for anyone else. A session that is
+    no replica hears ``"replica": false`` (it runs its command without a front). Never cached."""
+
+    async def get(self, session_id):
+        engine = getattr(self.lf, "serving", None)
+        if engine is None:
+            raise NotFound("model serving does not run in this service")
+
+        def op(db, a):
+            r = endpoints.replica_route(db, a, session_id)
+            return {
+                "session": session_id,
+                "replica": r is not None,
+                "endpoint": r.endpoint.name if r is not None else None,
+                "route": r.id if r is not None else None,
+                "header": credentials.HEADER,
+                "credential": engine.credential(r.endpoint_id, r.id) if r is not None else None,
+            }, None
+
+        self.set_header("Cache-Control", "no-store")
+        await self.run(op)
+
+
 def routes(prefix: str) -> list[tuple]:
     """The endpoints' API under ``prefix + "api"``, and their one URL each under ``prefix + "serve"``."""
     api = prefix + "api"
@@ -102,5 +127,6 @@ def routes(prefix: str) -> list[tuple]:
         (api + rf"/endpoints/{name}/tokens", TokenListHandler),
         (api + rf"/endpoints/{name}/tokens/{name}", TokenHandler),
         (api + r"/model-store", ModelStoreHandler),
+        (api + rf"/sessions/{name}/replica-credential", ReplicaCredentialHandler),
         (prefix + rf"serve/{name}/(.*)", ServeHandler),
     ]
