@@ -38,9 +38,15 @@ from . import sessionnet
 from .cgroups import SessionGroup, cgroup_version
 from .launch import LaunchSpec, Mount
 from .mixin import LabfleetSpawnerMixin
-from .sandbox import DEFAULT_TMP_SIZE, SandboxSpec, environment_sources, sandbox_command, system_layout
+from .sandbox import (
+    DEFAULT_TMP_SIZE,
+    SandboxSpec,
+    environment_sources,
+    gpu_device_nodes,
+    sandbox_command,
+    system_layout,
+)
 
-NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 SHARED_PATH_ROOTS = ("/root", "/home")  # PATH entries there are someone's own, not the runtime
 
 
@@ -329,7 +335,7 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 hidden_files=tuple(h for h in self.sandbox_hidden if os.path.isfile(h)),
                 mounts=launch.mounts,
                 writable=tuple(self.sandbox_writable) + _mps_dirs(launch, env),
-                devices=_gpu_devices(launch),
+                devices=gpu_device_nodes(launch.gpus),
                 tmp_size=int(self.session_tmp_size or DEFAULT_TMP_SIZE),
                 hostname=_hostname(self.user.name, self.name),  # type: ignore[attr-defined]
                 uid=account[0] if account else None,
@@ -517,14 +523,6 @@ def _hostname(user: str, server: str) -> str:
     raw = f"{user}-{server}" if server else user
     label = "".join(c if c.isalnum() else "-" for c in raw.lower()).strip("-")[:63]
     return label or "session"
-
-
-def _gpu_devices(launch: LaunchSpec) -> tuple[str, ...]:
-    """The device nodes of the session's GPUs (and the driver's control nodes), where they exist."""
-    if not launch.gpus:
-        return ()
-    nodes = [f"/dev/nvidia{g.index}" for g in launch.gpus]
-    return tuple(d for d in (*NVIDIA_CONTROL_DEVICES, *nodes) if os.path.exists(d))
 
 
 def _mps_dirs(launch: LaunchSpec, env: dict[str, str]) -> tuple[str, ...]:

@@ -31,12 +31,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-from .launch import Mount
+from .launch import GPUAssignment, Mount
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp")  # private, the session's to write, bounded
 SYSTEM_DIRS = ("/usr", "/etc", "/sys")  # read-only, at the same place
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links into /usr, or folders
 DEFAULT_TMP_SIZE = 1 << 30
+NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,17 @@ def system_layout(root: str = "/") -> tuple[tuple[str, str], ...]:
         elif os.path.isdir(host):
             out.append((path, ""))
     return tuple(out)
+
+
+def gpu_device_nodes(gpus: Iterable[GPUAssignment], dev: str = "/dev") -> tuple[str, ...]:
+    """The device nodes of a session's GPUs (``nvidia<index>``) and the driver's control nodes, those
+    this machine has: all the session's private /dev holds of its GPUs (no other GPU's node)."""
+    gpus = list(gpus)
+    if not gpus:
+        return ()
+    control = [os.path.join(dev, os.path.basename(d)) for d in NVIDIA_CONTROL_DEVICES]
+    nodes = [os.path.join(dev, f"nvidia{g.index}") for g in gpus]
+    return tuple(d for d in (*control, *nodes) if os.path.exists(d))
 
 
 def _inside(path: str, folders: Iterable[str]) -> bool:

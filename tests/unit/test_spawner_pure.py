@@ -343,3 +343,15 @@ def test_form_offers_only_the_choices_and_escapes_them():
     assert '"acme/ml": {"cpu": 4' in html  # the bounds the script applies to the inputs
     assert "not a member of any project" in render({"projects": []})
     assert "&lt;x&gt;" in unavailable("<x>")
+
+
+def test_a_session_gets_its_gpus_device_nodes_and_the_drivers_only(tmp_path):
+    from spawner.launch import GPUAssignment
+    from spawner.sandbox import gpu_device_nodes
+
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2"):
+        (tmp_path / name).write_text("")
+    gpu = GPUAssignment(uuid="GPU-1", index=1, model="m", memory=0, shares=Decimal("0.5"))
+    nodes = gpu_device_nodes([gpu], dev=str(tmp_path))
+    assert nodes == (str(tmp_path / "nvidiactl"), str(tmp_path / "nvidia-uvm"), str(tmp_path / "nvidia1"))
+    assert gpu_device_nodes([], dev=str(tmp_path)) == ()
