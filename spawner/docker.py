@@ -164,13 +164,6 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
     def _session_subnet_default(self) -> str:
         return os.environ.get("LABFLEET_DOCKER_SESSION_SUBNET") or DEFAULT_SUBNET
 
-    session_egress_deny = List(
-        Unicode(),
-        list(sessionnet.DEFAULT_DENY),
-        help="""Networks sessions may not reach through the host (besides the host itself and other
-        sessions, always refused): the cloud's metadata service by default; add your internal ones.""",
-    ).tag(config=True)
-
     log_follow_timeout = Float(
         10.0,
         help="""Seconds to wait, once a session's container has stopped, for the rest of its output to

@@ -92,13 +92,6 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         session after it. Pick one your network does not route. Env: LABFLEET_SESSION_SUBNET.""",
     ).tag(config=True)
 
-    session_egress_deny = List(
-        Unicode(),
-        list(sessionnet.DEFAULT_DENY),
-        help="""Networks sessions may not reach through the host (besides the host itself and other
-        sessions, always refused): the cloud's metadata service by default; add your internal ones.""",
-    ).tag(config=True)
-
     session_port = Integer(
         8888, help="The port each session's server listens on in its own network namespace."
     ).tag(config=True)

@@ -31,13 +31,14 @@ from typing import Any
 from urllib.parse import quote
 
 from jupyterhub.spawner import SpawnException
-from traitlets import Float, Integer, Unicode, default
+from traitlets import Float, Integer, List, Unicode, default
 
 from hub_ext.hub.client import LabfleetServiceClient, Reply
 
 from . import form
 from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts
 from .options import OptionsError, SessionOptions, options_from_form, parse_options
+from .sessionnet import DEFAULT_DENY
 
 PENDING = "PENDING"
 LIVE = ("SCHEDULED", "PREPARING", "RUNNING")
@@ -119,6 +120,15 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         Empty: the URL the Hub itself uses (`LabfleetServiceClient.service_url`), right where sessions
         share the Hub's network (local sessions, Docker with host networking); set it for sessions
         on other networks.""",
+    ).tag(config=True)
+
+    session_egress_deny = List(
+        Unicode(),
+        list(DEFAULT_DENY),
+        help="""Networks sessions on a network of their own (local sessions as root, Docker's session
+        network) may not reach through the host, besides the host itself and other sessions, which
+        they never reach: the cloud's metadata service (169.254.0.0/16) by default; add your
+        internal ones.""",
     ).tag(config=True)
 
     mps = Unicode(

@@ -347,3 +347,48 @@ def start_hub(
         hub.stop()
         raise
     return hub
+
+
+def outside_network(prefix: str = "lfout") -> tuple[str, str, subprocess.Popen, str]:
+    """A network namespace with an HTTP server on port 8080, standing for the internet: not the
+    host's loopback, addresses this test process picks (a free /24 in 10.77.20-99.x; the host end
+    of a veth pair, and the far end, which serves). Returns (name, far address, server, near
+    address); :func:`remove_outside_network` takes it down."""
+    name = f"{prefix}{os.getpid() % 100000}"
+    remove_outside_network(name)
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]"
+    used = [
+        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
+        for link in json.loads(out)
+        for a in link.get("addr_info", [])
+    ]
+    net = next(
+        n
+        for n in (ipaddress.IPv4Network(f"10.77.{i}.0/24") for i in range(20, 100))
+        if not any(n.overlaps(u) for u in used)
+    )
+    near, far = str(net.network_address + 1), str(net.network_address + 2)
+    for cmd in (
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name],
+        ["ip", "addr", "add", f"{near}/24", "dev", name],
+        ["ip", "link", "set", name, "up"],
+        ["ip", "-n", name, "addr", "add", f"{far}/24", "dev", "eth0"],
+        ["ip", "-n", name, "link", "set", "eth0", "up"],
+        ["ip", "-n", name, "link", "set", "lo", "up"],
+    ):
+        subprocess.run(cmd, check=True, capture_output=True)
+    server = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{name}", "python3", "-m", "http.server", "8080", "--bind", far],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return name, far, server, near
+
+
+def remove_outside_network(name: str, server: subprocess.Popen | None = None) -> None:
+    if server is not None:
+        server.kill()
+        server.wait(10)
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    subprocess.run(["ip", "link", "delete", name], capture_output=True)

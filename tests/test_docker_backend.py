@@ -34,7 +34,15 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from tests.hubfixture import DOCKER_SESSION_NETWORK, REPO, free_port, remove_docker_session_network, start_hub
+from tests.hubfixture import (
+    DOCKER_SESSION_NETWORK,
+    REPO,
+    free_port,
+    outside_network,
+    remove_docker_session_network,
+    remove_outside_network,
+    start_hub,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -91,47 +99,6 @@ def _start_docker_hub(state, extra, **kw):
                 os.environ[k] = v
 
 
-def _outside_network():
-    """A network namespace with an HTTP server, standing for the internet: not the host's loopback,
-    addresses this test picks (a free /24 in 10.77.20-99.x: the host end of a veth pair, and the far
-    end, which serves)."""
-    name = f"lfdout{os.getpid() % 100000}"
-    _drop_outside(name)
-    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]"
-    used = [
-        ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False)
-        for link in json.loads(out)
-        for a in link.get("addr_info", [])
-    ]
-    net = next(
-        n
-        for n in (ipaddress.IPv4Network(f"10.77.{i}.0/24") for i in range(20, 100))
-        if not any(n.overlaps(u) for u in used)
-    )
-    near, far = str(net.network_address + 1), str(net.network_address + 2)
-    for cmd in (
-        ["ip", "netns", "add", name],
-        ["ip", "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name],
-        ["ip", "addr", "add", f"{near}/24", "dev", name],
-        ["ip", "link", "set", name, "up"],
-        ["ip", "-n", name, "addr", "add", f"{far}/24", "dev", "eth0"],
-        ["ip", "-n", name, "link", "set", "eth0", "up"],
-        ["ip", "-n", name, "link", "set", "lo", "up"],
-    ):
-        subprocess.run(cmd, check=True, capture_output=True)
-    server = subprocess.Popen(
-        ["nsenter", f"--net=/run/netns/{name}", "python3", "-m", "http.server", "8080", "--bind", far],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return name, far, server, near
-
-
-def _drop_outside(name: str) -> None:
-    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-    subprocess.run(["ip", "link", "delete", name], capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def env(engine, tmp_path_factory):
     if not DOCKER_SESSION_NETWORK:
@@ -169,7 +136,7 @@ c.LabfleetDockerSpawner.extra_mounts = [
     box = {"hub": hub, "extra": extra, "state": state, "hub_port": hub_port}
     outside = None
     try:
-        outside = _outside_network()
+        outside = outside_network("lfdout")
         box["outside"], box["outside_near"] = outside[1], outside[3]
         root = hub.wait_token("root")
         for method, path, body in [
@@ -189,9 +156,7 @@ c.LabfleetDockerSpawner.extra_mounts = [
         for c in engine.containers.list(all=True, filters={"name": prefix}):
             c.remove(force=True)
         if outside is not None:
-            outside[2].kill()
-            outside[2].wait()
-            _drop_outside(outside[0])
+            remove_outside_network(outside[0], outside[2])
         remove_docker_session_network(NETWORK, BRIDGE)
 
 

@@ -563,7 +563,7 @@ def test_a_served_endpoint_moves_its_series_and_usage_by_its_calls(hub):
             "project": "acme/ml",
             "model_folder": "metered-model",
             "replicas": 1,
-            "slots": {"cpu": 0.1, "mem": "256m"},
+            "slots": {"cpu": 1, "mem": "1g"},
         },
     )
     assert r.status_code == 201, r.text

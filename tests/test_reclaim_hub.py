@@ -187,7 +187,7 @@ async def _busy_kernel(hub, server) -> str:
 def test_a_session_nobody_touches_is_reclaimed_with_its_reason(hub):
     timeout = 6
     _checker(hub, "idle-6s", "idle", "activity", timeout=timeout)
-    session = _spawn_ready(hub, "idle", {"project": "idle", "cpu": 0.5})
+    session = _spawn_ready(hub, "idle", {"project": "idle", "cpu": 1})
     running = _running_since(_detail(hub, session["id"]))
     _wait_gone(hub, "idle", timeout + 60)
     ended = _detail(hub, session["id"])

@@ -116,7 +116,8 @@ def test_an_api_session_starts_its_hub_server(env):
         assert r.status_code == status and words in r.json()["message"], (body, r.text)
     assert hub.api("GET", "/sessions", root).json() == before and _servers(hub) == {}
     # The session gets a Hub server, started as the spawn form would start it.
-    r = hub.api("POST", "/sessions", alice, json={"project": "ml", "name": "api1", "slots": {"cpu": 0.1}})
+    # A whole core: the server's start is held to the session's CPU (a tenth would take minutes).
+    r = hub.api("POST", "/sessions", alice, json={"project": "ml", "name": "api1", "slots": {"cpu": 1}})
     assert r.status_code == 202, r.text
     view = r.json()
     assert view["server"] == view["name"] == "api1" and view["user"] == "alice" and view["id"]
@@ -128,7 +129,7 @@ def test_an_api_session_starts_its_hub_server(env):
             break
         time.sleep(0.3)
     session = hub.api("GET", f"/sessions/{view['id']}", alice).json()
-    assert session["status"] == "RUNNING" and session["slots"] == {"cpu": 0.1}, session
+    assert session["status"] == "RUNNING" and session["slots"] == {"cpu": 1}, session
     # Its server's name is taken while it lives.
     r = hub.api("POST", "/sessions", alice, json={"project": "ml", "name": "api1"})
     assert r.status_code == 409 and "api1" in r.json()["message"], r.text

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.hubfixture import SESSION_NETWORK, session_address, start_hub
+from tests.hubfixture import SESSION_NETWORK, session_address, spawner_state, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -76,19 +75,6 @@ def _sessions(hub, token, **filters):
     return hub.api("GET", "/sessions", token, params=filters).json()
 
 
-def _spawner_state(state: Path, name: str, server: str) -> dict:
-    db = sqlite3.connect(state / "jupyterhub.sqlite")
-    try:
-        rows = db.execute(
-            "select spawners.state from spawners join users on spawners.user_id = users.id"
-            " where users.name = ? and spawners.name = ?",
-            (name, server),
-        ).fetchall()
-    finally:
-        db.close()
-    return json.loads(rows[0][0] or "{}") if rows else {}
-
-
 def _environ(pid: int) -> dict[str, str]:
     """The environment of the session's process (bwrap execs the server as its child)."""
     out = {}
@@ -134,7 +120,7 @@ def test_spawn_half_gpu_reach_lab_and_stop(env):
     assert [h["status"] for h in s["status_history"]] == ["SCHEDULED", "PREPARING", "RUNNING"]
     # The Hub keeps the session id (a restart finds the allocation again) and the process
     # sees its placement.
-    st = _spawner_state(state, "alice", "a")
+    st = spawner_state(state, "alice", "a")
     assert st["labfleet_session_id"] == s["id"]
     env_ = _environ(st["pid"])
     assert env_["LABFLEET_SESSION_ID"] == s["id"]
@@ -224,7 +210,7 @@ def test_hub_restart_keeps_running_sessions_and_their_allocations(env, tmp_path)
     assert _spawn(hub, "alice", "a", {"project": "ml", "gpu": 0.25}).status_code in (201, 202)
     _wait_ready(hub, "alice", "a")
     (s,) = _sessions(hub, tokens["alice"], status="RUNNING")
-    pid = _spawner_state(state, "alice", "a")["pid"]
+    pid = spawner_state(state, "alice", "a")["pid"]
     hub.stop()
     assert os.path.exists(f"/proc/{pid}"), "the session must survive the Hub's restart"
     again = start_hub(state, db_url=hub.db_url, do_seed=False, extra_config=RESTARTABLE, ports=hub.ports)
@@ -421,7 +407,7 @@ def test_vfolders_mounted_with_their_permission_and_shared_between_sessions(env)
         ".config-files": "wd",
     }
     home = state / "homes" / "alice"
-    seen = _mounts(_spawner_state(state, "alice", "a")["pid"])
+    seen = _mounts(spawner_state(state, "alice", "a")["pid"])
     assert "ro" in seen[str(home / "vfolders" / "bob-data")]
     assert "rw" in seen[str(home / "vfolders" / "work")]
     assert "rw" in seen[str(home / "vfolders" / ".config-files")]

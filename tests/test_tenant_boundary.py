@@ -36,7 +36,7 @@ import psutil
 import pytest
 import requests
 
-from tests.hubfixture import free_port, session_address, start_hub
+from tests.hubfixture import free_port, outside_network, remove_outside_network, session_address, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -46,32 +46,6 @@ TMP = 64 << 20
 CONFIG = (
     f"c.LabfleetSpawnerMixin.queue_poll_interval = 0.3\nc.LabfleetLocalSpawner.session_tmp_size = {TMP}\n"
 )
-
-
-def _outside_network():
-    """A network namespace with an HTTP server, standing for the internet: not the host's loopback,
-    addresses this test picks (the host end of a veth pair, and the far end that serves)."""
-    name = f"lfout{os.getpid() % 100000}"
-    subprocess.run(["ip", "netns", "delete", name], capture_output=True)
-    subprocess.run(["ip", "link", "delete", name], capture_output=True)
-    third = 100 + os.getpid() % 100
-    near, far = f"10.77.{third}.1", f"10.77.{third}.2"
-    for cmd in (
-        ["ip", "netns", "add", name],
-        ["ip", "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", name],
-        ["ip", "addr", "add", f"{near}/24", "dev", name],
-        ["ip", "link", "set", name, "up"],
-        ["ip", "-n", name, "addr", "add", f"{far}/24", "dev", "eth0"],
-        ["ip", "-n", name, "link", "set", "eth0", "up"],
-        ["ip", "-n", name, "link", "set", "lo", "up"],
-    ):
-        subprocess.run(cmd, check=True, capture_output=True)
-    server = subprocess.Popen(
-        ["nsenter", f"--net=/run/netns/{name}", "python3", "-m", "http.server", "8080", "--bind", far],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return name, far, server
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +67,9 @@ def env(tmp_path_factory):
         r = hub.api(method, path, root, json=body)
         assert r.status_code == 201, (path, r.text)
     tokens = {name: hub.wait_token(name) for name in ("alice", "bob", "gus")}
-    outside = _outside_network()
+    outside = outside_network()
     yield hub, state, tokens, outside
-    outside[2].kill()
-    subprocess.run(["ip", "netns", "delete", outside[0]], capture_output=True)
-    subprocess.run(["ip", "link", "delete", outside[0]], capture_output=True)
+    remove_outside_network(outside[0], outside[2])
     for name, server in (("bob", "b"), ("gus", "r"), ("alice", "probe")):
         hub.hub_api("DELETE", f"/users/{name}/servers/{server}")
     hub.stop()
@@ -138,7 +110,7 @@ def _host_addresses() -> list[str]:
 
 
 def test_a_session_cannot_leave_its_sandbox(env):
-    hub, state, tokens, (_, outside_ip, _) = env
+    hub, state, tokens, (_, outside_ip, _, near) = env
     alice, bob, gus = tokens["alice"], tokens["bob"], tokens["gus"]
     # bob shares a folder read-only with alice; gus (another domain) has a folder of his own.
     shared = hub.api("POST", "/vfolders", bob, json={"name": "bob-data"}).json()
@@ -181,7 +153,6 @@ def test_a_session_cannot_leave_its_sandbox(env):
     targets = listeners + [(gateway, p) for _, p in listeners if p != port]
     # The control plane's own ports at every other address of the host.
     plane = [port, *hub.ports[1:]]
-    near = outside_ip.rsplit(".", 1)[0] + ".1"  # the host's end of the test's own veth pair
     targets += [(a, p) for a in [*_host_addresses(), near] if a != gateway for p in plane]
     targets += [(bob_ip, 8888), (gus_ip, 9000), ("169.254.169.254", 80)]
     listen_port = free_port()
