@@ -103,7 +103,8 @@ def _me_static(db: Session, username: str) -> _MeStatic | None:
     limits += [("projects", p.full_name, ("project", p.id), p.slots, True) for p in user.projects]
     if kp_policy and kp is not None:
         unlimited = kp_policy.default_for_unspecified == "UNLIMITED"
-        limits.append(("keypair", "", ("keypair", kp.id), kp_policy.slots, unlimited))
+        # Admission holds the keypair policy to the user's sessions, all their keypairs together.
+        limits.append(("keypair", "", ("user", user.id), kp_policy.slots, unlimited))
     return _MeStatic(report, tuple(limits))
 
 

@@ -210,11 +210,18 @@ def _keypair_counts_capped(policy: PolicySnap) -> bool:
     return bool(policy.max_concurrent_sessions or policy.max_pending_sessions)
 
 
+def _keypair_policy_scope(t: Tenants) -> tuple[str, int]:
+    """The ledger scope a keypair policy's limits are checked against: the user's, all their
+    keypairs together, so that a second keypair under the same policy gives no more sessions or
+    slots than one (a keypair of another policy is held to that policy, over the same total)."""
+    return ("user", t.user.id)
+
+
 def reads(t: Tenants, keys: Iterable[str]) -> dict[tuple[str, int], list[str]]:
     """The ledger rows admission's checks read (see :func:`context`), per scope: the request's
     rows (``keys``, :func:`hub_ext.core.quanta.request_keys`) of each scope whose cap could refuse
-    it, and the keypair's session counts where its policy limits them.  The rows the session's
-    own charge changes come back too; every other row would be read for nothing."""
+    it, and the user's session counts where the keypair's policy limits them.  The rows the
+    session's own charge changes come back too; every other row would be read for nothing."""
     slot_keys = [k for k in keys if k not in quanta.COUNTS]
     policy = t.keypair.policy
     out: dict[tuple[str, int], list[str]] = {}
@@ -222,7 +229,7 @@ def reads(t: Tenants, keys: Iterable[str]) -> dict[tuple[str, int], list[str]]:
     if _keypair_counts_capped(policy):
         keypair = [*keypair, *quanta.COUNTS]
     if keypair:
-        out[("keypair", t.keypair.id)] = keypair
+        out[_keypair_policy_scope(t)] = keypair
     if t.project.slots:
         out[("project", t.project.id)] = slot_keys
     if t.user.domain_slots:
@@ -239,21 +246,25 @@ def context(
     session's scopes, without the session being decided (subtract it before calling).
 
     A scope with no cap gets no usage (nothing to check it against; :func:`reads` does not read
-    it), and the keypair's counts are read only where its policy limits them."""
+    it), and the counts are read only where the keypair's policy limits them.  The keypair's
+    policy is checked against the user's usage, all their keypairs together
+    (:func:`_keypair_policy_scope`)."""
 
     def used(kind: str, ident: int, capped: bool) -> ResourceSlots:
         return quanta.used_slots(rows.get((kind, ident), {}), request.slots) if capped else _NOTHING
 
     policy = t.keypair.policy
+    kind, ident = _keypair_policy_scope(t)
     if _keypair_counts_capped(policy):
-        kp_row = rows.get(("keypair", t.keypair.id), {})
+        kp_row = rows.get((kind, ident), {})
         live, pending = kp_row.get(quanta.SESSIONS, 0), kp_row.get(quanta.PENDING, 0)
     else:
         live = pending = 0
     return admission.AdmissionContext(
         request=request,
+        keypair_usage_of_user=True,
         keypair_policy=_policy_snapshot(policy),
-        keypair_used=used("keypair", t.keypair.id, _keypair_slots_capped(policy)),
+        keypair_used=used(kind, ident, _keypair_slots_capped(policy)),
         keypair_active_sessions=max(live - pending, 0),
         keypair_pending_sessions=max(pending, 0),
         user_limit=None,
@@ -341,6 +352,7 @@ def _policy_snapshot(policy: PolicySnap) -> admission.KeypairPolicySnapshot:
         unlimited_unspecified=policy.unlimited_unspecified,
         max_concurrent_sessions=policy.max_concurrent_sessions,
         max_pending_sessions=policy.max_pending_sessions,
+        name=policy.name,
     )
     if len(_POLICIES) > 10_000:
         _POLICIES.clear()  # bounded: each tenancy version loads its policies afresh

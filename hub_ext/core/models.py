@@ -88,6 +88,9 @@ class Domain(Base):
     total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # {storage host: [rights]} granted to everyone in the domain (see hub_ext.storage.hosts).
     allowed_vfolder_hosts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Names of the keypair policies the domain's admins may hand out, set by superadmins
+    # (hub_ext.tenancy.keypairs; migration 0013).
+    allowed_keypair_policies: Mapped[list[str]] = mapped_column(JSON, server_default="[]")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
@@ -121,6 +124,9 @@ class UserResourcePolicy(_FolderPolicy, Base):
     # Model serving's limits (hub_ext.serving), 0 = unlimited (migration 0011).
     max_endpoints: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     max_replicas_per_endpoint: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Active keypairs the user may mint, the main one included; 0 = unlimited (migration 0013).
+    # A user with no user policy may mint hub_ext.tenancy.keypairs.DEFAULT_MAX_KEYPAIRS.
+    max_keypairs: Mapped[int] = mapped_column(Integer, server_default="10")
 
 
 class KeypairResourcePolicy(Base):

@@ -88,7 +88,13 @@ def _policy_by_name(db: Session, model, name: Any, field: str):
 
 # ---------------------------------------------------------------- domains
 
-DOMAIN_FIELDS = ("description", "is_active", "total_resource_slots", "allowed_vfolder_hosts")
+DOMAIN_FIELDS = (
+    "description",
+    "is_active",
+    "total_resource_slots",
+    "allowed_vfolder_hosts",
+    "allowed_keypair_policies",
+)
 
 
 def _host_grants(value: Any) -> dict[str, list[str]]:
@@ -97,7 +103,28 @@ def _host_grants(value: Any) -> dict[str, list[str]]:
     return check_host_grants(value, "allowed_vfolder_hosts")  # type: ignore[return-value]
 
 
-def _apply_domain_fields(d: Domain, body: dict[str, Any]) -> None:
+def _keypair_policy_names(db: Session, value: Any) -> list[str]:
+    """The keypair policies a domain's admins may hand out: existing policy names, each once."""
+    names = list(dict.fromkeys(check_string_list(value, "allowed_keypair_policies", check_name)))
+    known = set(db.scalars(select(KeypairResourcePolicy.name).where(KeypairResourcePolicy.name.in_(names))))
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise Conflict(
+            f"allowed_keypair_policies: no keypair policy named {', '.join(map(repr, missing))} "
+            "(create it first)"
+        )
+    return names
+
+
+def _apply_domain_fields(db: Session, d: Domain, body: dict[str, Any]) -> None:
+    # Checked before anything is set (the one check that reads the DB).
+    allowed = (
+        _keypair_policy_names(db, body["allowed_keypair_policies"])
+        if "allowed_keypair_policies" in body
+        else None
+    )
+    if allowed is not None:
+        d.allowed_keypair_policies = allowed
     if "description" in body:
         d.description = check_text(body["description"], "description")
     if "is_active" in body:
@@ -115,8 +142,10 @@ def create_domain(db: Session, actor: Actor, body: Any) -> Domain:
         raise Forbidden("only a superadmin can create domains")
     if get_domain(db, name):
         raise Conflict(f"domain {name!r} already exists")
-    d = Domain(name=name, description="", is_active=True, total_resource_slots={})
-    _apply_domain_fields(d, body)
+    d = Domain(
+        name=name, description="", is_active=True, total_resource_slots={}, allowed_keypair_policies=[]
+    )
+    _apply_domain_fields(db, d, body)
     db.add(d)
     db.flush()
     audit.record(db, actor, "domain.create", name, target_domain=name, details=body)
@@ -128,7 +157,7 @@ def update_domain(db: Session, actor: Actor, name: str, body: Any) -> Domain:
     body = check_fields(body, optional=DOMAIN_FIELDS)
     if not authz.can_manage_domains(actor):
         raise Forbidden("only a superadmin can change domains")
-    _apply_domain_fields(d, body)
+    _apply_domain_fields(db, d, body)
     audit.record(db, actor, "domain.update", name, target_domain=name, details=body)
     return d
 
@@ -442,6 +471,7 @@ def domain_view(d: Domain, *, detail: bool = False) -> dict[str, Any]:
         "is_active": d.is_active,
         "total_resource_slots": d.slots.to_json(),
         "allowed_vfolder_hosts": d.allowed_vfolder_hosts or {},
+        "allowed_keypair_policies": list(d.allowed_keypair_policies or ()),
         "created_at": d.created_at.isoformat() if d.created_at else None,
     }
     if detail:

@@ -2,13 +2,26 @@
 
 A keypair is an access key (20 chars, public) and a secret key (40 chars) that is
 shown once, when issued, and stored only encrypted (see :mod:`hub_ext.core.secretbox`).
+
+A keypair's policy cannot be walked around:
+
+- a keypair takes its user's main keypair's policy unless one is named, and whoever names one
+  may name only a policy no looser than the main keypair's (every limit compared:
+  :func:`hub_ext.tenancy.policies.looser_limits`), except that a domain admin may also hand out
+  the policies a superadmin allowed for the domain (``allowed_keypair_policies``), and a
+  superadmin any (:func:`assign_refusal`);
+- a user mints at most ``max_keypairs`` active keypairs, the main one included (their user
+  policy says how many; :data:`DEFAULT_MAX_KEYPAIRS` without one); an admin of their domain
+  may issue (or reactivate) past it, as for any change an admin makes on purpose;
+- admission counts a keypair policy's sessions and slots over all of the user's keypairs
+  (:mod:`hub_ext.compute.tenants`), so a second keypair under the same policy adds nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from hub_ext.core import audit, authz
@@ -18,9 +31,13 @@ from hub_ext.core.models import Keypair, KeypairResourcePolicy, User
 from hub_ext.core.secretbox import SecretBox
 from hub_ext.core.signing import new_access_key, new_secret_key
 from hub_ext.core.validate import check_bool, check_fields, check_int, check_name, check_username
+from hub_ext.tenancy.policies import looser_limits, policy_view
 
 DEFAULT_RATE_LIMIT = 10_000
 MAX_RATE_LIMIT = 10_000_000
+# Active keypairs a user with no user resource policy may hold, the main one included (a user
+# policy's ``max_keypairs`` says it for its users; its column defaults to the same).
+DEFAULT_MAX_KEYPAIRS = 10
 
 
 def new_keypair(
@@ -70,7 +87,96 @@ def _readable(db: Session, actor: Actor, access_key: str) -> Keypair:
     return kp
 
 
+def assign_refusal(
+    policy: str,
+    looser: list[str] | None,
+    *,
+    superadmin: bool,
+    domain_admin: bool,
+    domain: str,
+    allowed: list[str],
+    base: str | None,
+) -> str | None:
+    """Why this actor may not give keypair policy ``policy`` to a user's keypair; None when they
+    may.  Pure.  ``looser``: the limits in which it is looser than ``base`` (the user's main
+    keypair's policy; for the main keypair itself, its present one), None when there is no base.
+    ``allowed``: the policies a superadmin allowed domain ``domain``'s admins to hand out."""
+    if superadmin or looser == []:
+        return None
+    if domain_admin and policy in allowed:
+        return None
+    if looser is None:
+        within = f"there is no active main keypair of {base or 'the user'} to compare it with"
+    else:
+        within = f"it is looser than {base!r}, the main keypair's policy: {'; '.join(looser)}"
+    if domain_admin:
+        listed = ", ".join(allowed) if allowed else "none"
+        return (
+            f"keypair policy {policy!r} is not one that domain {domain}'s admins may hand out "
+            f"(a superadmin allows those in the domain's allowed_keypair_policies: {listed}), "
+            f"and {within}"
+        )
+    return f"keypair policy {policy!r} cannot be chosen: {within}; name one no looser, or none to inherit it"
+
+
+def _policy_named(db: Session, name: Any) -> KeypairResourcePolicy:
+    name = check_name(name, "resource_policy")
+    policy = db.scalar(select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == name))
+    if policy is None:
+        raise InvalidInput(f"resource_policy: no keypair policy named {name!r}")
+    return policy
+
+
+def _check_assignable(
+    actor: Actor, owner: User, policy: KeypairResourcePolicy, base: KeypairResourcePolicy | None
+) -> None:
+    """Raise 403 unless ``actor`` may give ``policy`` to a keypair of ``owner`` (see :func:`assign_refusal`)."""
+    looser = looser_limits(policy_view("keypair", policy), policy_view("keypair", base)) if base else None
+    refusal = assign_refusal(
+        policy.name,
+        looser,
+        superadmin=actor.is_superadmin,
+        domain_admin=actor.is_domain_admin_of(owner.domain.name),
+        domain=owner.domain.name,
+        allowed=list(owner.domain.allowed_keypair_policies or ()),
+        base=base.name if base else owner.username,
+    )
+    if refusal is not None:
+        raise Forbidden(refusal)
+
+
+def keypair_limit(max_keypairs: int | None, held: int) -> str | None:
+    """Why a user who holds ``held`` active keypairs may not have one more; None when they may.
+    ``max_keypairs``: their user policy's (0: no limit), None without a user policy.  Pure."""
+    limit = DEFAULT_MAX_KEYPAIRS if max_keypairs is None else max_keypairs
+    if limit and held >= limit:
+        whose = (
+            "the user policy's max_keypairs"
+            if max_keypairs is not None
+            else "the limit for users with no user policy"
+        )
+        return f"already has {held} active keypairs, the most allowed ({whose}: {limit}): revoke one first"
+    return None
+
+
+def _check_room(db: Session, owner: User) -> None:
+    """Raise 409 when ``owner`` may not hold one more active keypair (:func:`keypair_limit`).
+    The user's row is locked first (PostgreSQL), so two issues at once cannot both take the
+    last place."""
+    db.execute(select(User.id).where(User.id == owner.id).with_for_update())
+    held = db.scalar(
+        select(func.count()).select_from(Keypair).where(Keypair.user_id == owner.id, Keypair.is_active)
+    )
+    policy = owner.resource_policy
+    refusal = keypair_limit(policy.max_keypairs if policy is not None else None, held or 0)
+    if refusal is not None:
+        raise Conflict(f"{owner.username} {refusal}")
+
+
 def issue(db: Session, actor: Actor, body: Any) -> tuple[Keypair, str]:
+    """Issue a keypair.  Its policy is the owner's main keypair's unless the body names one (see
+    the module docstring for who may name which); its rate limit the main keypair's unless an
+    admin gives one."""
     body = check_fields(body, optional=["username", "resource_policy", "rate_limit"])
     username = check_username(body.get("username", actor.name), "username")
     owner = db.scalar(select(User).where(User.username == username))
@@ -79,17 +185,25 @@ def issue(db: Session, actor: Actor, body: Any) -> tuple[Keypair, str]:
     if not authz.can_manage_keypairs_of(actor, owner.username, owner.domain.name):
         raise Forbidden(f"you cannot issue keypairs for {username!r}")
     admin = authz.can_manage_in_domain(actor, owner.domain.name)
-    if ("resource_policy" in body or "rate_limit" in body) and not admin:
-        raise Forbidden("only an admin can choose a keypair's resource policy or rate limit")
-    policy_name = check_name(body.get("resource_policy", "default"), "resource_policy")
-    policy = db.scalar(select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == policy_name))
-    if policy is None:
-        raise InvalidInput(f"resource_policy: no keypair policy named {policy_name!r}")
-    rate = check_int(
-        body.get("rate_limit", DEFAULT_RATE_LIMIT), "rate_limit", minimum=1, maximum=MAX_RATE_LIMIT
-    )
+    if "rate_limit" in body and not admin:
+        raise Forbidden("only an admin can choose a keypair's rate limit")
+    main = owner.main_keypair
+    base = main.resource_policy if main is not None else None
+    if "resource_policy" in body:
+        policy = _policy_named(db, body["resource_policy"])
+    elif base is not None:
+        policy = base
+    else:
+        raise Conflict(
+            f"{username!r} has no active main keypair to take a policy from: name a resource_policy"
+        )
+    default_rate = main.rate_limit if main is not None else DEFAULT_RATE_LIMIT
+    rate = check_int(body.get("rate_limit", default_rate), "rate_limit", minimum=1, maximum=MAX_RATE_LIMIT)
+    _check_assignable(actor, owner, policy, base)
     if not owner.is_active:
         raise Conflict(f"user {username!r} is inactive")
+    if not admin:
+        _check_room(db, owner)
     kp, secret = new_keypair(db, owner, policy, rate_limit=rate)
     audit.record(
         db,
@@ -97,7 +211,7 @@ def issue(db: Session, actor: Actor, body: Any) -> tuple[Keypair, str]:
         "keypair.issue",
         kp.access_key,
         target_domain=owner.domain.name,
-        details={"username": username, "resource_policy": policy_name, "rate_limit": rate},
+        details={"username": username, "resource_policy": policy.name, "rate_limit": rate},
     )
     return kp, secret
 
@@ -107,16 +221,25 @@ def update(db: Session, actor: Actor, access_key: str, body: Any) -> Keypair:
     body = check_fields(body, optional=["resource_policy", "rate_limit", "is_active"])
     if not authz.can_manage_in_domain(actor, kp.user.domain.name):
         raise Forbidden("only an admin can change a keypair")
-    if "resource_policy" in body:
-        name = check_name(body["resource_policy"], "resource_policy")
-        policy = db.scalar(select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == name))
-        if policy is None:
-            raise InvalidInput(f"resource_policy: no keypair policy named {name!r}")
+    policy = _policy_named(db, body["resource_policy"]) if "resource_policy" in body else None
+    rate = (
+        check_int(body["rate_limit"], "rate_limit", minimum=1, maximum=MAX_RATE_LIMIT)
+        if "rate_limit" in body
+        else None
+    )
+    active = check_bool(body["is_active"], "is_active") if "is_active" in body else None
+    owner = kp.user
+    main = owner.main_keypair
+    if policy is not None and policy is not kp.resource_policy:
+        # The main keypair is held to its own present policy; any other to the main keypair's.
+        base = kp.resource_policy if kp.is_main or main is None else main.resource_policy
+        _check_assignable(actor, owner, policy, base)
+    if policy is not None:
         kp.resource_policy = policy
-    if "rate_limit" in body:
-        kp.rate_limit = check_int(body["rate_limit"], "rate_limit", minimum=1, maximum=MAX_RATE_LIMIT)
-    if "is_active" in body:
-        kp.is_active = check_bool(body["is_active"], "is_active")
+    if rate is not None:
+        kp.rate_limit = rate
+    if active is not None:
+        kp.is_active = active
     audit.record(db, actor, "keypair.update", kp.access_key, target_domain=kp.user.domain.name, details=body)
     return kp
 

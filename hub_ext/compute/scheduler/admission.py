@@ -196,6 +196,10 @@ class AdmissionContext:
 
     ``user_limit`` None: the user has no cap.  Project and domain caps (and a user cap) limit only
     the slots they name.  ``image`` None with ``request.image`` set means the image is not registered.
+
+    ``keypair_usage_of_user``: the keypair's counts and ``keypair_used`` are those of all the
+    user's keypairs together (so a second keypair under the same policy gives no more); messages
+    then speak of the user.
     """
 
     request: SessionRequest
@@ -211,6 +215,7 @@ class AdmissionContext:
     domain_used: ResourceSlots
     group: GroupSnapshot
     image: ImageSnapshot | None = None
+    keypair_usage_of_user: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -318,6 +323,9 @@ def check_resource_group(ctx: AdmissionContext) -> Refusal | None:
 
 def _keypair_scope(ctx: AdmissionContext) -> str:
     name = ctx.keypair_policy.name
+    if ctx.keypair_usage_of_user:
+        policy = f"resource policy {name}" if name else "resource policy"
+        return f"user {ctx.request.user}, under keypair {ctx.request.keypair}'s {policy},"
     return f"keypair {ctx.request.keypair}" + (f" (resource policy {name})" if name else "")
 
 
