@@ -61,6 +61,15 @@ def limit_files(
     return out
 
 
+def startup_cpu(cpu: Decimal | None, boost: Decimal) -> Decimal | None:
+    """The CPU a session may use while its server starts: at least ``boost`` cores (a JupyterLab
+    held to a tenth of a core takes minutes to start), its own ``cpu`` when that is more; None (no
+    limit) stays None."""
+    if cpu is None or boost <= 0:
+        return cpu
+    return max(cpu, boost)
+
+
 @dataclass(frozen=True)
 class SessionGroup:
     """A session's control group(s); ``parent`` and ``name`` are path components."""
@@ -94,6 +103,12 @@ class SessionGroup:
             )
         )
         for controller, name, value in limit_files(self.version, cpu=cpu, mem=mem, pids=pids, swap_file=swap):
+            _write(os.path.join(where[controller], name), value)
+
+    def set_cpu(self, cpu: Decimal) -> None:
+        """Change the group's CPU limit (the startup boost's end)."""
+        where = dict(self.dirs())
+        for controller, name, value in limit_files(self.version, cpu=cpu, mem=None, pids=None):
             _write(os.path.join(where[controller], name), value)
 
     def join(self, pid: int = 0) -> None:

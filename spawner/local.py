@@ -32,10 +32,10 @@ from urllib.parse import urlparse
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner, SpawnException
 from jupyterhub.traitlets import ByteSpecification
-from traitlets import Bool, Integer, List, Unicode
+from traitlets import Bool, Float, Integer, List, Unicode
 
 from . import sessionnet
-from .cgroups import SessionGroup, cgroup_version
+from .cgroups import SessionGroup, cgroup_version, startup_cpu
 from .launch import LaunchSpec, Mount
 from .mixin import LabfleetSpawnerMixin
 from .sandbox import (
@@ -108,6 +108,19 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         below the root of each v1 controller or of the v2 hierarchy. Empty: no control groups.""",
     ).tag(config=True)
 
+    startup_cpu_boost = Float(
+        1.0,
+        help="""Cores a session may use while its server starts, when it asks for fewer: until its
+        server accepts connections, or `startup_cpu_boost_timeout` seconds at most; then its own
+        CPU. JupyterLab held to a tenth of a core takes minutes to start (Kubernetes' startup CPU
+        boost does the same for pods). 0: no boost.""",
+    ).tag(config=True)
+
+    startup_cpu_boost_timeout = Float(
+        60.0,
+        help="""Seconds at most a session keeps its startup CPU boost (`startup_cpu_boost`).""",
+    ).tag(config=True)
+
     sandbox_runtime = List(
         Unicode(),
         help="""More host folders every session sees read-only at the same place (e.g. a conda
@@ -151,6 +164,8 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
     _log_file = None
     lf_net_index: int | None = None  # the session's network namespace (sessionnet index)
     lf_cgroup: str | None = None  # the session's control group name
+    _lf_final_cpu: Decimal | None = None  # the session's own CPU while its startup boost lasts
+    _lf_boost_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -160,6 +175,8 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             state["labfleet_net"] = self.lf_net_index
         if self.lf_cgroup:
             state["labfleet_cgroup"] = self.lf_cgroup
+        if self._lf_final_cpu is not None:
+            state["labfleet_cpu"] = str(self._lf_final_cpu)  # a Hub restarted mid-boost ends it
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -167,6 +184,10 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         index = state.get("labfleet_net")
         self.lf_net_index = index if isinstance(index, int) else None
         self.lf_cgroup = state.get("labfleet_cgroup") or None
+        try:
+            self._lf_final_cpu = Decimal(str(state["labfleet_cpu"])) if state.get("labfleet_cpu") else None
+        except ArithmeticError:
+            self._lf_final_cpu = None
 
     # ------------------------------------------------------------------ what the session runs as
 
@@ -347,12 +368,11 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             return
         group = SessionGroup(self.cgroup_parent, launch.session_id, version)
         mem = launch.mem or self.mem_limit or None
-        cpu = launch.cpu if launch.cpu is not None else (self.cpu_limit or None)
-        group.create(
-            cpu=Decimal(str(cpu)) if cpu is not None else None,
-            mem=int(mem) if mem else None,
-            pids=launch.pids_limit,
-        )
+        given = launch.cpu if launch.cpu is not None else (self.cpu_limit or None)
+        cpu = Decimal(str(given)) if given is not None else None
+        first = startup_cpu(cpu, Decimal(str(self.startup_cpu_boost)))
+        group.create(cpu=first, mem=int(mem) if mem else None, pids=launch.pids_limit)
+        self._lf_final_cpu = cpu if first != cpu else None
         self.lf_cgroup = launch.session_id
 
     def _group(self) -> SessionGroup | None:
@@ -426,10 +446,14 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
 
     async def start(self):
         try:
-            return await super().start()
+            url = await super().start()
         except BaseException:
             await self._lf_teardown(self.lf_net_index, self.lf_cgroup)
             raise
+        else:
+            if self._lf_final_cpu is not None:
+                self._lf_boost_task = asyncio.ensure_future(self._lf_end_boost(self._lf_final_cpu))
+            return url
         finally:
             if self._log_file is not None:
                 self._log_file.close()  # the child has its own copy
@@ -437,8 +461,35 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
 
     # ------------------------------------------------------------------ stop, poll
 
+    async def _lf_end_boost(self, cpu: Decimal, wait: bool = True) -> None:
+        """The session's own CPU limit once its server accepts connections (or the boost's time is up)."""
+        deadline = asyncio.get_running_loop().time() + (self.startup_cpu_boost_timeout if wait else 0)
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.ip or "127.0.0.1", self.port), 2
+                )
+            except (OSError, asyncio.TimeoutError):
+                await asyncio.sleep(0.25)
+                continue
+            writer.close()
+            break
+        group = self._group()
+        if group is not None:
+            try:
+                await asyncio.to_thread(group.set_cpu, cpu)
+            except OSError as e:  # the session ended meanwhile
+                self.log.debug("labfleet: %s: no startup boost to end: %s", self._log_name, e)
+            else:
+                self.log.debug("labfleet: %s: held to %s CPU from now on", self._log_name, cpu)
+        self._lf_final_cpu = None
+
     async def _lf_teardown(self, net_index: int | None, cgroup: str | None) -> None:
         """What the session held on the host: what still runs in its group, the group, its namespace."""
+        if self._lf_boost_task is not None:
+            self._lf_boost_task.cancel()
+            self._lf_boost_task = None
+        self._lf_final_cpu = None
         if cgroup:
             version = cgroup_version()
             if version is not None:
@@ -458,6 +509,8 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         status = await super().poll()
         if status is not None and held != (None, None):
             await self._lf_teardown(*held)
+        elif status is None and self._lf_final_cpu is not None and self._lf_boost_task is None:
+            await self._lf_end_boost(self._lf_final_cpu, wait=False)  # a Hub restarted mid-boost
         return status
 
     async def stop(self, now: bool = False):

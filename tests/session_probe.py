@@ -8,6 +8,7 @@ Plan keys (all optional): ``unreachable`` / ``reachable``: [[host, port], ...] t
 ``unreadable``: paths to list or read; ``listing``: folders whose entries are reported; ``read_only``: folders to write into (directly, after a
 remount, and from a user namespace of its own); ``urls``: {name: [url, token]} to GET;
 ``hog_bytes``: memory a child process allocates; ``tmp_bytes``: bytes written to /tmp;
+``busy_seconds``: seconds of wall time to spin, reporting the CPU time it got (``cpu_share``);
 ``listen_port``: a port to listen on (127.0.0.1 and every address) until the file ``release``
 appears next to the file ``listening`` it writes in ``handshake_dir``.
 """
@@ -145,6 +146,11 @@ def main() -> None:
     if plan.get("hog_bytes"):
         hog = f"b = bytearray({int(plan['hog_bytes'])}); print('survived', len(b))"
         out["hog"] = run([sys.executable, "-c", hog], timeout=120)
+    if plan.get("busy_seconds"):
+        wall, cpu0 = time.monotonic(), time.process_time()
+        while time.monotonic() - wall < float(plan["busy_seconds"]):
+            pass
+        out["cpu_share"] = (time.process_time() - cpu0) / (time.monotonic() - wall)
     if plan.get("listen_port"):
         port = int(plan["listen_port"])
         local = socket.create_server(("127.0.0.1", port))

@@ -16,7 +16,8 @@ session's log:
   own socket table) is reached at 127.0.0.1, at the gateway or at the host's addresses; nor bob's
   session, nor gus's replica; the Hub's public proxy is, and through it the Hub and the labfleet
   service answer the session's own token as alice;
-- a memory hog over the session's limit is killed; /tmp is bounded;
+- a memory hog over the session's limit is killed; /tmp is bounded; once its server is up (the end
+  of its startup CPU boost) it is held to the half core it asked for;
 - a listener it opens is not on the host's loopback, and is on the session's own address;
 - an address the test serves outside the host's loopback (a network namespace the test makes) is
   reached, as the internet would be.
@@ -43,6 +44,7 @@ pytestmark = pytest.mark.hub
 PROBE = Path(__file__).with_name("session_probe.py")
 MEM = 512 << 20
 TMP = 64 << 20
+CPU = 0.5  # cores: the probe's session is held to half a core
 CONFIG = (
     f"c.LabfleetSpawnerMixin.queue_poll_interval = 0.3\nc.LabfleetLocalSpawner.session_tmp_size = {TMP}\n"
 )
@@ -83,6 +85,16 @@ def _ready(hub, name, server, timeout=90):
             return model
         time.sleep(0.3)
     raise AssertionError(f"{name}/{server} never became ready\n{hub.log_text()[-3000:]}")
+
+
+def _cpu_quota(session_id: str) -> int:
+    """The session's CPU quota per 100 ms period (µs), read from its control group outside it."""
+    v1 = Path("/sys/fs/cgroup/cpu/labfleet", session_id, "cpu.cfs_quota_us")
+    if v1.exists():
+        return int(v1.read_text())
+    quota, period = Path("/sys/fs/cgroup/labfleet", session_id, "cpu.max").read_text().split()
+    assert period == "100000"
+    return int(quota)
 
 
 def _host_listeners() -> list[tuple[str, int]]:
@@ -181,6 +193,7 @@ def test_a_session_cannot_leave_its_sandbox(env):
             "service": [f"http://{gateway}:{port}/services/labfleet/api/me", "$JUPYTERHUB_API_TOKEN"],
         },
         "hog_bytes": 3 * MEM,
+        "busy_seconds": 3,
         "tmp_bytes": 2 * TMP,
         "listen_port": listen_port,
         "handshake_dir": str(home),
@@ -193,7 +206,14 @@ def test_a_session_cannot_leave_its_sandbox(env):
         'os.execvp("python3", ["python3", "session_probe.py", json.dumps(p)])\' '
         f"'{text}'"
     )
-    options = {"project": "ml", "type": "batch", "mem": MEM, "gpu": 0.25, "vfolders": ["bob-data"]}
+    options = {
+        "project": "ml",
+        "type": "batch",
+        "mem": MEM,
+        "cpu": CPU,
+        "gpu": 0.25,
+        "vfolders": ["bob-data"],
+    }
     options["command"] = command
     assert hub.hub_api("POST", "/users/alice/servers/probe", json=options).status_code in (201, 202)
 
@@ -203,6 +223,9 @@ def test_a_session_cannot_leave_its_sandbox(env):
         assert time.monotonic() < deadline, hub.log_text()[-3000:]
         time.sleep(0.3)
     seen = json.loads((home / "listening").read_text())
+    # Its startup boost is over: the kernel holds it to the CPU it asked for.
+    (running,) = [s for s in hub.api("GET", "/sessions", alice).json() if s["name"] == "probe"]
+    assert _cpu_quota(running["id"]) == int(CPU * 100_000)
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{listen_port}/", timeout=5)
     on_host = psutil.net_connections(kind="tcp")
@@ -248,5 +271,6 @@ def test_a_session_cannot_leave_its_sandbox(env):
     for name in ("hub", "service"):
         status, body = out["urls"][name].split(" ", 1)
         assert status == "200" and '"alice"' in body, out["urls"][name]
+    assert out["cpu_share"] <= CPU * 1.2, out["cpu_share"]  # a busy loop gets its quota, no more
     assert out["hog"]["rc"] == -9, out["hog"]  # the kernel's OOM killer, inside the session's group
     assert out["tmp"].startswith("OSError after") and int(out["tmp"].rsplit(" ", 1)[1]) <= TMP, out["tmp"]

@@ -2,10 +2,11 @@
 groups (spawner.cgroups). The real-Hub tests (tests/test_tenant_boundary.py) run them."""
 
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
-from spawner.cgroups import SessionGroup, limit_files
+from spawner.cgroups import SessionGroup, limit_files, startup_cpu
 from spawner.sessionnet import SESSION_IFGROUP, SessionNetwork, ruleset, session_commands, used_indexes
 
 
@@ -95,6 +96,24 @@ def test_cgroup_limits_for_both_hierarchies():
         ("", "pids.max", "64"),
     ]
     assert limit_files(2, cpu=None, mem=None, pids=None) == []
+
+
+def test_startup_boost_never_lowers_a_limit_nor_adds_one():
+    assert startup_cpu(Decimal("0.1"), Decimal(1)) == Decimal(1)
+    assert startup_cpu(Decimal(4), Decimal(1)) == Decimal(4)
+    assert startup_cpu(None, Decimal(1)) is None  # no limit stays none
+    assert startup_cpu(Decimal("0.25"), Decimal(0)) == Decimal("0.25")  # boost off
+
+
+def test_a_group_gets_its_own_cpu_after_the_boost(tmp_path):
+    for version, controller_dir, name in ((1, "cpu", "cpu.cfs_quota_us"), (2, "", "cpu.max")):
+        root = tmp_path / f"v{version}"
+        group = SessionGroup("labfleet", "s-1", version, root=str(root))
+        for _, d in group.dirs():
+            Path(d).mkdir(parents=True)
+        group.set_cpu(Decimal("0.25"))
+        written = (root / controller_dir / "labfleet" / "s-1" / name).read_text()
+        assert written == ("25000" if version == 1 else "25000 100000")
 
 
 def test_cgroup_names_are_path_components():
