@@ -62,7 +62,6 @@ MOCK_UUID_PREFIX = "GPU-mock-"
 DEFAULT_NETWORK = "labfleet-sessions"
 DEFAULT_BRIDGE = "lfdock0"  # sessionnet: 1 to 9 characters
 DEFAULT_SUBNET = "10.214.0.0/16"  # beside the local sessions' 10.213.0.0/16
-BRIDGE_NF = "/proc/sys/net/bridge"  # there when the kernel's br_netfilter is loaded
 # Session networks this Hub process has guarded: (nftables table, Docker network id, bridge ifindex).
 # A network or bridge made again (Docker restarted, the network removed) is guarded again.
 _GUARDED: set[tuple[str, str, int]] = set()
@@ -452,17 +451,6 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
         self._lf_log_done = None
 
 
-async def _run(args: list[str]) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode(errors="replace").strip()
-
-
 def _ifindex(link: str) -> int:
     try:
         with open(f"/sys/class/net/{link}/ifindex") as f:
@@ -471,27 +459,9 @@ def _ifindex(link: str) -> int:
         return -1
 
 
-def _bridge_nf_loaded() -> bool:
-    return os.path.isdir(BRIDGE_NF)
-
-
 async def _filter_bridged(bridge: str) -> None:
-    """Let the host's firewall see the frames the bridge forwards between its containers.
-
-    Docker plugs containers into ordinary bridge ports, which forward to each other without the
-    IP layer; with ``br_netfilter`` (as Docker's own inter-container rules need it) they cross the
-    ``forward`` hook, where the sessions' table refuses traffic from the bridge back into it. Set
-    on this bridge only (``nf_call_iptables``), not host-wide."""
-    if not _bridge_nf_loaded():
-        await _run(["modprobe", "br_netfilter"])
-    if not _bridge_nf_loaded():
-        raise SpawnException(
-            "labfleet: the kernel's br_netfilter is not loaded (modprobe br_netfilter failed): sessions "
-            f"on the bridge {bridge} could reach each other",
-            status_code=503,
-            reason="session-network",
-        )
-    cmd = f"ip link set dev {bridge} type bridge nf_call_iptables 1 nf_call_ip6tables 1".split()
-    rc, out = await _run(cmd)
-    if rc:
-        raise sessionnet.NetworkError(f"{' '.join(cmd)} failed ({rc}): {out[-500:]}")
+    """Sessions on ``bridge`` cross the firewall's forward hook (sessionnet.filter_bridged)."""
+    try:
+        await sessionnet.filter_bridged(bridge)
+    except sessionnet.NetworkError as e:
+        raise SpawnException(f"labfleet: {e}", status_code=503, reason="session-network") from None

@@ -35,6 +35,7 @@ NETNS_DIR = "/run/netns"
 _BRIDGE = re.compile(r"^[a-z][a-z0-9]{0,8}$")  # 9 characters: "<bridge>-<index>" fits in 15
 MAX_INDEX = 65535
 DEFAULT_DENY = ("169.254.0.0/16",)  # link-local: the cloud's metadata service among them
+BRIDGE_NF = "/proc/sys/net/bridge"  # there when the kernel's br_netfilter is loaded
 
 
 class NetworkError(RuntimeError):
@@ -144,6 +145,9 @@ def ruleset(net: SessionNetwork) -> str:
         "  }",
         "  chain through_host {",
         "    type filter hook forward priority filter; policy accept;",
+        # A proxy on another machine (a Swarm node's sessions call the manager's): the rewritten
+        # packets leave through the host, whatever ``deny`` says of the proxy's network.
+        f'    iifname "{br}" ct status dnat accept',
         *(f'    iifname "{br}" oifgroup {SESSION_IFGROUP} {r}' for r in refuse),
         *(f'    iifname "{br}" oifname "{br}" {r}' for r in refuse),
         *(f'    iifname "{br}" ip daddr {{ {deny} }} {r}' for r in (refuse if deny else [])),
@@ -219,8 +223,9 @@ def _write(path: str, value: str) -> None:
 
 
 def _link_exists(name: str) -> bool:
-    """Whether the host has a network interface ``name``."""
-    return os.path.exists(f"/sys/class/net/{name}")
+    """Whether this network namespace has an interface ``name`` (/proc/sys/net is the caller's
+    namespace; /sys/class/net is the one /sys was mounted in, wrong under ``nsenter --net``)."""
+    return os.path.exists(f"/proc/sys/net/ipv4/conf/{name}")
 
 
 def _taken(net: SessionNetwork) -> set[int]:
@@ -276,6 +281,27 @@ async def attach(net: SessionNetwork, start: int = 0) -> int:
     raise NetworkError(f"no free address left in {net.subnet} on {net.bridge}")
 
 
+def bridge_filter_loaded() -> bool:
+    return os.path.isdir(BRIDGE_NF)
+
+
+async def filter_bridged(bridge: str) -> None:
+    """Let the host's firewall see the frames ``bridge`` forwards between its ports.
+
+    Docker plugs containers into ordinary bridge ports, which forward to each other without the
+    IP layer; with ``br_netfilter`` (as Docker's own inter-container rules need it) they cross the
+    ``forward`` hook, where the sessions' table refuses traffic from the bridge back into it. Set
+    on this bridge only (``nf_call_iptables``), not host-wide. NetworkError when it cannot be."""
+    if not bridge_filter_loaded():
+        await _run(["modprobe", "br_netfilter"])
+    if not bridge_filter_loaded():
+        raise NetworkError(
+            "the kernel's br_netfilter is not loaded (modprobe br_netfilter failed): sessions "
+            f"on the bridge {bridge} could reach each other"
+        )
+    await _must(f"ip link set dev {bridge} type bridge nf_call_iptables 1 nf_call_ip6tables 1".split())
+
+
 def exists(net: SessionNetwork, index: int) -> bool:
     return os.path.exists(net.netns_path(index))
 
@@ -291,12 +317,10 @@ async def detach(net: SessionNetwork, index: int) -> None:
 async def remove(net: SessionNetwork) -> None:
     """This Hub's table, and the bridge once no session is plugged into it (tests; uninstall)."""
     await _run(["nft", "delete", "table", "inet", net.table])
-    if _link_exists(net.bridge) and not _bridge_ports(net.bridge):
+    if _link_exists(net.bridge) and not await _bridge_ports(net.bridge):
         await _run(["ip", "link", "delete", net.bridge])
 
 
-def _bridge_ports(bridge: str) -> list[str]:
-    try:
-        return os.listdir(f"/sys/class/net/{bridge}/brif")
-    except OSError:
-        return []
+async def _bridge_ports(bridge: str) -> list[str]:
+    rc, out = await _run(["ip", "-o", "link", "show", "master", bridge])
+    return out.splitlines() if rc == 0 else []

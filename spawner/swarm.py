@@ -10,10 +10,13 @@ pure :func:`spawner.swarm_config.service_config`.
 - Node labels (``swarm.node_id``, ``address``) come from the labfleet service: the session's
   ``node_labels`` when it names them, else the node's ``labels`` in ``GET /nodes``; ``node_labels``
   here (config) covers nodes the service has no labels for.
-- Networking: with ``network_name = "host"`` (default) the server listens on the node's
-  ``address`` on a random port and the Hub connects there.  With a Swarm network (an attachable
-  overlay the Hub shares) it listens on port 8888 of its container and the Hub uses the service's
-  name (Swarm's DNS).
+- Networking: on the sessions' Swarm network (:mod:`spawner.swarmnet`, ``network_name``, which
+  ``labfleet node network`` makes on every node) the server listens on port 8888 of its container,
+  its node publishes it, and the Hub connects to the node's ``address`` at that port; the session
+  calls the Hub's API and the labfleet service through the Hub's public proxy at its bridge's
+  gateway, and reaches nothing else of the cluster.  With ``network_name = "host"`` the server
+  listens on the node's ``address`` on a random port, on the node's own network, and a warning
+  says so at each spawn.
 - Start: the task is followed until it runs; a task Swarm rejects or that fails ends the spawn with
   Swarm's own reason, and one that waits for a node ("no suitable node") ends it after
   ``task_pending_timeout``.
@@ -26,24 +29,29 @@ pure :func:`spawner.swarm_config.service_config`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pprint import pformat
 from typing import Any
+from urllib.parse import urlparse
 
 import docker
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, RestartPolicy, TaskTemplate
 from dockerspawner import SwarmSpawner
+from jupyterhub.spawner import SpawnException
 from jupyterhub.utils import random_port
 from traitlets import Dict, Float, List, Unicode, default
 
+from . import swarmnet
+from .docker_config import gateway_environment
 from .dockerlogs import follow_logs
 from .launch import LaunchSpec
 from .launch import Mount as LaunchMount
 from .mixin import LabfleetSpawnerMixin
 from .options import SessionOptions
-from .swarm_config import ServiceConfig, service_config
+from .swarm_config import SERVER_PORT, ServiceConfig, published_port, service_config
 
-SERVER_PORT = 8888  # the server's port inside its container on a Swarm network
+NETWORK_ENV = "LABFLEET_SWARM_NETWORK"  # the default of network_name ("host": the nodes' own)
 RUNNING = {"running"}
 WAITING = {"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting"}
 FAILED = {"failed", "rejected", "orphaned", "remove", "shutdown", "complete"}
@@ -115,15 +123,34 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
         down, drained in Swarm, or short of what the task reserves) before the spawn fails.""",
     ).tag(config=True)
 
+    no_new_privs_command = List(
+        Unicode(),
+        default_value=["setpriv", "--no-new-privs"],
+        help="""Put before the server's command so that nothing in the session gains privileges
+        through a setuid program (`no_new_privs`, which a Swarm service cannot ask of the engine
+        before API 1.46). `setpriv` is util-linux's, in every Debian and Ubuntu image; `[]` for an
+        image without it (its sessions then run without no_new_privs).""",
+    ).tag(config=True)
+
     log_follow_timeout = Float(
         1.0,
         help="""Seconds to wait, once a session's service is removed, for its last output to reach the
         session log before the log stream is cut.""",
     ).tag(config=True)
 
+    session_subnet = Unicode(
+        help="""The sessions' addresses on every node (`labfleet node network --subnet`): the first is
+        each node's bridge, the gateway where a session calls the Hub's public proxy. Default:
+        $LABFLEET_SWARM_SESSION_SUBNET, else `10.215.0.0/16`.""",
+    ).tag(config=True)
+
+    @default("session_subnet")
+    def _session_subnet_default(self) -> str:
+        return os.environ.get("LABFLEET_SWARM_SESSION_SUBNET") or swarmnet.DEFAULT_SUBNET
+
     @default("network_name")
     def _network_name_default(self) -> str:
-        return "host"
+        return os.environ.get(NETWORK_ENV) or swarmnet.SWARM_NETWORK
 
     @default("ip")
     def _ip_default(self) -> str:
@@ -209,12 +236,40 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
             self.ip = cfg.address
             self.port = random_port()
         else:
+            await self._lf_check_network()
             self.ip = "0.0.0.0"
             self.port = SERVER_PORT
         for name in cfg.dropped:
             self.log.debug(
                 "labfleet: %s is not a Swarm service option: left out for %s", name, self._log_name
             )
+
+    async def _lf_check_network(self) -> None:
+        """The sessions' Swarm network must exist (``labfleet node network --manager``)."""
+        try:
+            found = await self.docker("inspect_network", self.network_name)
+        except docker.errors.NotFound:
+            found = None
+        if not found or found.get("Scope") != "swarm":
+            raise SpawnException(
+                f"labfleet: the sessions' Swarm network {self.network_name!r} is missing: run `labfleet node "
+                "network --proxy HOST:PORT --manager` on a manager and `labfleet node network --proxy HOST:PORT` "
+                "on every node (see the README)",
+                status_code=503,
+                reason="session-network",
+            )
+
+    def lf_proxy_port(self) -> int:
+        """The port of the Hub's public proxy as the nodes reach it (the labfleet service's URL for
+        sessions, else the proxy's public URL): the nodes' gateways forward it there."""
+        proxy = getattr(self.user, "settings", {}).get("proxy")  # type: ignore[attr-defined]
+        url = urlparse(self.session_service_url or getattr(proxy, "public_url", "") or "")
+        return url.port or (443 if url.scheme == "https" else 80)
+
+    async def get_command(self):
+        cmd = await super().get_command()
+        prefix = list(self.no_new_privs_command)
+        return [*prefix, *cmd] if prefix and cmd else cmd
 
     async def check_allowed(self, image):
         # labfleet's service admitted the image for the session's project.
@@ -226,6 +281,10 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
         env = super().get_env()
         if self.lf_service is not None:
             env.update(self.lf_service.env)
+        if self.network_name != "host":
+            # No route to the Hub's API nor to the service: both through the public proxy, at the gateway.
+            gateway = swarmnet.gateway_url(self.session_subnet, self.lf_proxy_port())
+            env.update(gateway_environment(env, gateway, self.session_service_url or self.service_url))
         return env
 
     async def create_object(self):
@@ -255,7 +314,7 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
         service = await self.docker(
             "create_service",
             task_template=task,
-            endpoint_spec=EndpointSpec(**self.extra_endpoint_spec),
+            endpoint_spec=EndpointSpec(**{**_endpoint_kwargs(cfg.endpoint), **self.extra_endpoint_spec}),
             name=self.service_name,
             labels=dict(cfg.labels),
         )
@@ -289,7 +348,16 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
     async def get_ip_and_port(self):
         if self.network_name == "host":
             return self.ip, self.port
-        return self.service_name, self.port
+        # The node's address, at the port it published for the server (known once the task runs).
+        cfg = self.lf_service
+        deadline = time.monotonic() + 10
+        while True:
+            port = published_port(await self.get_task() or {})
+            if port is not None and cfg is not None:
+                return cfg.address, port
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Swarm published no port for {self.service_name}'s server")
+            await asyncio.sleep(0.2)
 
     async def lf_task_container(self) -> str | None:
         task = await self.get_task()
@@ -358,3 +426,13 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
     async def stop(self, now: bool = False):
         await super().stop(now=now)
         self._lf_container = None
+
+
+def _endpoint_kwargs(endpoint: dict[str, Any]) -> dict[str, Any]:
+    """docker-py's EndpointSpec(mode, ports) from the API's EndpointSpec (ports as the API's list)."""
+    out: dict[str, Any] = {}
+    if endpoint.get("Mode"):
+        out["mode"] = endpoint["Mode"]
+    if endpoint.get("Ports"):
+        out["ports"] = list(endpoint["Ports"])
+    return out

@@ -17,8 +17,11 @@ and :func:`service_config` pins the service to that node and names the devices.
   at all: they are left out (listed in ``dropped``).
 - **Mounts**: bind mounts of the same host paths as the Docker backend: every node must mount the
   storage at the same place (a shared filesystem).
-- **Network**: ``host`` (default): the server listens on the node's ``address`` label; or a Swarm
-  network (overlay) shared with the Hub, where it listens on all of its container's interfaces.
+- **Network**: ``host``: the server listens on the node's ``address`` label, on the node's network;
+  or the sessions' Swarm network (:mod:`spawner.swarmnet`), where it listens on port
+  :data:`SERVER_PORT` of its container, which the node publishes (host mode: on that node only, on
+  a port Docker picks; a model-serving replica's port as itself); the Hub connects to the node's
+  ``address`` at the published port.
 - **Restarts**: none.  A session whose server exits has ended (a batch command's exit code is
   read from its task); Swarm must not start it again somewhere else.
 
@@ -45,6 +48,8 @@ _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 NANO = 10**9
+SERVER_PORT = 8888  # the server's port inside its container on the sessions' network
+INFERENCE_PORT_ENV = "LABFLEET_INFERENCE_PORT"
 # Docker options of the Docker backend that a Swarm service cannot set (API 1.41).
 UNSUPPORTED = ("security_opt", "memswap_limit", "ipc_mode", "device_requests")
 
@@ -64,7 +69,7 @@ class ServiceConfig:
 
     image: str
     node_id: str  # the Swarm node the service is pinned to
-    address: str  # where the server listens (host network), "" on a Swarm network
+    address: str  # the node's address: where the server listens (host network) or is published
     constraints: list[str]
     env: dict[str, str]  # what the builder adds to the spawner's environment (the spec's, MPS)
     mounts: list[ServiceMount]
@@ -73,8 +78,10 @@ class ServiceConfig:
     # keyword arguments of docker-py's ContainerSpec besides image, env, args and mounts
     container_spec: dict[str, Any]
     labels: dict[str, str]  # of the service and of its container
-    networks: list[str]  # the task's networks: ["host"], or the Swarm network shared with the Hub
+    networks: list[str]  # the task's networks: ["host"], or the sessions' Swarm network
     network_name: str
+    # the API's EndpointSpec: {} on the host's network, else what the node publishes
+    endpoint: dict[str, Any] = field(default_factory=dict)
     restart_policy: dict[str, Any] = field(default_factory=lambda: {"condition": "none"})
     # what the Docker backend sets that the service leaves out (see the module doc)
     dropped: tuple[str, ...] = ()
@@ -104,6 +111,15 @@ def node_placement(labels: Mapping[str, Any], node: str | None = None) -> tuple[
     return node_id, address
 
 
+def published_port(task: Mapping[str, Any], target: int = SERVER_PORT) -> int | None:
+    """The node's port for ``target`` in a running task (``Status.PortStatus``), None before."""
+    ports = ((task.get("Status") or {}).get("PortStatus") or {}).get("Ports") or []
+    for p in ports:
+        if isinstance(p, Mapping) and p.get("TargetPort") == target and p.get("PublishedPort"):
+            return int(p["PublishedPort"])
+    return None
+
+
 def service_config(
     spec: LaunchSpec,
     node_labels: Mapping[str, Any],
@@ -117,7 +133,7 @@ def service_config(
 ) -> ServiceConfig:
     """The Swarm service for ``spec`` on the node whose labfleet labels are ``node_labels``.
 
-    ``network_name``: ``host`` or a Swarm network (overlay) the Hub shares; ``mps_pipe_dir``: the
+    ``network_name``: ``host`` or the sessions' Swarm network; ``mps_pipe_dir``: the
     nodes' MPS pipe directory (a fraction limited with MPS needs it); ``user``: ``uid:gid``;
     ``reserve``: also reserve the CPU and memory (Swarm's scheduler then refuses to overcommit).
     Raises ValueError for a spec or node a service cannot express.
@@ -163,11 +179,22 @@ def service_config(
     container["labels"] = labels
     if user:
         container["user"] = user
-    host_network = network_name == "host"
+    endpoint: dict[str, Any] = {}
+    if network_name != "host":
+        # Published on the node only (host mode; no ingress); the server on a port Docker picks, a
+        # replica on the port the serving engine gave it (its route names the node and that port).
+        ports = [{"Protocol": "tcp", "TargetPort": SERVER_PORT, "PublishMode": "host"}]
+        inference = spec.env.get(INFERENCE_PORT_ENV, "")
+        if inference.isdigit():
+            port = int(inference)
+            ports.append(
+                {"Protocol": "tcp", "TargetPort": port, "PublishedPort": port, "PublishMode": "host"}
+            )
+        endpoint = {"Mode": "dnsrr", "Ports": ports}
     return ServiceConfig(
         image=cfg.image,
         node_id=node_id,
-        address=address if host_network else "",
+        address=address,
         constraints=[f"node.id=={node_id}"],
         env=env,
         mounts=mounts,
@@ -176,6 +203,7 @@ def service_config(
         labels=labels,
         networks=[network_name],
         network_name=network_name,
+        endpoint=endpoint,
         dropped=tuple(k for k in UNSUPPORTED if k in host),
     )
 
@@ -187,8 +215,10 @@ __all__ = [
     "LABEL_SESSION_ID",
     "LABEL_USER",
     "NODE_ID_LABEL",
+    "SERVER_PORT",
     "ServiceConfig",
     "ServiceMount",
     "node_placement",
+    "published_port",
     "service_config",
 ]

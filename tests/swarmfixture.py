@@ -4,9 +4,11 @@
   the main engine (the manager), node 2 a second dockerd in the network namespace
   ``$LABFLEET_SWARM_NETNS``; :func:`swarm_down` removes the sessions' services, leaves the swarm on
   both engines and tears node 2 down (``scripts/swarm.sh --stop``).
-- :func:`start_swarm_hub` starts the Hub on node 1's address ($LABFLEET_SWARM_ADDR1): its proxy and
-  its API listen there, so node 2 (which reaches the root namespace only through that address)
-  reaches both; the labfleet service stays on 127.0.0.1 behind the proxy.
+- :func:`start_swarm_hub` starts the Hub with its proxy on node 1's address ($LABFLEET_SWARM_ADDR1),
+  where node 2 reaches it; the Hub's API and the labfleet service stay on 127.0.0.1 behind it.
+- :func:`node_network` runs ``labfleet node network`` on both nodes, as an operator does before a
+  node takes sessions (node 2's inside its namespace): the sessions' bridge, config-only network
+  and firewall on each, the Swarm network on node 1; the nodes' own network is denied to sessions.
 - :func:`register_node` registers a node straight in labfleet's DB with its labels (what a node
   agent does through the service), for tests that run without agents; :class:`Agent` runs
   ``labfleet agent`` for a node (node 2's inside the namespace, through ``nsenter --net``).
@@ -108,6 +110,35 @@ def swarm_down() -> None:
     except Exception as e:  # the engine may be gone already: the script says what it finds
         print(f"removing the sessions' services failed: {e}")
     run_script(["swarm.sh", "--stop"], 300)
+
+
+def node_network(nodes: SwarmNodes, hub: Hub, *, remove: bool = False) -> str:
+    """``labfleet node network`` on node 1 (``--manager``) and node 2 for ``hub``'s proxy; its output."""
+    from urllib.parse import urlparse
+
+    proxy = f"{nodes.addr1}:{urlparse(hub.url).port}"
+    cluster = f"{nodes.addr1}/{os.environ.get('LABFLEET_SWARM_PREFIX', '30')}"
+    base = [sys.executable, "-m", "hub_ext.cli", "node", "network", "--proxy", proxy, "--deny", cluster]
+    if remove:
+        base.append("--remove")
+    runs = [
+        [*base, "--manager"],
+        ["nsenter", f"--net=/var/run/netns/{nodes.netns}", *base, "--docker-host", f"unix://{nodes.sock2}"],
+    ]
+    out = []
+    for cmd in runs:  # the manager first: its Swarm network goes before the nodes' config-only ones
+        r = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        out.append(r.stdout + r.stderr)
+        if r.returncode != 0 and not remove:
+            pytest.fail(f"{' '.join(cmd[2:])} failed ({r.returncode}): {r.stdout}{r.stderr}")
+    return "\n".join(out)
 
 
 def register_node(

@@ -21,20 +21,27 @@ node 2 torn down); anything that cannot start is a failure that says why, never 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
+from urllib.parse import urlparse
 
 import pytest
 import requests
 
+from spawner.swarm_config import published_port
+from tests.hubfixture import free_port
 from tests.swarmfixture import (
     IMAGE,
     SERVICE_PREFIX,
     Agent,
     agent_available,
+    node_network,
     node_token,
     register_node,
+    remove_services,
     start_swarm_hub,
     swarm_down,
     swarm_up,
@@ -85,6 +92,7 @@ def env(nodes, engines, tmp_path_factory):
     )
     box = {"hub": hub, "state": state, "nodes": nodes, "servers": set()}
     try:
+        print(node_network(nodes, hub))
         root = hub.wait_token("root")
         for method, path, body in [
             ("POST", "/domains", {"name": "acme"}),
@@ -99,6 +107,8 @@ def env(nodes, engines, tmp_path_factory):
         for server in box["servers"]:
             hub.hub_api("DELETE", f"/users/alice/servers/{server}")
         hub.stop()
+        remove_services()
+        print(node_network(nodes, hub, remove=True))
         print(hub.log_text()[-3000:])
 
 
@@ -231,18 +241,31 @@ def test_session_lands_on_node_2_when_node_1_is_full(env, nodes, engines):
     assert not one.containers.list(filters={"label": f"ai.labfleet.session-id={b['id']}"})
     c = _container(two, b["id"])
     info = two.api.inspect_container(c.id)
-    assert info["HostConfig"]["NetworkMode"] == "host"
+    # On the sessions' network (not the node's): its address in the sessions' subnet, its server
+    # published by node 2, the Hub's API and the service called at the bridge's gateway.
+    assert list(info["NetworkSettings"]["Networks"]) == ["labfleet-sessions"], info["NetworkSettings"]
+    assert info["NetworkSettings"]["Networks"]["labfleet-sessions"]["IPAddress"].startswith("10.215.")
     env_ = dict(e.split("=", 1) for e in info["Config"]["Env"])
     assert env_["NVIDIA_VISIBLE_DEVICES"] == b["devices"][0]["uuid"] == "GPU-mock-swarm-2-0"
     assert env_["LABFLEET_NODE"] == "swarm-2"
-    assert env_["JUPYTERHUB_SERVICE_URL"].startswith(f"http://{nodes.addr2}:")
-    assert env_["JUPYTERHUB_API_URL"].startswith(f"http://{nodes.addr1}:")
+    proxy_port = urlparse(hub.url).port
+    assert env_["JUPYTERHUB_API_URL"] == f"http://10.215.0.1:{proxy_port}/hub/api"
+    assert env_["LABFLEET_SERVICE_URL"] == f"http://10.215.0.1:{proxy_port}/services/labfleet/api"
+    published = published_port(_service(engines, "b").tasks(filters={"desired-state": "running"})[0])
     code, out = _exec(
         c,
         "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; id -u",
     )
     assert code == 0, out
     assert out.split() == [str(512 * 2**20), "1000"]
+    # The server and what it starts gain no privileges (setpriv --no-new-privs before its command):
+    # the init's one child is the server (what `docker exec` runs is not the init's).
+    code, out = _exec(
+        c,
+        "for p in $(cat /proc/1/task/1/children); do grep NoNewPrivs /proc/$p/status; tr '\\0' ' ' </proc/$p/cmdline; done",
+    )
+    assert code == 0 and out.split()[:2] == ["NoNewPrivs:", "1"] and "jupyterhub-singleuser" in out, out
+    _sessions_reach_nothing_of_the_cluster(env, nodes, engines, a, b, published)
 
     # JupyterLab on node 2 through the Hub's proxy; the session reaches the labfleet service too.
     r = _lab_status(env, "b")
@@ -263,6 +286,84 @@ def test_session_lands_on_node_2_when_node_1_is_full(env, nodes, engines):
     assert view["allocated"]["gpu.shares"] == 0 and view["allocated"]["cpu"] == 0
     _stop(env, "a")
     assert _nodes_view(env)["swarm-1"]["allocated"]["gpu.shares"] == 0
+
+
+PROBE = """
+import json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=4).close()
+        out[target] = "open"
+    except OSError as e:
+        out[target] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def _probe(container, targets):
+    r = container.exec_run(["python3", "-c", PROBE, *targets])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output.decode().strip().splitlines()[-1])
+
+
+def _sessions_reach_nothing_of_the_cluster(env, nodes, engines, a, b, b_published):
+    """From a session on each node: the Hub's proxy at the gateway, and nothing else of the cluster
+    (the nodes' own ports, the other session's published server, the other node, metadata)."""
+    one, two = engines
+    hub = env["hub"]
+    proxy_port = urlparse(hub.url).port
+    a_published = published_port(_service(engines, "a").tasks(filters={"desired-state": "running"})[0])
+    on_node1, on_node2 = free_port(), free_port()
+    listeners = [
+        subprocess.Popen([sys.executable, "-m", "http.server", "--bind", nodes.addr1, str(on_node1)]),
+        subprocess.Popen(
+            [
+                "nsenter",
+                f"--net=/var/run/netns/{nodes.netns}",
+                sys.executable,
+                "-m",
+                "http.server",
+                "--bind",
+                nodes.addr2,
+                str(on_node2),
+            ]
+        ),
+    ]
+    try:
+        wait_until("the nodes' own listeners", lambda: _listening(nodes.addr1, on_node1), 20)
+        closed = [
+            f"{nodes.addr1}:{on_node1}",  # a program on node 1 (the manager: the Hub's machine)
+            f"{nodes.addr2}:{on_node2}",  # a program on node 2
+            f"{nodes.addr1}:{proxy_port}",  # the proxy at its own address: only through the gateway
+            f"{nodes.addr1}:{a_published}",  # session a's server, published by node 1
+            f"{nodes.addr2}:{b_published}",  # session b's server, published by node 2
+            "10.215.0.1:22",  # the node at its gateway: only the proxy's port is forwarded
+            "169.254.169.254:80",  # cloud metadata
+        ]
+        for session, client in ((a, one), (b, two)):
+            seen = _probe(_container(client, session["id"]), [f"10.215.0.1:{proxy_port}", *closed])
+            assert seen.pop(f"10.215.0.1:{proxy_port}") == "open", (session["node"], seen)
+            assert all(v != "open" for v in seen.values()), (session["node"], seen)
+            # Refused at once, not left to time out.
+            assert "TimeoutError" not in seen.values() and "timeout" not in seen.values(), seen
+        # The Hub (outside the sessions' network) reaches both servers where the nodes publish them.
+        assert _listening(nodes.addr1, a_published) and _listening(nodes.addr2, b_published)
+    finally:
+        for p in listeners:
+            p.terminate()
+            p.wait(10)
+
+
+def _listening(host, port):
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_folder_written_on_node_1_is_read_on_node_2(env, nodes, engines):

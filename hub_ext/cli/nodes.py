@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hub_ext.cli.base import Command, Group, ListCommand, Option, bytes_text
+from hub_ext.cli.base import CliError, Command, Group, ListCommand, Option, UsageError, bytes_text, one_line
 
 
 def _node_row(v: dict[str, Any]) -> list[Any]:
@@ -165,6 +165,106 @@ class Agent(Command):
         main(self.args)
 
 
+def _cidr(value: str) -> str:
+    import ipaddress
+
+    return str(ipaddress.IPv4Network(value.strip(), strict=False))
+
+
+class NodeNetwork(Command):
+    """``labfleet node network``: this node's part of the Swarm sessions' network (spawner.swarmnet)."""
+
+    name = "labfleet node network"
+    description = """Make this Swarm node's sessions' network, as root, before it takes sessions: the
+    sessions' bridge, the engine's config-only network, and the firewall table that lets a session
+    reach the Hub's public proxy (at its gateway) and the internet, never the node itself, another
+    session, or a --deny network. On a manager, --manager also makes the Swarm network sessions join.
+    Safe to run again (after a reboot: the bridge and the table do not survive one)."""
+    options = (
+        Option(
+            "--proxy",
+            "The Hub's public proxy as the nodes reach it, HOST:PORT (the port of its public URL).",
+            metavar="HOST:PORT",
+        ),
+        Option(
+            "--deny",
+            "A network sessions may not reach (repeat); give the cluster's own network. Default: "
+            "169.254.0.0/16 (cloud metadata), always added.",
+            metavar="CIDR",
+            repeat=True,
+            convert=_cidr,
+        ),
+        Option("--bridge", "The sessions' Linux bridge (default lfswarm0).", metavar="NAME"),
+        Option(
+            "--subnet",
+            "The sessions' addresses, the same on every node (default 10.215.0.0/16).",
+            metavar="CIDR",
+        ),
+        Option(
+            "--docker-host",
+            "This node's engine (default $DOCKER_HOST or its socket).",
+            metavar="URL",
+            dest="docker_host",
+        ),
+        Option("--manager", "Also make the Swarm network (once, on a manager).", metavar=None),
+        Option("--remove", "Undo it: the networks nothing uses, the firewall table.", metavar=None),
+    )
+    examples = (
+        "labfleet node network --proxy 10.0.0.1:8000 --deny 10.0.0.0/24 --manager",
+        "labfleet node network --proxy 10.0.0.1:8000 --deny 10.0.0.0/24",
+    )
+
+    @classmethod
+    def parse(cls, argv: Sequence[str], given: Mapping[str, Any]) -> Command:
+        cmd = super().parse(argv, given)
+        if not cmd.opts.proxy:
+            raise UsageError("labfleet node network: --proxy HOST:PORT is required")
+        return cmd
+
+    def run(self) -> None:
+        import asyncio
+        import os
+
+        import docker
+
+        from spawner import sessionnet, swarmnet
+
+        deny = [*sessionnet.DEFAULT_DENY, *(self.opts.deny or [])]
+        try:
+            net = swarmnet.session_network(
+                self.opts.bridge or swarmnet.DEFAULT_BRIDGE,
+                self.opts.subnet or swarmnet.DEFAULT_SUBNET,
+                self.opts.proxy,
+                deny,
+            )
+        except ValueError as e:
+            raise UsageError(f"labfleet node network: {e}") from None
+        if os.geteuid() != 0:
+            raise CliError(
+                "labfleet node network: run it as root (it changes the node's network and firewall)"
+            )
+        api = (
+            docker.APIClient(base_url=self.opts.docker_host or None, version="auto", timeout=60)
+            if self.opts.docker_host
+            else docker.from_env(version="auto", timeout=60).api
+        )
+        try:
+            if self.opts.remove:
+                done = asyncio.run(
+                    swarmnet.remove_node(
+                        net, api, network=swarmnet.SWARM_NETWORK if self.opts.manager else None
+                    )
+                )
+            else:
+                done = asyncio.run(swarmnet.ensure_node(net, api, manager=bool(self.opts.manager)))
+        except (sessionnet.NetworkError, docker.errors.DockerException) as e:
+            raise CliError(f"labfleet node network: {one_line(e)}") from None
+        finally:
+            api.close()
+        for line in done:
+            self.out(line)
+
+
 NODE = Group(
     "labfleet node",
     "Manage nodes and the tokens of their agents.",
@@ -172,6 +272,7 @@ NODE = Group(
         "list": NodeList,
         "drain": NodeDrain,
         "undrain": NodeUndrain,
+        "network": NodeNetwork,
         "token": Group(
             "labfleet node token",
             "Issue, list and revoke node tokens (for `labfleet agent`).",

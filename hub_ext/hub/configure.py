@@ -49,6 +49,7 @@ DEFAULT_SERVICE_PORT = 10101
 # listens there), and the labfleet service's URL as sessions on those nodes reach it.
 HUB_ADDRESS_ENV = "LABFLEET_HUB_ADDRESS"
 SESSION_SERVICE_URL_ENV = "LABFLEET_SESSION_SERVICE_URL"
+SWARM_NETWORK_ENV = "LABFLEET_SWARM_NETWORK"  # spawner.swarm.NETWORK_ENV
 SWARM_SPAWNER = "spawner.swarm.LabfleetSwarmSpawner"
 
 # What the labfleet service may do on the Hub: keep users and groups in step, read servers.
@@ -318,10 +319,12 @@ def configure_spawner(c, backend: str, state: Path) -> list[dict]:
 def configure_swarm(c) -> list[dict]:
     """Sessions as Swarm services (spawner/swarm.py), the Hub on a manager node.
 
-    Host networking: each server listens on its node's ``address`` label and the Hub connects there;
-    the sessions reach the Hub's API on $LABFLEET_HUB_ADDRESS (the manager's address, default
-    127.0.0.1: a one-node swarm) and the labfleet service at $LABFLEET_SESSION_SERVICE_URL (through the
-    Hub's proxy, which must listen where the nodes reach it)."""
+    On the sessions' Swarm network (the default; ``labfleet node network`` on every node) a session
+    reaches the Hub's API and the labfleet service only through the Hub's public proxy, which must
+    listen where the nodes reach it ($LABFLEET_SESSION_SERVICE_URL names it); the Hub's API stays on
+    127.0.0.1. With $LABFLEET_SWARM_NETWORK=host each server listens on its node's ``address``
+    label and sessions reach the Hub's API on $LABFLEET_HUB_ADDRESS (the manager's address, default
+    127.0.0.1: a one-node swarm)."""
     image = os.environ.get(DOCKER_IMAGE_ENV, DEFAULT_DOCKER_IMAGE)
     address = os.environ.get(HUB_ADDRESS_ENV) or "127.0.0.1"
     session_service_url = os.environ.get(SESSION_SERVICE_URL_ENV, "")
@@ -332,9 +335,11 @@ def configure_swarm(c) -> list[dict]:
         )
     c.JupyterHub.spawner_class = SWARM_SPAWNER
     c.LabfleetSpawnerMixin.default_image = image
-    c.SwarmSpawner.network_name = "host"
-    c.JupyterHub.hub_ip = address
-    c.JupyterHub.hub_connect_ip = address
+    if os.environ.get(SWARM_NETWORK_ENV) == "host":
+        c.JupyterHub.hub_ip = address
+        c.JupyterHub.hub_connect_ip = address
+    else:
+        c.JupyterHub.hub_connect_ip = "127.0.0.1"
     if session_service_url:
         c.LabfleetSpawnerMixin.session_service_url = session_service_url
     return [{"name": image, "inspect": True}]

@@ -7,7 +7,7 @@ import pytest
 
 from spawner.launch import Mount, build_launch
 from spawner.options import parse_options
-from spawner.swarm_config import ServiceMount, node_placement, service_config
+from spawner.swarm_config import SERVER_PORT, ServiceMount, node_placement, published_port, service_config
 
 U0 = "GPU-11111111-2222-3333-4444-555555555555"
 U1 = "GPU-66666666-7777-8888-9999-000000000000"
@@ -125,10 +125,44 @@ def test_same_checks_as_the_docker_backend():
         service_config(_spec(slots={"mem": 1024}), LABELS)
 
 
-def test_overlay_network_listens_in_the_container():
+def test_on_the_sessions_network_the_node_publishes_the_server():
     cfg = service_config(_spec(), LABELS, network_name="labfleet-sessions")
     assert cfg.networks == ["labfleet-sessions"]
-    assert cfg.address == ""
+    assert cfg.address == "10.77.0.2"  # the Hub connects there, at the published port
+    # Published on the node only (no ingress), on a port Docker picks.
+    assert cfg.endpoint == {
+        "Mode": "dnsrr",
+        "Ports": [{"Protocol": "tcp", "TargetPort": SERVER_PORT, "PublishMode": "host"}],
+    }
+    assert service_config(_spec(), LABELS).endpoint == {}  # the host's network publishes nothing
+
+
+def test_a_replica_is_published_on_its_own_port():
+    cfg = service_config(_spec(type="inference", command="serve", port=9123), LABELS, network_name="net")
+    assert {
+        "Protocol": "tcp",
+        "TargetPort": 9123,
+        "PublishedPort": 9123,
+        "PublishMode": "host",
+    } in cfg.endpoint["Ports"]
+    assert cfg.env["LABFLEET_INFERENCE_HOST"] == "0.0.0.0"
+
+
+def test_published_port_of_a_running_task():
+    task = {
+        "Status": {
+            "PortStatus": {
+                "Ports": [
+                    {"TargetPort": 9123, "PublishedPort": 9123},
+                    {"TargetPort": SERVER_PORT, "PublishedPort": 30001, "PublishMode": "host"},
+                ]
+            }
+        }
+    }
+    assert published_port(task) == 30001
+    assert published_port(task, 9123) == 9123
+    assert published_port({"Status": {"State": "starting"}}) is None
+    assert published_port({}) is None
 
 
 @pytest.mark.parametrize(
@@ -166,16 +200,32 @@ def test_configure_swarm_backend(tmp_path, monkeypatch):
     monkeypatch.setenv("LABFLEET_HUB_ADDRESS", "10.77.0.1")
     monkeypatch.setenv("LABFLEET_SESSION_SERVICE_URL", "http://10.77.0.1:8000/services/labfleet/api")
     monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
+    monkeypatch.delenv("LABFLEET_SWARM_NETWORK", raising=False)
     c = Config()
     configure(c, tmp_path, backend="swarm", service_port=12345)
     assert c.JupyterHub.spawner_class == "spawner.swarm.LabfleetSwarmSpawner"
-    assert c.SwarmSpawner.network_name == "host"
-    assert c.JupyterHub.hub_ip == c.JupyterHub.hub_connect_ip == "10.77.0.1"
+    # Sessions on their own network call the Hub through its proxy: its API stays on the loopback.
+    assert "network_name" not in c.SwarmSpawner
+    assert "hub_ip" not in c.JupyterHub and c.JupyterHub.hub_connect_ip == "127.0.0.1"
     assert c.LabfleetSpawnerMixin.session_service_url == "http://10.77.0.1:8000/services/labfleet/api"
     command = next(s for s in c.JupyterHub.services if s["name"] == "labfleet")["command"]
     # Agents register the nodes; the service registers none of its own.
     assert "--LabfleetService.register_local_node=False" in command
     assert any(a.startswith("--LabfleetService.storage_hosts=") and '"owner_uid": 1000' in a for a in command)
+
+
+def test_configure_swarm_on_the_nodes_network(tmp_path, monkeypatch):
+    from traitlets.config import Config
+
+    from hub_ext.hub.configure import configure
+
+    monkeypatch.setenv("LABFLEET_HUB_ADDRESS", "10.77.0.1")
+    monkeypatch.setenv("LABFLEET_SESSION_SERVICE_URL", "http://10.77.0.1:8000/services/labfleet/api")
+    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
+    monkeypatch.setenv("LABFLEET_SWARM_NETWORK", "host")
+    c = Config()
+    configure(c, tmp_path, backend="swarm", service_port=12345)
+    assert c.JupyterHub.hub_ip == c.JupyterHub.hub_connect_ip == "10.77.0.1"
 
 
 def test_configure_swarm_needs_the_service_url_for_remote_nodes(tmp_path, monkeypatch):
@@ -230,7 +280,7 @@ async def test_spawner_reads_the_placed_nodes_labels_from_the_service():
 async def test_spawner_pins_the_service_and_listens_on_the_nodes_address():
     from spawner.swarm import LabfleetSwarmSpawner
 
-    spawner = LabfleetSwarmSpawner(node_labels={"node-2": LABELS})
+    spawner = LabfleetSwarmSpawner(node_labels={"node-2": LABELS}, network_name="host")
     spawner.user = SimpleNamespace(name="alice", url="/user/alice/")
 
     async def lf_call(method, path, body=None):
@@ -246,4 +296,67 @@ async def test_spawner_pins_the_service_and_listens_on_the_nodes_address():
     with pytest.raises(
         RuntimeError, match="cannot run this session in Swarm: node 'node-2' has no swarm.node_id"
     ):
+        await spawner.lf_prepare(_spec())
+
+
+async def test_on_the_sessions_network_the_session_calls_the_proxy_at_its_gateway(monkeypatch):
+    from spawner.swarm import LabfleetSwarmSpawner
+
+    monkeypatch.delenv("LABFLEET_SWARM_NETWORK", raising=False)
+    monkeypatch.delenv("LABFLEET_SWARM_SESSION_SUBNET", raising=False)
+    spawner = LabfleetSwarmSpawner(
+        node_labels={"node-2": LABELS},
+        session_service_url="http://10.77.0.1:8000/services/labfleet/api",
+    )
+    spawner.api_token = "t"
+    spawner.hub = SimpleNamespace(
+        public_host="", url="/hub/", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"
+    )
+    assert spawner.network_name == "labfleet-sessions"
+    spawner.user = SimpleNamespace(name="alice", url="/user/alice/", settings={})
+
+    async def lf_call(method, path, body=None):
+        return _Reply(200, [])
+
+    seen = []
+
+    async def docker_call(method, *args, **kwargs):
+        seen.append((method, args))
+        return {"Name": args[0], "Scope": "swarm"} if method == "inspect_network" else None
+
+    spawner.lf_call = lf_call
+    spawner.docker = docker_call
+    await spawner.lf_prepare(_spec())
+    assert ("inspect_network", ("labfleet-sessions",)) in seen
+    assert (spawner.ip, spawner.port) == ("0.0.0.0", SERVER_PORT)
+    env = spawner.get_env()
+    assert env["JUPYTERHUB_API_URL"] == "http://10.215.0.1:8000/hub/api"
+    assert env["LABFLEET_SERVICE_URL"] == "http://10.215.0.1:8000/services/labfleet/api"
+    tasks = [{}, {"Status": {"PortStatus": {"Ports": [{"TargetPort": SERVER_PORT, "PublishedPort": 31000}]}}}]
+
+    async def get_task():
+        return tasks.pop(0)
+
+    spawner.get_task = get_task
+    assert await spawner.get_ip_and_port() == ("10.77.0.2", 31000)
+
+
+async def test_a_missing_sessions_network_fails_the_spawn_with_what_to_run(monkeypatch):
+    import docker
+    from jupyterhub.spawner import SpawnException
+
+    from spawner.swarm import LabfleetSwarmSpawner
+
+    spawner = LabfleetSwarmSpawner(node_labels={"node-2": LABELS}, network_name="labfleet-sessions")
+    spawner.user = SimpleNamespace(name="alice", url="/user/alice/", settings={})
+
+    async def lf_call(method, path, body=None):
+        return _Reply(200, [])
+
+    async def docker_call(method, *args, **kwargs):
+        raise docker.errors.NotFound("no such network")
+
+    spawner.lf_call = lf_call
+    spawner.docker = docker_call
+    with pytest.raises(SpawnException, match="labfleet node network"):
         await spawner.lf_prepare(_spec())
