@@ -36,7 +36,6 @@ import inspect
 import os
 from copy import deepcopy
 from typing import Any
-from urllib.parse import urlparse
 
 import docker
 from dockerspawner import DockerSpawner
@@ -279,14 +278,12 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
                 status_code=503,
                 reason="session-network",
             )
-        proxy = getattr(self.user, "settings", {}).get("proxy")  # type: ignore[attr-defined]
-        public = urlparse(getattr(proxy, "public_url", "") or "")
-        public_port = public.port or (443 if public.scheme == "https" else 80)
-        network = await self._lf_docker_network(public.hostname or "", public_port)
+        proxy_host, proxy_port = self.lf_proxy_endpoint()
+        network = await self._lf_docker_network(proxy_host, proxy_port)
         try:
             bridge, subnet = network_bridge(network)
             net = sessionnet.SessionNetwork.parse(
-                bridge, subnet, public.hostname or "", public_port, self.session_egress_deny
+                bridge, subnet, proxy_host, proxy_port, self.session_egress_deny
             )
         except ValueError as e:
             raise SpawnException(

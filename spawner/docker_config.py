@@ -190,21 +190,29 @@ def session_network_spec(name: str, bridge: str, subnet: str) -> dict[str, Any]:
     (where :mod:`spawner.sessionnet` expects it). ValueError for a name or subnet that is not one."""
     if not name or not name.strip() or name == HOST_NETWORK:
         raise ValueError(f"{name!r} cannot name the sessions' network")
+    options, ipam, labels = session_bridge_config(bridge, subnet)
+    return {
+        "name": name,
+        "driver": "bridge",
+        "options": options,
+        "ipam": ipam,
+        "labels": labels,
+        "check_duplicate": True,
+    }
+
+
+def session_bridge_config(bridge: str, subnet: str) -> tuple[dict[str, str], dict[str, Any], dict[str, str]]:
+    """The options, IPAM and labels of a sessions' bridge network (the Docker backend's, a Swarm
+    node's config-only one): the Linux bridge ``bridge`` on ``subnet``, its first address the
+    gateway, no inter-container traffic nor masquerade of Docker's own (spawner.sessionnet guards
+    it). ValueError for a subnet that is not one."""
     try:
         net = ipaddress.IPv4Network(subnet, strict=True)
     except ValueError as e:
         raise ValueError(f"session subnet {subnet!r}: {e}") from None
-    return {
-        "name": name,
-        "driver": "bridge",
-        "options": {BRIDGE_NAME_OPTION: bridge, ICC_OPTION: "false", MASQUERADE_OPTION: "false"},
-        "ipam": {
-            "Driver": "default",
-            "Config": [{"Subnet": str(net), "Gateway": str(net.network_address + 1)}],
-        },
-        "labels": {LABEL_SESSION_NETWORK: bridge},
-        "check_duplicate": True,
-    }
+    options = {BRIDGE_NAME_OPTION: bridge, ICC_OPTION: "false", MASQUERADE_OPTION: "false"}
+    ipam = {"Driver": "default", "Config": [{"Subnet": str(net), "Gateway": str(net.network_address + 1)}]}
+    return options, ipam, {LABEL_SESSION_NETWORK: bridge}
 
 
 def network_bridge(network: Mapping[str, Any]) -> tuple[str, str]:

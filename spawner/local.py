@@ -245,14 +245,13 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 status_code=500,
                 reason="labfleet-config",
             )
-        proxy = getattr(self.user, "settings", {}).get("proxy")  # type: ignore[attr-defined]
-        public = urlparse(getattr(proxy, "public_url", "") or "")
+        proxy_host, proxy_port = self.lf_proxy_endpoint()
         try:
             return sessionnet.SessionNetwork.parse(
                 os.environ.get("LABFLEET_SESSION_BRIDGE") or self.session_bridge,
                 os.environ.get("LABFLEET_SESSION_SUBNET") or self.session_subnet,
-                public.hostname or "",
-                public.port or (443 if public.scheme == "https" else 80),
+                proxy_host,
+                proxy_port,
                 self.session_egress_deny,
             )
         except ValueError as e:

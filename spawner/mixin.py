@@ -28,7 +28,7 @@ import re
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 from jupyterhub.spawner import SpawnException
 from traitlets import Float, Integer, List, Unicode, default
@@ -190,6 +190,15 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
 
     async def lf_call(self, method: str, path: str, body: Any = None) -> Reply:
         return await self.service_request(method, path, body, timeout=self.service_timeout)
+
+    def lf_proxy_endpoint(self, url: str = "") -> tuple[str, int]:
+        """Host and port of ``url``, by default the Hub's public proxy (its public URL): where
+        sessions on a guarded network have their gateway forward the Hub's API and the service."""
+        if not url:
+            proxy = getattr(self.user, "settings", {}).get("proxy")  # type: ignore[attr-defined]
+            url = getattr(proxy, "public_url", "") or ""
+        parsed = urlparse(url)
+        return parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
 
     @property
     def lf_username(self) -> str:

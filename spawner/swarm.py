@@ -33,7 +33,6 @@ import os
 import time
 from pprint import pformat
 from typing import Any
-from urllib.parse import urlparse
 
 import docker
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, RestartPolicy, TaskTemplate
@@ -259,13 +258,6 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
                 reason="session-network",
             )
 
-    def lf_proxy_port(self) -> int:
-        """The port of the Hub's public proxy as the nodes reach it (the labfleet service's URL for
-        sessions, else the proxy's public URL): the nodes' gateways forward it there."""
-        proxy = getattr(self.user, "settings", {}).get("proxy")  # type: ignore[attr-defined]
-        url = urlparse(self.session_service_url or getattr(proxy, "public_url", "") or "")
-        return url.port or (443 if url.scheme == "https" else 80)
-
     async def get_command(self):
         cmd = await super().get_command()
         prefix = list(self.no_new_privs_command)
@@ -283,7 +275,9 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
             env.update(self.lf_service.env)
         if self.network_name != "host":
             # No route to the Hub's API nor to the service: both through the public proxy, at the gateway.
-            gateway = swarmnet.gateway_url(self.session_subnet, self.lf_proxy_port())
+            # The proxy's port as the nodes reach it (the service's URL for sessions, else its public URL).
+            _, port = self.lf_proxy_endpoint(self.session_service_url)
+            gateway = swarmnet.gateway_url(self.session_subnet, port)
             env.update(gateway_environment(env, gateway, self.session_service_url or self.service_url))
         return env
 

@@ -30,8 +30,10 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import docker
+
 from . import sessionnet
-from .docker_config import BRIDGE_NAME_OPTION, ICC_OPTION, LABEL_SESSION_NETWORK, MASQUERADE_OPTION
+from .docker_config import BRIDGE_NAME_OPTION, session_bridge_config
 
 SWARM_NETWORK = "labfleet-sessions"  # the Swarm-scoped network sessions join
 NODE_NETWORK = "labfleet-sessions-node"  # each node's config-only network it is made from
@@ -53,17 +55,14 @@ def proxy_endpoint(value: str) -> tuple[str, int]:
 
 def node_network_spec(bridge: str, subnet: str, name: str = NODE_NETWORK) -> dict[str, Any]:
     """The body of ``POST /networks/create`` for a node's config-only network (docker-py has no
-    ``ConfigOnly``): ``bridge`` on ``subnet``, its first address the gateway."""
-    net = ipaddress.IPv4Network(subnet, strict=True)
+    ``ConfigOnly``): the Docker backend's bridge network settings, made a configuration only."""
+    options, ipam, labels = session_bridge_config(bridge, subnet)
     return {
         "Name": name,
         "ConfigOnly": True,
-        "Options": {BRIDGE_NAME_OPTION: bridge, ICC_OPTION: "false", MASQUERADE_OPTION: "false"},
-        "IPAM": {
-            "Driver": "default",
-            "Config": [{"Subnet": str(net), "Gateway": str(net.network_address + 1)}],
-        },
-        "Labels": {LABEL_SESSION_NETWORK: bridge},
+        "Options": options,
+        "IPAM": ipam,
+        "Labels": labels,
         "CheckDuplicate": True,
     }
 
@@ -117,8 +116,6 @@ def _create(api: Any, body: dict[str, Any]) -> None:
 
 
 def _inspect(api: Any, name: str) -> dict[str, Any] | None:
-    import docker
-
     try:
         return api.inspect_network(name)
     except docker.errors.NotFound:
@@ -174,8 +171,6 @@ async def remove_node(
 ) -> list[str]:
     """Undo :func:`ensure_node` as far as nothing uses it (the Swarm network when named; the
     config-only network; this Hub's table; the bridge once no session is on it)."""
-    import docker
-
     done: list[str] = []
     for name in [n for n in (network, node_network) if n]:
         try:

@@ -244,7 +244,7 @@ class NodeNetwork(Command):
                 "labfleet node network: run it as root (it changes the node's network and firewall)"
             )
         api = (
-            docker.APIClient(base_url=self.opts.docker_host or None, version="auto", timeout=60)
+            docker.APIClient(base_url=self.opts.docker_host, version="auto", timeout=60)
             if self.opts.docker_host
             else docker.from_env(version="auto", timeout=60).api
         )
