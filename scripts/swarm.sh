@@ -148,8 +148,9 @@ if [ "$MODE" = stop ]; then
     if ip link show "$VETH1" >/dev/null 2>&1; then
         as_root ip link del "$VETH1" || true
     fi
-    # engine 2 bind-mounts its namespace files under its exec root: unmount them (deepest first) before removing it
-    for m in $(awk -v root="$EXEC2" 'index($2, root) == 1 { print $2 }' /proc/mounts | sort -r); do
+    # engine 2 bind-mounts its namespace files under its exec root, and its data root onto itself:
+    # unmount them (deepest first), or the exec root cannot go and the checkout cannot be removed
+    for m in $(awk -v a="$EXEC2" -v b="$DATA2" 'index($2, a) == 1 || index($2, b) == 1 { print $2 }' /proc/mounts | sort -r); do
         as_root umount -l "$m" 2>/dev/null || true
     done
     as_root rm -rf "$EXEC2" || say "could not remove $EXEC2 (left behind)"
