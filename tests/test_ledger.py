@@ -31,7 +31,7 @@ from hub_ext.compute.scheduler import admission
 from hub_ext.core import db as lfdb
 from hub_ext.core import ledger
 from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden, LabfleetError
+from hub_ext.core.errors import Conflict, Forbidden, LabfleetError
 from hub_ext.core.models import (
     AuditEntry,
     ComputeSession,
@@ -276,10 +276,25 @@ def apply(f: Fleet, op: tuple) -> str:
         return f"serve: {served}"
     if kind == "delete_user":
         with f.tx() as db:
-            if directory.get_user(db, op[1]) is None:
+            user = directory.get_user(db, op[1])
+            if user is None:
                 return f"delete {op[1]}: gone already"
+            live = db.scalars(
+                select(ComputeSession.id).where(
+                    ComputeSession.user_id == user.id, ComputeSession.status.in_(ledger.LIVE_STATUSES)
+                )
+            ).all()
+        if live:
+            # Refused while their sessions are not over (nothing changes); then what the refusal
+            # asks for: stop them, and delete
+            with pytest.raises(Conflict), f.tx() as db:
+                directory.delete_user(db, CLI, op[1])
+            for sid in live:
+                with f.tx() as db:
+                    sessions.terminate(db, CLI, sid)
+        with f.tx() as db:
             directory.delete_user(db, CLI, op[1])
-        return f"delete {op[1]}"
+        return f"delete {op[1]}" + (f": after stopping {len(live)} session(s)" if live else "")
     if kind == "delete_project":
         domain, name = op[1].split("/")
         with f.tx() as db:
@@ -369,7 +384,7 @@ EVERY_PATH = [
     ("timeout", 0),
     ("restart",),
     ("serve",),
-    ("delete_user", "alice"),  # with live sessions
+    ("delete_user", "alice"),  # with live sessions: refused, stopped, deleted
     ("admit", ("alice", "acme/ml"), {"cpu": 1}, False),  # no such user any more
     ("stop", 1),
     ("serve",),

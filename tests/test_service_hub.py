@@ -219,6 +219,9 @@ def test_rate_limit(hub, root, tenants):
         limited.headers["X-RateLimit-Remaining"] == "0"
         and int(limited.headers["X-RateLimit-Reset"]) > time.time()
     )
+    # When to come back, as RFC 9110 says it: whole seconds, no later than the window's reset
+    wait = int(limited.headers["Retry-After"])
+    assert 1 <= wait <= int(limited.headers["X-RateLimit-Reset"]) - time.time() + 1
 
 
 # ---------------------------------------------------------------- bad input

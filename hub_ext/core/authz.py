@@ -113,3 +113,17 @@ def can_run_maintenance(actor: Actor) -> bool:
     """Fleet-wide repairs (recalculating the usage ledger): a superadmin or the CLI; not the Hub's
     own token (its spawners and authenticator never need them), not monitors."""
     return actor.is_superadmin and actor.kind in ("user", "cli")
+
+
+def inactive_reason(
+    username: str, role: str, user_active: bool, domain: str, domain_active: bool
+) -> str | None:
+    """Why a person may not log in or call the API now, or None when they may.
+
+    A deactivated domain suspends its people (logins, refreshes, tokens, keypairs) until it is
+    active again; superadmins are kept, so someone can reactivate it."""
+    if not user_active:
+        return f"user {username} is inactive"
+    if not domain_active and role != "superadmin":
+        return f"domain {domain} is inactive"
+    return None

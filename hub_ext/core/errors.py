@@ -42,4 +42,10 @@ class Conflict(LabfleetError):
 
 
 class RateLimited(LabfleetError):
+    """429; ``retry_after``: whole seconds until a retry may succeed (the answer's Retry-After)."""
+
     status = 429
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, int(retry_after))

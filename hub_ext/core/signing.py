@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import hmac
+import math
 import re
 import secrets
 import string
@@ -186,11 +187,19 @@ class RateDecision:
     reset: int  # epoch seconds when the window ends
 
     def headers(self) -> dict[str, str]:
-        return {
+        out = {
             "X-RateLimit-Limit": str(self.limit),
             "X-RateLimit-Remaining": str(self.remaining),
             "X-RateLimit-Reset": str(self.reset),
         }
+        if not self.allowed:
+            out["Retry-After"] = str(self.retry_after())
+        return out
+
+    def retry_after(self, now: float | None = None) -> int:
+        """Whole seconds until the window resets (at least 1)."""
+        now = time.time() if now is None else now
+        return max(1, math.ceil(self.reset - now))
 
 
 class RateLimiter:
@@ -269,9 +278,11 @@ class NonceCache:
                 "sign every request with a new nonce"
             )
         if self._per_key.get(key, 0) >= self.max_per_key:
+            oldest = min(t for (k, _), t in self._expiry.items() if k == key)
             raise RateLimited(
                 f"this access key sent more than {self.max_per_key} requests with a nonce in "
-                f"{self.window // 60} minutes; retry later"
+                f"{self.window // 60} minutes; retry later",
+                retry_after=math.ceil(oldest - now),
             )
         if len(self._expiry) >= self.max_entries:
             raise LabfleetError(

@@ -42,7 +42,7 @@ from hub_ext.core.secretbox import SecretBox
 from hub_ext.core.signing import NonceCache, RateLimiter
 from hub_ext.reclaim import engine
 from hub_ext.service import jobs
-from hub_ext.service.base import NotFoundHandler, PathOnlyLogs
+from hub_ext.service.base import NotFoundHandler, PathOnlyLogs, ServiceHubAuth
 from hub_ext.service.handlers import routes
 from hub_ext.service.hubsync import HubSync
 from hub_ext.serving.engine import ServingEngine
@@ -54,7 +54,7 @@ from hub_ext.usage.metrics import Metrics
 from hub_ext.usage.sampler import Reading, Sampler, sample_interval
 
 
-class OAuthCallbackHandler(PathOnlyLogs, HubOAuthCallbackHandler):
+class OAuthCallbackHandler(PathOnlyLogs, ServiceHubAuth, HubOAuthCallbackHandler):
     """The Hub's OAuth callback; its query string (code, state) never reaches the log."""
 
 
@@ -424,7 +424,12 @@ class LabfleetService(Application):
     sync_groups_on_start = Bool(True, help="Push every user's labfleet groups to the Hub at start.").tag(
         config=True
     )
-    token_cache_age = Integer(60, help="Seconds a Hub token's identity is cached.").tag(config=True)
+    token_cache_age = Integer(
+        5,
+        help="""Seconds the service keeps what the Hub said of a token (whose it is, its scopes) before it
+        asks again. A token revoked at the Hub, or one whose user was deleted, is refused at most this
+        long after; each token costs the Hub one lookup per this many seconds while it is used.""",
+    ).tag(config=True)
 
     @default("log_level")
     def _log_level(self):

@@ -22,7 +22,7 @@ from tornado import web
 from tornado.httputil import HTTPServerRequest
 
 from hub_ext.compute.sessions import take_queue_waits
-from hub_ext.core import signing
+from hub_ext.core import authz, signing
 from hub_ext.core.authz import Actor
 from hub_ext.core.db import session_scope
 from hub_ext.core.errors import Forbidden, InvalidInput, LabfleetError, RateLimited, Unauthorized
@@ -84,7 +84,19 @@ class PathOnlyLogs:
         self.log.error("Uncaught exception %s", self._request_summary(), exc_info=(typ, value, tb))
 
 
-class BaseHandler(PathOnlyLogs, HubOAuthenticated, web.RequestHandler):
+class ServiceHubAuth:
+    """The service's own HubOAuth (``settings["hub_auth"]``, caching for ``token_cache_age``) in
+    every handler. HubOAuthenticated's own is ``HubOAuth.instance()``, a process-wide one with the
+    Hub's default cache of 300 s: a token revoked at the Hub went on working for five minutes."""
+
+    settings: dict[str, Any]
+
+    @property
+    def hub_auth(self) -> Any:
+        return self.settings["hub_auth"]
+
+
+class BaseHandler(PathOnlyLogs, ServiceHubAuth, HubOAuthenticated, web.RequestHandler):
     _hub_auth_user_cache: dict | None  # set once resolved (absent before)
 
     async def prepare(self) -> None:
@@ -128,6 +140,22 @@ class BaseHandler(PathOnlyLogs, HubOAuthenticated, web.RequestHandler):
         """405 (with Allow) for a method this route does not have, before anything else."""
         if self.request.method not in self.allowed_methods():
             raise web.HTTPError(405)
+
+
+def forget_hub_user(hub_auth: Any, username: str) -> int:
+    """Drop what ``hub_auth`` remembers of ``username``'s tokens and cookies (how many entries).
+
+    Their Hub tokens die with the Hub user; without this, a remembered one would act for whoever
+    gets the name next, until ``token_cache_age`` runs out."""
+    cache = hub_auth.cache
+    stale = [
+        key
+        for key, model in list(cache.values.items())
+        if isinstance(model, dict) and model.get("name") == username
+    ]
+    for key in stale:
+        cache.pop(key, None)
+    return len(stale)
 
 
 class NotFoundHandler(BaseHandler):
@@ -176,8 +204,11 @@ class APIHandler(BaseHandler):
         user = snapshot.user_now(self.lf.engine, self.lf.session_factory, model["name"])
         if user is None:
             raise Forbidden(f"{model['name']} is not a labfleet user")
-        if not user.is_active:
-            raise Forbidden(f"user {user.username} is inactive")
+        refused = authz.inactive_reason(
+            user.username, user.role, user.is_active, user.domain, user.domain_active
+        )
+        if refused:
+            raise Forbidden(refused)
         main = user.main_keypair
         # Browser and token requests count against the user's main keypair.
         self._rate_limit(
@@ -198,6 +229,12 @@ class APIHandler(BaseHandler):
             kp = keypairs.find_active(db, access_key)
             if kp is None:
                 raise Unauthorized("unknown or revoked access key")
+            owner = kp.user
+            refused = authz.inactive_reason(
+                owner.username, owner.role, owner.is_active, owner.domain.name, owner.domain.is_active
+            )
+            if refused:
+                raise Forbidden(refused)
             try:
                 secret = keypairs.secret_of(kp, self.lf.secretbox)
             except SecretKeyMissing as e:
@@ -240,7 +277,8 @@ class APIHandler(BaseHandler):
             self.set_header(k, v)
         if not self.rate.allowed:
             raise RateLimited(
-                f"rate limit of {limit} requests per 15 minutes reached; retry after the reset time"
+                f"rate limit of {limit} requests per 15 minutes reached; retry after the reset time",
+                retry_after=self.rate.retry_after(),
             )
 
     # ------------------------------------------------------------ helpers
@@ -270,11 +308,13 @@ class APIHandler(BaseHandler):
         self.set_status(status)
         self.finish(json.dumps(data))
 
-    def send_error_json(self, status: int, message: str) -> None:
+    def send_error_json(self, status: int, message: str, retry_after: int | None = None) -> None:
         self.clear_header("Content-Type")
         self.set_header("Content-Type", "application/json; charset=utf-8")
         if status == 401:
             self.set_header("WWW-Authenticate", f'token, {signing.SCHEME} realm="labfleet"')
+        if retry_after is not None:
+            self.set_header("Retry-After", str(retry_after))
         self.set_status(status)
         self.finish(json.dumps({"status": status, "message": message}))
 
@@ -293,7 +333,7 @@ class APIHandler(BaseHandler):
                 self.log.warning("Could not end a partial answer", exc_info=True)
         else:
             self.clear()  # drop a half-built answer; default and rate limit headers stay
-            self.send_error_json(e.status, e.message)
+            self.send_error_json(e.status, e.message, getattr(e, "retry_after", None))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message = self._reason
@@ -319,7 +359,7 @@ class APIHandler(BaseHandler):
             with self.db() as db:
                 result, after = fn(db, self.actor, *args)
         except LabfleetError as e:
-            self.send_error_json(e.status, e.message)
+            self.send_error_json(e.status, e.message, getattr(e, "retry_after", None))
             return
         # Committed: a release may have placed queued sessions (it serves its group's queue).
         self.lf.metrics.observe_queue_waits(take_queue_waits(db))

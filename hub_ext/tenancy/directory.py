@@ -15,7 +15,9 @@ from sqlalchemy.orm import Session
 from hub_ext.core import audit, authz
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from hub_ext.core.ledger import LIVE_STATUSES
 from hub_ext.core.models import (
+    ComputeSession,
     Domain,
     Keypair,
     KeypairResourcePolicy,
@@ -442,6 +444,20 @@ def delete_user(db: Session, actor: Actor, username: str) -> None:
     if not authz.can_manage_in_domain(actor, u.domain.name) or actor.name == username:
         raise Forbidden(f"you cannot delete user {username!r}")
     _check_role_change(db, actor, u, "user", "inactive")
+    # Deleting the user would drop their sessions' rows and give their slots back while the servers
+    # run on: stop them first (the Hub stops what it runs; labfleet's rows follow).
+    live = db.execute(
+        select(ComputeSession.name, ComputeSession.status)
+        .where(ComputeSession.user_id == u.id, ComputeSession.status.in_(LIVE_STATUSES))
+        .order_by(ComputeSession.created_at)
+    ).all()
+    if live:
+        listed = ", ".join(f"{name or '(default)'} ({status})" for name, status in live[:10])
+        more = f" and {len(live) - 10} more" if len(live) > 10 else ""
+        raise Conflict(
+            f"user {username!r} has {len(live)} session(s) that are not over: {listed}{more}; "
+            "stop them first, then delete the user"
+        )
     domain = u.domain.name
     db.delete(u)
     audit.record(db, actor, "user.delete", username, target_domain=domain)

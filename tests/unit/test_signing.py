@@ -34,6 +34,9 @@ def test_rate_limiter_windows():
     assert [rl.hit("k", 2, now=t).allowed for _ in range(3)] == [True, True, False]
     d = rl.hit("k", 2, now=t + 1)
     assert not d.allowed and d.remaining == 0 and d.reset == int(t + 900)
+    # A refusal says when to come back (RFC 9110 Retry-After, whole seconds, at least one)
+    assert d.retry_after(now=t + 1) == 899 and d.retry_after(now=t + 899.5) == 1
+    assert "Retry-After" in d.headers() and "Retry-After" not in rl.hit("fresh", 2, now=t).headers()
     assert rl.hit("k", 2, now=t + 900).allowed  # next window
     assert rl.hit("other", 2, now=t).allowed
 
@@ -97,8 +100,10 @@ def test_nonce_cache_memory_is_bounded():
     cache = signing.NonceCache(max_entries=5, max_per_key=3)
     for i in range(3):
         cache.use("AK1", f"{i:016d}", t, now=t)
-    with pytest.raises(RateLimited):  # one key may not take all the room
-        cache.use("AK1", "z" * 16, t, now=t)
+    with pytest.raises(RateLimited) as limited:  # one key may not take all the room
+        cache.use("AK1", "z" * 16, t, now=t + 10)
+    # Its oldest nonce is forgotten a signature window after its date: then it may send one more
+    assert limited.value.retry_after == signing.MAX_SKEW_SECONDS - 10
     cache.use("AK2", "a" * 16, t, now=t)
     cache.use("AK3", "a" * 16, t, now=t)
     with pytest.raises(LabfleetError) as full:  # all the room taken: refused, nothing forgotten early

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from hub_ext.core import hubmap
-from hub_ext.service.base import APIHandler, page_answer, page_args, request_json, required_body
+from hub_ext.service.base import (
+    APIHandler,
+    forget_hub_user,
+    page_answer,
+    page_args,
+    request_json,
+    required_body,
+)
 from hub_ext.service.hubsync import SyncPlan
 from hub_ext.tenancy import directory, keypairs, policies, userlist
 
@@ -169,7 +176,10 @@ class UserHandler(APIHandler):
             directory.delete_user(db, actor, username)
             return {"deleted": username}, SyncPlan(deleted_users={username})
 
-        await self.run(op)
+        async def forget() -> None:
+            forget_hub_user(self.lf.hub_auth, username)
+
+        await self.run(op, after_commit=forget)
 
 
 # ---------------------------------------------------------------- policies

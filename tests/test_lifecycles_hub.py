@@ -1,0 +1,140 @@
+"""Lifecycles nobody walks around (issue [2/7]), against a real Hub and the service's REST API: a user
+with a session that is not over cannot be deleted (their slots stay held until they stop it); a
+token revoked at the Hub is refused by the service within seconds; a username given to someone in
+another domain gets nothing through the old user's token; a deactivated domain's people cannot log
+in, call the API with a token or sign with a keypair, until it is active again.  No notebook server
+is started: sessions are admitted as the Hub's spawner asks for them (the service token)."""
+
+import time
+
+import pytest
+import requests
+
+from hub_ext.core import signing
+from tests.hubfixture import start_hub
+
+pytestmark = pytest.mark.hub
+
+API = "/services/labfleet/api"
+PW = "lifecycle-pass-1"
+CACHE_AGE = 5  # the service's token_cache_age default
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    hub = start_hub(tmp_path_factory.mktemp("hub"))
+    root = hub.wait_token("root")
+
+    def ok(method, path, body=None, token=root):
+        r = hub.api(method, path, token, json=body)
+        assert r.status_code in (200, 201), (path, r.status_code, r.text)
+        return r.json()
+
+    for domain in ("acme", "globex", "initech"):
+        ok("POST", "/domains", {"name": domain})
+        ok("POST", "/projects", {"domain": domain, "name": "ml"})
+    for name, domain in (("gus", "acme"), ("hana", "acme"), ("ivy", "acme"), ("jo", "initech")):
+        ok("POST", "/users", {"username": name, "domain": domain, "projects": ["ml"], "password": PW})
+    yield hub, ok, root
+    hub.stop()
+
+
+def admit_as_hub(hub, username, domain, name, cpu):
+    body = {"project": f"{domain}/ml", "username": username, "name": name, "slots": {"cpu": cpu}}
+    r = hub.api("POST", "/sessions", hub.service_token, json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def allocated_cpu(ok):
+    return sum(n["allocated"]["cpu"] for n in ok("GET", "/nodes"))
+
+
+def wait_refused(hub, token, limit):
+    """Seconds until the service refuses ``token`` on GET /me (AssertionError after ``limit``)."""
+    start = time.monotonic()
+    while (r := hub.api("GET", "/me", token)).status_code == 200:
+        assert time.monotonic() - start < limit, f"still accepted after {limit} s: {r.json()}"
+        time.sleep(0.25)
+    assert r.status_code in (401, 403), r.text
+    return time.monotonic() - start
+
+
+def test_a_user_with_a_session_that_is_not_over_is_not_deleted(world):
+    hub, ok, root = world
+    session = admit_as_hub(hub, "gus", "acme", "work", 1)
+    assert session["status"] in ("SCHEDULED", "PENDING")
+    used = allocated_cpu(ok)
+    assert used >= 1
+    r = hub.api("DELETE", "/users/gus", root)
+    assert r.status_code == 409, r.text
+    assert r.json()["message"] == (
+        f"user 'gus' has 1 session(s) that are not over: work ({session['status']}); "
+        "stop them first, then delete the user"
+    )
+    # Nothing changed: the user, their Hub user, the session and the slots it holds
+    assert ok("GET", "/users/gus")["username"] == "gus"
+    assert hub.hub_api("GET", "/users/gus").status_code == 200
+    assert ok("GET", f"/sessions/{session['id']}")["status"] == session["status"]
+    assert allocated_cpu(ok) == used
+    # Stopped, the user goes, and so does their Hub user
+    ok("DELETE", f"/sessions/{session['id']}")
+    assert ok("DELETE", "/users/gus") == {"deleted": "gus"}
+    assert hub.hub_api("GET", "/users/gus").status_code == 404
+
+
+def test_a_token_revoked_at_the_hub_is_refused_within_seconds(world):
+    hub, ok, root = world
+    made = hub.hub_api("POST", "/users/hana/tokens", json={"note": "revoke me", "expires_in": 600})
+    assert made.status_code == 201, made.text
+    token, token_id = made.json()["token"], made.json()["id"]
+    assert hub.api("GET", "/me", token).json()["username"] == "hana"  # now known to the service
+    assert hub.hub_api("DELETE", f"/users/hana/tokens/{token_id}").status_code == 204
+    took = wait_refused(hub, token, CACHE_AGE + 5)
+    assert took <= CACHE_AGE + 2, took
+
+
+def test_a_reused_username_gets_nothing_through_the_old_token(world):
+    hub, ok, root = world
+    old = hub.user_token("ivy")
+    assert hub.api("GET", "/me", old).json()["domain"]["name"] == "acme"
+    ok("DELETE", "/users/ivy")
+    ok("POST", "/users", {"username": "ivy", "domain": "globex", "projects": ["ml"], "password": PW})
+    hub.wait_user("ivy")
+    # At once: the service forgot what the old token was (the Hub deleted it with the old user)
+    r = hub.api("GET", "/me", old)
+    assert r.status_code == 401, r.text
+    assert hub.api("GET", "/sessions", old).status_code == 401
+    fresh = hub.user_token("ivy")
+    assert hub.api("GET", "/me", fresh).json()["domain"]["name"] == "globex"
+
+
+def test_a_deactivated_domains_people_are_suspended_until_it_is_active_again(world):
+    hub, ok, root = world
+    token = hub.wait_token("jo")
+    keypair = ok("POST", "/keypairs", {}, token=token)
+    assert hub.login("jo", PW).login_status == 302
+    ok("PATCH", "/domains/initech", {"is_active": False})
+    try:
+        # A token, a signature, a login: each refused with the reason
+        r = hub.api("GET", "/me", token)
+        assert r.status_code == 403 and r.json()["message"] == "domain initech is inactive", r.text
+        headers = signing.signed_headers(keypair["access_key"], keypair["secret_key"], "GET", API + "/me")
+        signed = requests.get(hub.url + API + "/me", headers=headers, timeout=30)
+        assert signed.status_code == 403 and signed.json()["message"] == "domain initech is inactive"
+        assert hub.login("jo", PW).login_status == 403
+        audit = ok("GET", "/audit?limit=1000")
+        assert any(
+            a["action"] == "user.login"
+            and a["target"] == "jo"
+            and not a["success"]
+            and a["details"]["reason"] == "domain initech is inactive"
+            for a in audit
+        ), [a for a in audit if a["action"] == "user.login"]
+        # Other domains go on; so does the superadmin
+        assert hub.api("GET", "/me", hub.wait_token("hana")).status_code == 200
+        assert ok("GET", "/me")["role"] == "superadmin"
+    finally:
+        ok("PATCH", "/domains/initech", {"is_active": True})
+    assert hub.api("GET", "/me", token).json()["username"] == "jo"
+    assert hub.login("jo", PW).login_status == 302
