@@ -2,10 +2,14 @@
 with a session that is not over cannot be deleted (their slots stay held until they stop it); a
 token revoked at the Hub is refused by the service within seconds; a username given to someone in
 another domain gets nothing through the old user's token; a deactivated domain's people cannot log
-in, call the API with a token or sign with a keypair, until it is active again.  No notebook server
-is started: sessions are admitted as the Hub's spawner asks for them (the service token)."""
+in, call the API with a token or sign with a keypair, until it is active again; a JSON body too large
+or without a credential is refused from its headers, before it is sent.  No notebook server is
+started: sessions are admitted as the Hub's spawner asks for them (the service token)."""
 
+import json
+import socket
 import time
+from urllib.parse import urlparse
 
 import pytest
 import requests
@@ -138,3 +142,39 @@ def test_a_deactivated_domains_people_are_suspended_until_it_is_active_again(wor
         ok("PATCH", "/domains/initech", {"is_active": True})
     assert hub.api("GET", "/me", token).json()["username"] == "jo"
     assert hub.login("jo", PW).login_status == 302
+
+
+def headers_only(hub, method, path, headers):
+    """Send a request through the Hub's proxy with its headers and the first 64 KiB of the body they
+    announce (the proxy passes the headers on with the body's first bytes); the answer's status,
+    headers (lower-case names) and JSON body."""
+    u = urlparse(hub.url)
+    with socket.create_connection((u.hostname, u.port), timeout=15) as s:
+        head = [
+            f"{method} {API}{path} HTTP/1.1",
+            f"Host: {u.netloc}",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        s.sendall(("\r\n".join([*head, "", ""])).encode() + b"[" * 65536)
+        f = s.makefile("rb")
+        status = int(f.readline().split()[1])
+        got = {}
+        while (line := f.readline().strip()) != b"":
+            name, _, value = line.decode().partition(":")
+            got[name.strip().lower()] = value.strip()
+        return status, got, json.loads(f.read(int(got["content-length"])))
+
+
+def test_a_json_body_is_refused_from_its_headers_before_it_is_sent(world):
+    hub, ok, root = world
+    big = {"Content-Type": "application/json", "Content-Length": str(95 * 2**20)}
+    # Nobody: 401 with 64 KiB of 95 MB sent (not once the service has read it all, as before)
+    status, headers, body = headers_only(hub, "POST", "/users", big)
+    assert status == 401 and body["message"].startswith("authentication required"), body
+    # Someone, with more than a JSON body may hold: 413, whoever they are
+    status, headers, body = headers_only(hub, "POST", "/users", {**big, "Authorization": f"token {root}"})
+    assert status == 413 and body["message"] == f"request body is larger than {2**20} bytes", body
+    # A body within the limit is read as before; the connection stays usable
+    r = hub.api("POST", "/users", root, json={"username": "kai", "domain": "acme", "note": "x" * 1000})
+    assert r.status_code == 400 and "note" in r.json()["message"], r.text
+    assert ok("GET", "/users/ivy")["username"] == "ivy"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import io
+import json
 import os
 import socket
 import struct
@@ -146,6 +147,17 @@ def send_partial(addr, method, path, token, total: int, part: bytes, headers=Non
     head += [f"Content-Length: {total}", "", ""]
     s.sendall("\r\n".join(head).encode() + part)
     return s
+
+
+def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers (lower-case names) and body of the answer on ``s`` (Content-Length)."""
+    f = s.makefile("rb")
+    status = int(f.readline().split()[1])
+    headers = {}
+    while (line := f.readline().strip()) != b"":
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, f.read(int(headers.get("content-length", 0)))
 
 
 def abort(s: socket.socket) -> None:
@@ -750,6 +762,17 @@ def test_quota_limits_and_failed_uploads_leave_nothing(world):
     r = w.call("quser", "POST", f"/vfolders/{f1}/uploads", json={"path": "two.bin", "size": 2 * MiB})
     assert r.status_code == 413 and r.json()["message"], r.text
     assert empty(f1)
+    # Refused from its headers: the answer comes with 64 KiB of the 2 MiB sent (the proxy passes the
+    # headers on with the body's first bytes); what comes after is dropped unread
+    s = send_partial(
+        _proxy_addr(w), "PUT", f"{API}/vfolders/{f1}/files/big.bin", w.tokens["quser"], 2 * MiB, b"x" * 65536
+    )
+    try:
+        status, _, body = read_answer(s)
+    finally:
+        abort(s)
+    assert status == 413 and "do not fit" in json.loads(body)["message"], body
+    assert empty(f1)
     # Over the policy's per-folder size, and over the folder's own max_size.
     assert w.put("quser", f1, "big.bin", os.urandom(900 * KiB + 1)).status_code == 413
     assert w.put("quser", f2, "mid.bin", os.urandom(256 * KiB + 1)).status_code == 413
@@ -775,6 +798,20 @@ def test_quota_limits_and_failed_uploads_leave_nothing(world):
         abort(s)
     wait_until(lambda: empty(f1), timeout=5, what="the dropped upload's temp file to go")
     wait_until(lambda: w.my_scope("quser")["reserved"] == 0, timeout=5, what="the reservation to go")
+
+    # A resumable upload reserves its room until it finishes, expires or is cancelled: the folder
+    # lists it (what it holds, where it stands), and its owner may cancel it.
+    started = w.ok(
+        "quser", "POST", f"/vfolders/{f1}/uploads", 201, json={"path": "later.bin", "size": 100 * KiB}
+    )
+    listed = w.ok("quser", "GET", f"/vfolders/{f1}/uploads", 200)
+    assert [(u["id"], u["path"], u["size"], u["offset"]) for u in listed] == [
+        (started["id"], "later.bin", 100 * KiB, 0)
+    ]
+    assert w.my_scope("quser")["reserved"] == 100 * KiB
+    w.ok("quser", "DELETE", f"/vfolders/{f1}/uploads/{started['id']}", 200)
+    assert w.ok("quser", "GET", f"/vfolders/{f1}/uploads", 200) == []
+    assert w.my_scope("quser")["reserved"] == 0
 
     # The room it had reserved is free again: exactly what the scope has left fits, a byte more not.
     left = MiB - 200 * KiB

@@ -18,7 +18,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
-from tornado import web
+from tornado import iostream, web
+from tornado.concurrent import Future
 from tornado.httputil import HTTPServerRequest
 
 from hub_ext.compute.sessions import take_queue_waits
@@ -165,9 +166,20 @@ class NotFoundHandler(BaseHandler):
         self.finish(json.dumps({"status": 404, "message": f"no such endpoint: {self.request.path}"}))
 
 
+class BodyTooLarge(LabfleetError):
+    status = 413
+
+
+@web.stream_request_body
 class APIHandler(BaseHandler):
+    """A JSON API handler. Its body is read only once the request's headers have passed what they
+    can tell: a method this route has, a Content-Length within ``MAX_BODY`` (else 413) and some
+    credential (else 401). Then the body (``MAX_BODY`` at most), then who is asking."""
+
     actor: Actor
     rate: signing.RateDecision | None = None
+    _body: bytearray | None = None
+    _body_overflow = False
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
@@ -183,9 +195,94 @@ class APIHandler(BaseHandler):
     async def prepare(self) -> None:
         # A LabfleetError raised here answers as JSON (_handle_request_exception).
         self.check_method()
+        self.check_headers()
+        await self.receive_body()
         self.actor = await self.authenticate()
         if self.request.method in ("POST", "PATCH", "PUT"):
             self.body = self.json_body()
+
+    def check_headers(self) -> None:
+        """What the headers alone refuse: answered before the body is read (then dropped unread,
+        see ``answer_before_body``)."""
+        headers = self.request.headers
+        if not (
+            headers.get("Authorization")
+            or self.get_cookie(self.hub_auth.cookie_name)
+            or self.get_query_argument("token", None)
+        ):
+            raise Unauthorized("authentication required: a Hub token, a Hub login or a signed request")
+        length = headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > MAX_BODY:
+            raise BodyTooLarge(f"request body is larger than {MAX_BODY} bytes")
+
+    async def receive_body(self) -> None:
+        """Let the body in and wait for it (``data_received`` keeps ``MAX_BODY`` bytes of it);
+        ``request.body`` then holds it, as for a handler that does not stream."""
+        prepared = self._prepared_future
+        if prepared is None:  # not a streamed request (a test calling prepare())
+            return
+        self._prepared_future = None  # tornado resolves it after prepare() unless it is gone
+        self._body = bytearray()
+        if not prepared.done():
+            prepared.set_result(None)
+        try:
+            await self.request._body_future  # type: ignore[attr-defined]
+        except iostream.StreamClosedError:
+            raise web.Finish() from None  # the client went away: nobody to answer
+        if self._body_overflow:
+            raise BodyTooLarge(f"request body is larger than {MAX_BODY} bytes")
+        self.request.body = bytes(self._body)
+        self._body = None
+
+    def _body_pending(self) -> Future | None:
+        """The streamed body's future while the body is still to come (None once it is in)."""
+        body = getattr(self.request, "_body_future", None)  # a streamed body: done once it is in
+        return body if body is not None and not body.done() else None
+
+    def answer_before_body(self, status: int, message: str, retry_after: int | None = None) -> None:
+        """Answer now, before the body is read; end the answer once the body has come and been
+        dropped (``data_received`` keeps nothing while ``_body`` is None).
+
+        Ending it at once would make tornado close the connection with the body unread: the Hub's
+        proxy, still sending that body, would then see a hang-up (503) instead of the answer."""
+        body = self._body_pending()
+        assert body is not None
+        self._body = None
+        # Nothing is built yet but what the refusal set on purpose (an upload's Upload-Offset)
+        data = json.dumps({"status": status, "message": message}).encode()
+        self.set_status(status)
+        if status == 401:
+            self.set_header("WWW-Authenticate", f'token, {signing.SCHEME} realm="labfleet"')
+        if retry_after is not None:
+            self.set_header("Retry-After", str(retry_after))
+        self.set_header("Content-Length", str(len(data)))
+        self.write(data)
+        self.flush()
+
+        def end(_: Future) -> None:
+            if not self._finished:
+                try:
+                    self.finish()
+                except Exception:  # the client went away meanwhile
+                    self.log.debug("Could not end an answer sent before its body", exc_info=True)
+
+        body.add_done_callback(end)
+
+    def _close_if_body_unread(self) -> None:
+        """An error tornado answers before the body is read (an unknown method): it closes the
+        connection after it; say so, or the Hub's proxy reuses the connection for its next request."""
+        if self._body_pending() is not None:
+            self.set_header("Connection", "close")
+
+    def data_received(self, chunk: bytes) -> None:
+        buf = self._body
+        if buf is None or self._body_overflow:
+            return
+        if len(buf) + len(chunk) > MAX_BODY:  # a chunked body says no length up front
+            self._body_overflow = True
+            self._body = bytearray()
+            return
+        buf += chunk
 
     async def authenticate(self) -> Actor:
         header = self.request.headers.get("Authorization", "")
@@ -331,6 +428,8 @@ class APIHandler(BaseHandler):
                 self.finish()
             except Exception:
                 self.log.warning("Could not end a partial answer", exc_info=True)
+        elif self._body_pending() is not None:  # refused from the headers
+            self.answer_before_body(e.status, e.message, getattr(e, "retry_after", None))
         else:
             self.clear()  # drop a half-built answer; default and rate limit headers stay
             self.send_error_json(e.status, e.message, getattr(e, "retry_after", None))
@@ -343,6 +442,7 @@ class APIHandler(BaseHandler):
             status_code, message = exc.status, exc.message
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
+        self._close_if_body_unread()
         if status_code == 405:
             self.set_header("Allow", ", ".join(self.allowed_methods()))
             message = (

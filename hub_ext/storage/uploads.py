@@ -24,6 +24,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hub_ext.core import db as lfdb
@@ -129,6 +130,30 @@ def find(
     """An upload in progress in a folder the actor may write (and ``right`` on its host)."""
     v, store = folders.open_files(db, actor, folder_id, "rw", right)
     return vfquota.get_upload(db, v, upload_id), store
+
+
+def in_progress(db: Session, actor: Actor, folder_id: str) -> list[dict[str, Any]]:
+    """The uploads in progress in a folder the actor may write, oldest first: each reserves its
+    whole size until it finishes, is cancelled (DELETE) or expires."""
+    v, store = folders.open_files(db, actor, folder_id, "rw")
+    rows = db.scalars(
+        select(VFolderUpload).where(VFolderUpload.vfolder_id == v.id).order_by(VFolderUpload.created_at)
+    )
+
+    def offset(upload_id: str) -> int:
+        try:
+            return store.upload_offset(upload_id)
+        except NotFound:  # its temp file went meanwhile (finished, cancelled)
+            return 0
+
+    return [
+        {
+            **upload_view(up, offset(up.id)),
+            "created_at": up.created_at.isoformat(),
+            "updated_at": up.updated_at.isoformat(),
+        }
+        for up in rows
+    ]
 
 
 def status(db: Session, actor: Actor, folder_id: str, upload_id: str) -> dict[str, Any]:

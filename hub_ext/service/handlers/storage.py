@@ -201,29 +201,17 @@ class _StreamingHandler(VFolderAPIHandler):
     """Streams a PUT or PATCH body into an upload (hub_ext.storage.uploads) as it arrives."""
 
     upload: uploads.Body | None = None
-    # A refusal decided before the body arrived.  It is sent once the body has been read, for every
-    # method (a GET has an empty body, still not read when prepare() runs): an answer sent earlier
-    # makes tornado drop the connection after it, which the Hub's proxy may be reusing for the
-    # next request (that one then fails, 503).  (To be refused before sending a big body, POST /uploads.)
+    # A refusal decided while the body arrived (more bytes than said, the disk): sent once it is in.
+    # One decided from the headers (rights, quota, Content-Length) is sent at once, before the body
+    # is read, saying Connection: close (see APIHandler._close_if_body_unread).
     refusal: LabfleetError | None = None
 
     async def prepare(self) -> None:
-        try:
-            self.actor = await self.authenticate()
-            # Bodies of any size, for callers who may upload; others keep tornado's limit.
-            self.request.connection.set_max_body_size(uploads.MAX_UPLOAD)  # type: ignore[union-attr]
-            if self.request.method in ("PUT", "PATCH"):
-                self.upload = self.begin_body()
-        except LabfleetError as e:
-            self.refusal = e
-
-    def write_error(self, status_code: int, **kwargs) -> None:
-        if status_code == 405:
-            # A method tornado does not know (TRACE, QUERY, ...) is refused as soon as the headers are
-            # in, before the (empty) body is read, and tornado then closes the connection: say so, or
-            # the Hub's proxy reuses it for the next request, which then fails (503).
-            self.set_header("Connection", "close")
-        super().write_error(status_code, **kwargs)
+        self.actor = await self.authenticate()
+        # Bodies of any size, for callers who may upload; others keep tornado's limit.
+        self.request.connection.set_max_body_size(uploads.MAX_UPLOAD)  # type: ignore[union-attr]
+        if self.request.method in ("PUT", "PATCH"):
+            self.upload = self.begin_body()
 
     def refuse_late(self) -> bool:
         if self.refusal is None:
@@ -389,7 +377,11 @@ class TrashEntryHandler(VFolderAPIHandler):
 
 
 class UploadListHandler(VFolderAPIHandler):
-    """POST {path, size}: reserve the room and start a resumable upload."""
+    """GET: the uploads in progress (what each reserves, where it stands); POST {path, size}:
+    reserve the room and start a resumable upload."""
+
+    async def get(self, folder_id):
+        await self.do(lambda db, a: uploads.in_progress(db, a, folder_id))
 
     async def post(self, folder_id):
         body = request_json(self)
