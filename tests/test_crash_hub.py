@@ -283,6 +283,17 @@ def test_a_service_killed_right_after_an_admission_comes_back_with_the_session_r
         if row[1] in ("SCHEDULED", "PREPARING"):
             os.kill(service, signal.SIGKILL)  # the spawner's PREPARING / RUNNING reports are lost
             caught = (server, row[0], row[1], time.monotonic())
+            # Until the Hub starts it again, an API client gets JSON from the proxy, not the Hub's
+            # HTML error page
+            _wait(lambda s=service: not _alive(s), "the service to end", 10, hub, step=0.01)
+            down = requests.get(
+                f"{hub.url}/services/labfleet/api/me", headers={"Authorization": f"token {alice}"}, timeout=30
+            )
+            assert down.status_code == 503 and down.headers["Content-Type"].startswith("application/json")
+            assert down.json() == {
+                "status": 503,
+                "message": "the labfleet service is not answering (it may be restarting); retry shortly",
+            }
             spawn.join(60)
             break
         os.kill(service, signal.SIGCONT)

@@ -178,3 +178,18 @@ def test_a_json_body_is_refused_from_its_headers_before_it_is_sent(world):
     r = hub.api("POST", "/users", root, json={"username": "kai", "domain": "acme", "note": "x" * 1000})
     assert r.status_code == 400 and "note" in r.json()["message"], r.text
     assert ok("GET", "/users/ivy")["username"] == "ivy"
+
+
+def test_the_proxys_error_page_is_json_for_the_api_and_html_elsewhere(world):
+    """What the proxy asks the Hub for when it cannot reach a target (tests/test_crash_hub.py has
+    the service really gone)."""
+    hub, ok, root = world
+    api = requests.get(f"{hub.url}/hub/error/503", params={"url": f"{API}/sessions?limit=5"}, timeout=30)
+    assert api.headers["Content-Type"].startswith("application/json"), api.text
+    assert api.json() == {
+        "status": 503,
+        "message": "the labfleet service is not answering (it may be restarting); retry shortly",
+    }
+    for url in ("/user/jo/lab", "/services/labfleet-admin/", "/services/labfleet/apis"):
+        page = requests.get(f"{hub.url}/hub/error/503", params={"url": url}, timeout=30)
+        assert page.headers["Content-Type"].startswith("text/html") and "<html" in page.text, url

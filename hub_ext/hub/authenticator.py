@@ -26,7 +26,7 @@ from jupyterhub.auth import Authenticator
 from jupyterhub.utils import maybe_future
 from traitlets import Bool, Dict, Float, List, Unicode, default, import_item, validate
 
-from hub_ext.hub import users_api
+from hub_ext.hub import proxy_errors, users_api
 from hub_ext.hub.client import LabfleetServiceClient
 from hub_ext.hub.client import Reply as _Reply
 
@@ -238,8 +238,9 @@ class LabfleetBaseAuthenticator(LabfleetServiceClient, Authenticator):
         return True if hub_state_matches(user, model) else model
 
     def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
-        """The login handler, and the Hub user API kept consistent with labfleet (hub_ext.hub.users_api)."""
-        return [*users_api.handlers(), *super().get_handlers(app)]
+        """The login handler, the Hub user API kept consistent with labfleet (hub_ext.hub.users_api)
+        and the proxy's error pages as JSON for the service's API (hub_ext.hub.proxy_errors)."""
+        return [*users_api.handlers(), *proxy_errors.handlers(), *super().get_handlers(app)]
 
     async def load_managed_roles(self) -> list[dict]:
         """No roles at start-up: labfleet's roles are created at login from the auth model's role specs
