@@ -98,10 +98,12 @@ def test_a_token_revoked_at_the_hub_is_refused_within_seconds(world):
     assert took <= CACHE_AGE + 2, took
 
 
-def test_a_reused_username_gets_nothing_through_the_old_token(world):
+def test_a_reused_username_gets_nothing_of_the_old_user(world):
     hub, ok, root = world
     old = hub.user_token("ivy")
     assert hub.api("GET", "/me", old).json()["domain"]["name"] == "acme"
+    assert hub.api("POST", "/keypairs", old, json={}).status_code == 201  # audited, as ivy of acme
+    assert any(a["action"] == "keypair.issue" for a in hub.api("GET", "/audit", old).json())
     ok("DELETE", "/users/ivy")
     ok("POST", "/users", {"username": "ivy", "domain": "globex", "projects": ["ml"], "password": PW})
     hub.wait_user("ivy")
@@ -111,6 +113,12 @@ def test_a_reused_username_gets_nothing_through_the_old_token(world):
     assert hub.api("GET", "/sessions", old).status_code == 401
     fresh = hub.user_token("ivy")
     assert hub.api("GET", "/me", fresh).json()["domain"]["name"] == "globex"
+    # Nor the old ivy's history: the new one reads only what happened since she was made
+    mine = hub.api("GET", "/audit", fresh).json()
+    assert not [a for a in mine if a["actor_domain"] == "acme"], mine
+    assert [a["action"] for a in ok("GET", "/audit?limit=1000") if a["actor"] == "ivy"].count(
+        "keypair.issue"
+    ) == 1
 
 
 def test_a_deactivated_domains_people_are_suspended_until_it_is_active_again(world):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, insert, or_, select
+from sqlalchemy import Select, Table, and_, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from hub_ext.core.authz import Actor
 from hub_ext.core.db import Prepared
-from hub_ext.core.models import AuditEntry, utcnow
+from hub_ext.core.models import AuditEntry, User, utcnow
 from hub_ext.core.pages import Page, page_of
 
 # Keys that must never reach the log, whatever a caller passes in details.
@@ -27,6 +28,7 @@ COLUMNS = (
     "remote_addr",
     "success",
 )
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # Compiled once (an entry is written on hot paths, an admission among them).
 _INSERT = Prepared(insert(cast(Table, AuditEntry.__table__)), COLUMNS)
 
@@ -86,6 +88,11 @@ def entries_query(actor: Actor, action: str | None = None) -> Select:
     if actor.reads_everything:
         return q
     mine = AuditEntry.actor == actor.name
+    if actor.user_id is not None:
+        # Entries under this name from before this user existed were someone else's: a name given
+        # to someone new does not bring its history along
+        since = select(User.created_at).where(User.id == actor.user_id).scalar_subquery()
+        mine = and_(mine, AuditEntry.timestamp >= func.coalesce(since, EPOCH))
     if actor.role == "admin":
         if actor.domain is None:  # the rule compares with ==: None matches entries with no domain
             return q.where(or_(mine, AuditEntry.actor_domain.is_(None), AuditEntry.target_domain.is_(None)))
