@@ -26,7 +26,14 @@ CACHE_AGE = 5  # the service's token_cache_age default
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    hub = start_hub(tmp_path_factory.mktemp("hub"))
+    state = tmp_path_factory.mktemp("hub")
+    # A small queue; sessions admitted with no Hub server behind them are not reconciled away
+    (state / "labfleet_service_config.py").write_text(
+        "c.LabfleetService.max_queued_sessions = 4\n"
+        "c.LabfleetService.max_pending_per_user = 2\n"
+        "c.LabfleetService.reconcile_grace = 3600\n"
+    )
+    hub = start_hub(state)
     root = hub.wait_token("root")
 
     def ok(method, path, body=None, token=root):
@@ -37,16 +44,18 @@ def world(tmp_path_factory):
     for domain in ("acme", "globex", "initech"):
         ok("POST", "/domains", {"name": domain})
         ok("POST", "/projects", {"domain": domain, "name": "ml"})
-    for name, domain in (("gus", "acme"), ("hana", "acme"), ("ivy", "acme"), ("jo", "initech")):
+    people = [("gus", "acme"), ("hana", "acme"), ("ivy", "acme"), ("jo", "initech")]
+    for name, domain in [*people, ("q1", "acme"), ("q2", "acme"), ("q3", "acme")]:
         ok("POST", "/users", {"username": name, "domain": domain, "projects": ["ml"], "password": PW})
     yield hub, ok, root
     hub.stop()
 
 
-def admit_as_hub(hub, username, domain, name, cpu):
-    body = {"project": f"{domain}/ml", "username": username, "name": name, "slots": {"cpu": cpu}}
+def admit_as_hub(hub, username, domain, name, cpu, status=201, **slots):
+    """A session admitted as the Hub's spawner asks for one (charged to the main keypair)."""
+    body = {"project": f"{domain}/ml", "username": username, "name": name, "slots": {"cpu": cpu, **slots}}
     r = hub.api("POST", "/sessions", hub.service_token, json=body)
-    assert r.status_code == 201, r.text
+    assert r.status_code == status, r.text
     return r.json()
 
 
@@ -201,3 +210,38 @@ def test_the_proxys_error_page_is_json_for_the_api_and_html_elsewhere(world):
     for url in ("/user/jo/lab", "/services/labfleet-admin/", "/services/labfleet/apis"):
         page = requests.get(f"{hub.url}/hub/error/503", params={"url": url}, timeout=30)
         assert page.headers["Content-Type"].startswith("text/html") and "<html" in page.text, url
+
+
+def test_a_full_queue_never_stops_a_session_that_fits(world):
+    """Queued sessions are the Hub's pending spawns: the fleet queues at most max_queued_sessions (4
+    here), a user at most max_pending_per_user (2), and the Hub's spawn limit is raised by the queue's
+    size (tests/unit/test_service_config.py), so sessions that fit are never locked out."""
+    hub, ok, root = world
+    held = [admit_as_hub(hub, "q3", "acme", "both-gpus", 1, gpu=2)]
+    assert held[0]["status"] == "SCHEDULED"
+    try:
+        for user in ("q1", "q2"):
+            for i in range(2):
+                held.append(admit_as_hub(hub, user, "acme", f"wait{i}", 1, gpu=1))
+                assert held[-1]["status"] == "PENDING"
+        third = admit_as_hub(hub, "q1", "acme", "wait2", 1, status=409, gpu=1)
+        assert third["message"] == (
+            "q1 already has 2 sessions waiting for capacity, the most one user may have waiting (2); "
+            "stop one or wait"
+        )
+        full = admit_as_hub(hub, "q3", "acme", "wait", 1, status=409, gpu=1)
+        assert (
+            full["message"]
+            == "4 sessions are waiting for capacity already, the most the fleet queues (4); try again later"
+        )
+        refused = [a for a in ok("GET", "/audit?limit=50") if a["action"] == "session.refuse"]
+        assert {a["details"]["code"] for a in refused[:2]} == {"queue-full"}
+        # What fits starts, the queue full or not: the waiting users' and anyone else's
+        for user in ("q1", "q3"):
+            held.append(admit_as_hub(hub, user, "acme", "cpu-only", 0.5))
+            assert held[-1]["status"] == "SCHEDULED"
+        statuses = [ok("GET", f"/sessions/{s['id']}")["status"] for s in held]
+        assert statuses.count("PENDING") == 4, statuses
+    finally:
+        for s in held:
+            hub.api("DELETE", f"/sessions/{s['id']}", root)

@@ -166,7 +166,13 @@ def _requested_user(actor: Actor, req: dict[str, Any]) -> str:
 
 
 def admit(
-    db: Session, actor: Actor, body: Any, *, launch: Launch | None = None, dry_run: bool = False
+    db: Session,
+    actor: Actor,
+    body: Any,
+    *,
+    launch: Launch | None = None,
+    dry_run: bool = False,
+    queue: admission.QueueLimits | None = None,
 ) -> ComputeSession:
     """Admit a session: every check, then placement; SCHEDULED, PENDING, or refused (raises).
 
@@ -174,6 +180,7 @@ def admit(
     :func:`prepare_launch`); the session takes that request's exact slots and GPU models and is
     charged to the keypair that signed it.  ``dry_run``: every check (the capacity that could ever
     hold it included) but no placement; the session returned is not added, and the caller rolls back.
+    ``queue``: how many may wait, for a session that does not fit now (two counts, then).
 
     Statements in the common case: the group's lock with its alloc_version and the tenancy and
     folder versions (one UPDATE ... RETURNING), then on SQLite (after its BEGIN) the ledger's
@@ -216,6 +223,11 @@ def admit(
     # Placement is pure (nothing changes before apply), so it runs first: the ledger's change
     # then also counts the session as queued when it does not fit now.
     placement = None if dry_run else entry.cluster.place(shape.wanted, t.group.placement, shape.workload)
+    if placement is None and not dry_run and queue is not None and (queue.fleet or queue.per_user):
+        fleet_pending, user_pending = _pending_counts(db, t.user.id)
+        full = admission.check_queue_room(queue, fleet_pending, user_pending, t.user.username)
+        if full is not None:
+            raise _refused(actor, username, t, full, 409)
     scopes = tenants.scopes(t)
     delta = shape.queued if placement is None and not dry_run else shape.admitted
     # Nothing capped (the usual case): the charge reads nothing back, and no check needs usage.
@@ -252,13 +264,7 @@ def admit(
     before = {scope: {k: v - delta.get(k, 0) for k, v in got.items()} for scope, got in rows.items()}
     refusal = tenants.check_new(t, shape, req["type"], req["image"], before if reads else None)
     if refusal is not None:
-        refused = Refused(refusal, REFUSAL_STATUS.get(refusal.code, 409))
-        details = {"reason": refusal.message, "code": refusal.code, "project": t.project.full_name}
-        # The transaction rolls back (the ledger's charge with it); the refusal is still audited.
-        refused.after_rollback = lambda db: audit.record(
-            db, actor, "session.refuse", username, target_domain=t.user.domain, details=details, success=False
-        )
-        raise refused
+        raise _refused(actor, username, t, refusal, REFUSAL_STATUS.get(refusal.code, 409))
     if placement is None:
         _check_could_fit(entry, t.group.name, shape)  # raises (the caller rolls back) if it never fits
     if dry_run:
@@ -273,6 +279,27 @@ def admit(
     if placement is not None:
         entry.cluster.apply(taken)  # the cached cluster takes exactly what the rows say
     return admitrows.attach(db, row)
+
+
+def _refused(
+    actor: Actor, username: str, t: tenants.Tenants, refusal: admission.Refusal, status: int
+) -> Refused:
+    """The refusal to raise: the transaction rolls back (the ledger's charge with it), the refusal
+    is still audited."""
+    refused = Refused(refusal, status)
+    details = {"reason": refusal.message, "code": refusal.code, "project": t.project.full_name}
+    refused.after_rollback = lambda db: audit.record(
+        db, actor, "session.refuse", username, target_domain=t.user.domain, details=details, success=False
+    )
+    return refused
+
+
+def _pending_counts(db: Session, user_id: int) -> tuple[int, int]:
+    """Sessions waiting (PENDING) in the whole fleet, and of this user."""
+    waiting = select(func.count()).select_from(ComputeSession).where(ComputeSession.status == "PENDING")
+    fleet = db.scalar(waiting) or 0
+    mine = db.scalar(waiting.where(ComputeSession.user_id == user_id)) or 0
+    return fleet, mine
 
 
 def _allocation_rows(

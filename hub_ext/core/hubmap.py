@@ -12,6 +12,20 @@ DOMAIN_GROUP_PREFIX = "domain:"
 PROJECT_GROUP_PREFIX = "project:"
 ROLE_PREFIX = "labfleet-"
 
+# Every queued session is a spawn the Hub has pending, and the Hub refuses every spawn (429) once
+# concurrent_spawn_limit are pending. So the fleet queues at most DEFAULT_MAX_QUEUED_SESSIONS (the
+# service's max_queued_sessions), one user at most DEFAULT_MAX_PENDING_PER_USER of them, and the Hub's
+# limit is raised by the queue's size: the Hub's own default is left for sessions that start at once.
+HUB_SPAWN_LIMIT = 100  # JupyterHub's default concurrent_spawn_limit
+DEFAULT_MAX_QUEUED_SESSIONS = 200
+DEFAULT_MAX_PENDING_PER_USER = 20
+
+
+def concurrent_spawn_limit(max_queued_sessions: int) -> int:
+    """The Hub's concurrent_spawn_limit for a fleet that queues at most ``max_queued_sessions``
+    (0: the queue has no limit, so neither may the Hub's: 0)."""
+    return HUB_SPAWN_LIMIT + max_queued_sessions if max_queued_sessions > 0 else 0
+
 
 def domain_group(domain: str) -> str:
     return f"{DOMAIN_GROUP_PREFIX}{domain}"

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from hub_ext.core import hubmap
 from hub_ext.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE
 from hub_ext.core.hubmap import ADMIN_SERVICE_NAME, SERVICE_NAME
 from hub_ext.core.rights import RIGHTS
@@ -209,6 +210,10 @@ def configure(
         # The nodes' agents register them (with their Swarm node ids); the Hub host is not a node by itself.
         settings["register_local_node"] = False
     settings.update(service_config or {})
+    # Queued sessions are pending spawns: the Hub's limit of those grows by what the fleet may queue
+    if "concurrent_spawn_limit" not in c.JupyterHub:
+        queued = int(settings.get("max_queued_sessions", hubmap.DEFAULT_MAX_QUEUED_SESSIONS))
+        c.JupyterHub.concurrent_spawn_limit = hubmap.concurrent_spawn_limit(queued)
 
     c.JupyterHub.services = [
         s

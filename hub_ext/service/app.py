@@ -32,7 +32,8 @@ from traitlets.config import Application, catch_config_error
 
 from hub_ext.compute import agents, images, nodes, reconcile, sessions
 from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
-from hub_ext.core import audit, bootstrap
+from hub_ext.compute.scheduler.admission import QueueLimits
+from hub_ext.core import audit, bootstrap, hubmap
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.dburl import default_db_url
@@ -261,6 +262,21 @@ class LabfleetService(Application):
     def _vfolder_scan_interval(self):
         return int(os.environ.get("LABFLEET_VFOLDER_SCAN_INTERVAL") or 300)
 
+    max_queued_sessions = Integer(
+        hubmap.DEFAULT_MAX_QUEUED_SESSIONS,
+        help="""The most sessions the whole fleet keeps waiting for capacity (PENDING) at once; past it a
+        session that does not fit now is refused (409, "queue-full"), one that fits still starts. Each
+        queued session is a spawn the Hub has pending: hub_ext.hub.configure raises the Hub's
+        concurrent_spawn_limit by this (set in the service_config you give it), so a full queue never
+        locks out sessions that start at once. 0: no limit (and the Hub's own limit decides).""",
+    ).tag(config=True)
+
+    max_pending_per_user = Integer(
+        hubmap.DEFAULT_MAX_PENDING_PER_USER,
+        help="""The most sessions one user keeps waiting for capacity (PENDING), whatever their keypair
+        policies allow: one user alone cannot fill the fleet's queue. 0: no limit but their policies'.""",
+    ).tag(config=True)
+
     schedule_interval = Float(
         help="""Seconds between two services of every resource group's queue: a pending timeout fires within
         this, and a session queued for capacity that came from outside a request (a node registered, a
@@ -480,6 +496,7 @@ class LabfleetService(Application):
         self.nonces = NonceCache()  # signed requests' nonces, for the signature window
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
         self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
+        self.queue_limits = QueueLimits(fleet=self.max_queued_sessions, per_user=self.max_pending_per_user)
         self.jobs = jobs.JobLoop(self.log)
         self.launches = Launches()
         self.metrics = Metrics(self.session_factory)

@@ -304,7 +304,7 @@ EXTRA_ENV = {
 }
 SECRET_SETTINGS = frozenset({"service_token", "metrics_token"})
 SECTIONS = (
-    ("scheduler", ("schedule_interval", "api_session_wait")),
+    ("scheduler", ("schedule_interval", "api_session_wait", "max_queued_sessions", "max_pending_per_user")),
     ("idle reclamation", ("idle_check_interval", "idle_timeout", "activity_interval")),
     ("usage", ("sample_interval", "usage_retention_days")),
     (

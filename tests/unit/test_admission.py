@@ -19,6 +19,7 @@ from hub_ext.compute.scheduler.admission import (
     IMAGE_NOT_FOUND,
     KEYPAIR_QUOTA,
     PROJECT_QUOTA,
+    QUEUE_FULL,
     RESOURCE_GROUP_DENIED,
     SESSION_TYPE_NOT_ALLOWED,
     TOO_MANY_PENDING,
@@ -28,9 +29,11 @@ from hub_ext.compute.scheduler.admission import (
     GroupSnapshot,
     ImageSnapshot,
     KeypairPolicySnapshot,
+    QueueLimits,
     Refusal,
     SessionRequest,
     check_admission,
+    check_queue_room,
     quota_view,
 )
 from hub_ext.compute.scheduler.queueing import (
@@ -656,3 +659,27 @@ def test_drf_order_is_fast() -> None:
     out = order_queue(q, "drf", usage, S(cpu=512, gpu=64))
     assert time.perf_counter() - start < 2.0
     assert sorted(ids(out)) == sorted(ids(q))
+
+
+# ---------------------------------------------------------------- the queue's room
+
+
+@pytest.mark.parametrize(
+    ("limits", "fleet", "mine", "says"),
+    [
+        (QueueLimits(), 10_000, 10_000, None),  # no limits
+        (QueueLimits(fleet=4, per_user=2), 3, 1, None),
+        (QueueLimits(fleet=4, per_user=2), 3, 2, "ann already has 2 sessions waiting for capacity"),
+        (QueueLimits(fleet=4, per_user=2), 4, 0, "4 sessions are waiting for capacity already"),
+        (QueueLimits(fleet=4, per_user=2), 4, 2, "ann already has 2"),  # the user's own limit first
+        (QueueLimits(fleet=0, per_user=1), 500, 0, None),
+        (QueueLimits(fleet=1, per_user=0), 0, 0, None),
+    ],
+)
+def test_a_session_that_would_wait_needs_room_in_the_queue(limits, fleet, mine, says) -> None:
+    refusal = check_queue_room(limits, fleet, mine, "ann")
+    if says is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and refusal.code == QUEUE_FULL and refusal.retryable
+        assert refusal.message.startswith(says), refusal.message

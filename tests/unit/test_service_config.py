@@ -183,3 +183,26 @@ def test_a_hub_started_with_sigint_ignored_starts_interruptible_children():
     sigint = 1 << (signal.SIGINT - 1)
     assert int(before, 16) & sigint and not int(after, 16) & sigint
     assert int(code_of_child) != 0  # interrupted (KeyboardInterrupt), not a 60 s sleep
+
+
+def test_the_hubs_spawn_limit_grows_by_what_the_fleet_may_queue(tmp_path):
+    """Queued sessions are pending spawns: a queue full to its limit leaves the Hub's own default
+    for sessions that start at once (issue [2/7]: 100 queued had locked every spawn out)."""
+    c = Config()
+    configure(c, tmp_path, service_port=12345, admin_console=False)
+    assert c.JupyterHub.concurrent_spawn_limit == 100 + 200
+    c = Config()
+    configure(c, tmp_path, service_port=12345, admin_console=False, service_config={"max_queued_sessions": 7})
+    assert c.JupyterHub.concurrent_spawn_limit == 107
+    app = LabfleetService()
+    app.parse_command_line(c.JupyterHub.services[0]["command"][3:])
+    assert app.max_queued_sessions == 7 and app.max_pending_per_user == 20
+    # An unlimited queue: the Hub's limit cannot be sized for it, so the Hub limits nothing either
+    c = Config()
+    configure(c, tmp_path, service_port=12345, admin_console=False, service_config={"max_queued_sessions": 0})
+    assert c.JupyterHub.concurrent_spawn_limit == 0
+    # A deployment's own choice stays
+    c = Config()
+    c.JupyterHub.concurrent_spawn_limit = 30
+    configure(c, tmp_path, service_port=12345, admin_console=False)
+    assert c.JupyterHub.concurrent_spawn_limit == 30

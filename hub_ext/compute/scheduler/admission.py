@@ -44,6 +44,7 @@ RESOURCE_GROUP_DENIED = "resource-group-denied"
 SESSION_TYPE_NOT_ALLOWED = "session-type-not-allowed"
 TOO_MANY_SESSIONS = "too-many-sessions"
 TOO_MANY_PENDING = "too-many-pending-sessions"
+QUEUE_FULL = "queue-full"
 KEYPAIR_QUOTA = "keypair-quota-exceeded"
 USER_QUOTA = "user-quota-exceeded"
 PROJECT_QUOTA = "project-quota-exceeded"
@@ -57,6 +58,7 @@ REFUSAL_CODES: tuple[str, ...] = (
     SESSION_TYPE_NOT_ALLOWED,
     TOO_MANY_SESSIONS,
     TOO_MANY_PENDING,
+    QUEUE_FULL,
     KEYPAIR_QUOTA,
     USER_QUOTA,
     PROJECT_QUOTA,
@@ -355,6 +357,39 @@ def check_session_counts(ctx: AdmissionContext) -> Refusal | None:
             TOO_MANY_PENDING,
             f"{_keypair_scope(ctx)} already has {pending} session{'s' if pending != 1 else ''} "
             f"waiting to start, and may have at most {pol.max_pending_sessions} waiting",
+            retryable=True,
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """How many sessions may wait (PENDING) at once: in the whole fleet, and of one user (0: no
+    limit), whatever their policies say. A queued session is a spawn the Hub has pending, and the
+    Hub refuses every spawn once too many are pending: a full queue must not lock out the sessions
+    that would start at once (hub_ext.core.hubmap)."""
+
+    fleet: int = 0
+    per_user: int = 0
+
+
+def check_queue_room(
+    limits: QueueLimits, fleet_pending: int, user_pending: int, username: str
+) -> Refusal | None:
+    """A session that would wait: refused when its user, or the fleet, has as many waiting as allowed.
+    (One that starts at once is never asked.)"""
+    if limits.per_user and user_pending >= limits.per_user:
+        return Refusal(
+            QUEUE_FULL,
+            f"{username} already has {user_pending} session{'s' if user_pending != 1 else ''} waiting "
+            f"for capacity, the most one user may have waiting ({limits.per_user}); stop one or wait",
+            retryable=True,
+        )
+    if limits.fleet and fleet_pending >= limits.fleet:
+        return Refusal(
+            QUEUE_FULL,
+            f"{fleet_pending} sessions are waiting for capacity already, the most the fleet queues "
+            f"({limits.fleet}); try again later",
             retryable=True,
         )
     return None

@@ -86,7 +86,14 @@ class SessionListHandler(APIHandler):
         def op(db, actor):
             try:
                 view = sessions.session_detail(
-                    db, sessions.admit(db, actor, body, launch=waiting.launch if waiting else None)
+                    db,
+                    sessions.admit(
+                        db,
+                        actor,
+                        body,
+                        launch=waiting.launch if waiting else None,
+                        queue=self.lf.queue_limits,
+                    ),
                 )
             except LabfleetError as e:
                 outcome["error"] = e
