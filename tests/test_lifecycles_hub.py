@@ -245,3 +245,42 @@ def test_a_full_queue_never_stops_a_session_that_fits(world):
     finally:
         for s in held:
             hub.api("DELETE", f"/sessions/{s['id']}", root)
+
+
+def test_a_queued_spawn_stopped_while_it_waits_leaves_nothing(world):
+    """Stopping a server the Hub has pending while its session waits in the queue: the session is
+    cancelled, the Hub has no server (no ghost, ready or not), and no server process starts once
+    capacity frees."""
+    hub, ok, root = world
+    holder = admit_as_hub(hub, "q3", "acme", "both-gpus", 1, gpu=2)
+    try:
+        r = hub.hub_api("POST", "/users/q2/servers/ghost", json={"project": "ml", "gpu": 1, "cpu": 0.5})
+        assert r.status_code == 202, r.text  # queued: the spawn is pending
+        session = wait_for(lambda: _session_of(ok, "q2", "ghost"), "the queued session", 30)
+        assert session["status"] == "PENDING"
+        r = hub.hub_api("DELETE", "/users/q2/servers/ghost")
+        assert r.status_code in (202, 204), r.text
+        wait_for(
+            lambda: not hub.hub_api("GET", "/users/q2").json()["servers"], "the Hub to drop the server", 30
+        )
+        assert ok("GET", f"/sessions/{session['id']}")["status"] == "CANCELLED"
+    finally:
+        ok("DELETE", f"/sessions/{holder['id']}")
+    # Capacity is free now: nothing of the stopped spawn starts, in labfleet or in the Hub
+    time.sleep(3)
+    assert ok("GET", f"/sessions/{session['id']}")["status"] == "CANCELLED"
+    assert hub.hub_api("GET", "/users/q2").json()["servers"] == {}
+    assert [s for s in ok("GET", "/sessions") if s["status"] in ("SCHEDULED", "PREPARING", "RUNNING")] == []
+
+
+def _session_of(ok, user, name):
+    rows = [s for s in ok("GET", f"/sessions?user={user}") if s["name"] == name]
+    return rows[-1] if rows else None
+
+
+def wait_for(cond, what, timeout):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return value
