@@ -392,3 +392,15 @@ def remove_outside_network(name: str, server: subprocess.Popen | None = None) ->
         server.wait(10)
     subprocess.run(["ip", "netns", "delete", name], capture_output=True)
     subprocess.run(["ip", "link", "delete", name], capture_output=True)
+
+
+def read_http_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers (lower-case names) and body (by its Content-Length) of the HTTP answer
+    on ``s``: for tests that write a request by hand (a body announced and not all sent)."""
+    f = s.makefile("rb")
+    status = int(f.readline().split()[1])
+    headers = {}
+    while (line := f.readline().strip()) != b"":
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, f.read(int(headers.get("content-length", 0)))

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from hub_ext.core import signing
-from tests.hubfixture import start_hub
+from tests.hubfixture import read_http_answer, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -173,13 +173,8 @@ def headers_only(hub, method, path, headers):
             *(f"{k}: {v}" for k, v in headers.items()),
         ]
         s.sendall(("\r\n".join([*head, "", ""])).encode() + b"[" * 65536)
-        f = s.makefile("rb")
-        status = int(f.readline().split()[1])
-        got = {}
-        while (line := f.readline().strip()) != b"":
-            name, _, value = line.decode().partition(":")
-            got[name.strip().lower()] = value.strip()
-        return status, got, json.loads(f.read(int(got["content-length"])))
+        status, got, body = read_http_answer(s)
+        return status, got, json.loads(body)
 
 
 def test_a_json_body_is_refused_from_its_headers_before_it_is_sent(world):

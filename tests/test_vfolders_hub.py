@@ -20,7 +20,7 @@ from urllib.parse import quote, urlparse
 
 import pytest
 
-from tests.hubfixture import start_hub
+from tests.hubfixture import read_http_answer, start_hub
 
 pytestmark = pytest.mark.hub
 
@@ -147,17 +147,6 @@ def send_partial(addr, method, path, token, total: int, part: bytes, headers=Non
     head += [f"Content-Length: {total}", "", ""]
     s.sendall("\r\n".join(head).encode() + part)
     return s
-
-
-def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """The status, headers (lower-case names) and body of the answer on ``s`` (Content-Length)."""
-    f = s.makefile("rb")
-    status = int(f.readline().split()[1])
-    headers = {}
-    while (line := f.readline().strip()) != b"":
-        name, _, value = line.decode().partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return status, headers, f.read(int(headers.get("content-length", 0)))
 
 
 def abort(s: socket.socket) -> None:
@@ -768,7 +757,7 @@ def test_quota_limits_and_failed_uploads_leave_nothing(world):
         _proxy_addr(w), "PUT", f"{API}/vfolders/{f1}/files/big.bin", w.tokens["quser"], 2 * MiB, b"x" * 65536
     )
     try:
-        status, _, body = read_answer(s)
+        status, _, body = read_http_answer(s)
     finally:
         abort(s)
     assert status == 413 and "do not fit" in json.loads(body)["message"], body
