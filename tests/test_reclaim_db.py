@@ -19,7 +19,7 @@ from hub_ext.compute.devices.base import DeviceInfo, NodeInfo
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import AuditEntry, ComputeSession, UsageSample
+from hub_ext.core.models import AuditEntry, ComputeSession, SessionActivity, UsageSample
 from hub_ext.reclaim import engine, rules
 from hub_ext.tenancy import directory, policies
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
@@ -72,7 +72,8 @@ def factory(tmp_path, monkeypatch):
 
 
 def running(factory, user="alice", project="acme/ml", since=0.0, type_="interactive", **slots) -> str:
-    """Admit a session, move it to RUNNING, and date its start ``since`` seconds after T0."""
+    """Admit a session, move it to RUNNING, and date its start ``since`` seconds after T0, when its
+    server also made its first report (as a session's server does once it answers)."""
     body = {
         "project": project,
         "username": user,
@@ -92,6 +93,9 @@ def running(factory, user="alice", project="acme/ml", since=0.0, type_="interact
         s = db.get(ComputeSession, sid)
         s.status_history = [{**h, "at": at(since).isoformat()} for h in s.status_history]
         flag_modified(s, "status_history")
+        db.add(
+            SessionActivity(session_id=sid, last_activity=at(since), reported_at=at(since), busy_kernels=0)
+        )
     return sid
 
 
@@ -327,6 +331,31 @@ async def test_a_stop_the_hub_refuses_is_tried_again(factory):
         assert db.get(ComputeSession, sid).status == "RUNNING"  # not left TERMINATING for ever
     done = await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(62))
     assert [d.subject.id for d in done] == [sid] and answers == []
+
+
+async def test_a_server_still_starting_is_not_interrupted(factory):
+    """The Hub says the session's server is still starting (its spawn pending): stopping it would
+    interrupt the spawn (the Hub answers its request 500); the next tick, once it is up, reclaims."""
+    set_policy(factory, idle_timeout=60)
+    sid = running(factory)
+    states = ["spawn", "ready"]
+    stopped = []
+
+    async def server_state(user, server):
+        return states.pop(0)
+
+    async def stop_server(user, server):
+        stopped.append((user, server))
+        return True
+
+    log = logging.getLogger("test")
+    assert (
+        await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(61), server_state=server_state) == []
+    )
+    with factory() as db:
+        assert db.get(ComputeSession, sid).status == "RUNNING" and stopped == []
+    done = await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(62), server_state=server_state)
+    assert [d.subject.id for d in done] == [sid] and stopped == [("alice", "s0.0")] and states == []
 
 
 def test_who_may_define_checkers_and_bad_definitions(factory):

@@ -27,6 +27,9 @@ from hub_ext.core.errors import InvalidInput
 from hub_ext.core.models import IDLE_CHECKER_KINDS, RECLAIM_REASONS
 
 MAX_SECONDS = 366 * 86400
+# Seconds a session's server may take from RUNNING to its first report before its idle clock runs
+# (JupyterHub gives a server 30 s to answer by default; a loaded node is slower still).
+STARTUP_ALLOWANCE = 60.0
 THRESHOLDS = ("cpu_util", "mem", "gpu_util", "gpu_mem")
 REASONS = RECLAIM_REASONS
 _OPTIONS = {
@@ -141,15 +144,23 @@ class Judgment:
 def last_active(f: Facts, now: datetime, stale_after: float) -> datetime:
     """The latest sign of life: the start, the session's report, "I'm still here", and now when a
     kernel is computing (as long as its report is fresh: a report older than ``stale_after``
-    seconds is a session that stopped reporting, and its busy kernels are no longer believed)."""
-    signs = [f.running_since, *(t for t in (f.last_activity, f.still_here_at) if t is not None)]
+    seconds is a session that stopped reporting, and its busy kernels are no longer believed).
+
+    The start is when its server first reported: RUNNING comes when the server's process has
+    started, and the server answers (and reports) seconds later, more on a loaded node. A session
+    that has not reported yet is starting, up to ``STARTUP_ALLOWANCE`` after RUNNING (one whose
+    server never reports is then judged from there)."""
+    start = f.running_since
+    if f.reported_at is None and f.last_activity is None:
+        start += timedelta(seconds=STARTUP_ALLOWANCE)
+    signs = [start, *(t for t in (f.last_activity, f.still_here_at) if t is not None)]
     if (
         f.busy_kernels > 0
         and f.reported_at is not None
         and (now - f.reported_at).total_seconds() <= stale_after
     ):
         signs.append(now)
-    return min(max(signs), now)
+    return max(signs)  # later than now while it is starting
 
 
 def judge_activity(

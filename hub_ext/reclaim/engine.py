@@ -31,6 +31,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hub_ext.compute import sessions
+from hub_ext.compute.reconcile import STARTING
 from hub_ext.core import audit
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
@@ -282,15 +283,23 @@ async def reclaim(
     log: logging.Logger,
     observe: Callable[[str], None] | None = None,
     now: datetime | None = None,
+    server_state: Callable[[str, str], Awaitable[str | None]] | None = None,
 ) -> list[Decision]:
     """One tick: reclaim what :func:`decide` picks; each one audited, its reason in its status, then
-    stopped through the Hub. ``observe`` hears each reason (the reclaimed-sessions metric)."""
+    stopped through the Hub. ``observe`` hears each reason (the reclaimed-sessions metric).
+
+    ``server_state``: what the Hub says of a session's server ("spawn" while it starts; None when
+    the Hub cannot tell). A server still starting is left to the next tick: stopping it would
+    interrupt its spawn, and the Hub would answer that spawn's request with a 500."""
     now = now or datetime.now(timezone.utc)
     with lfdb.session_scope(session_factory) as db:
         decisions = decide(db, judge_all(db, now, settings))
     done = []
     for d in decisions:
         subject, j = d.subject, d.judgment
+        if server_state is not None and await server_state(subject.user, subject.server) == STARTING:
+            log.debug("Session %s is to be reclaimed, but its server is still starting", subject.id)
+            continue
         with lfdb.session_scope(session_factory) as db:
             s = db.get(ComputeSession, subject.id)
             if s is None or s.status != "RUNNING":

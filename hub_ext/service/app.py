@@ -680,6 +680,7 @@ class LabfleetService(Application):
             self.idle_settings,
             self.log,
             self.metrics.observe_reclaimed,
+            server_state=self.hub_sync.server_state,
         )
 
     def make_app(self) -> web.Application:

@@ -127,6 +127,12 @@ class HubSync:
             return None
         return self._server_states(got.data)
 
+    async def server_state(self, user: str, server: str) -> str | None:
+        """What the Hub says of one server: "ready", what it is pending ("spawn", "stop"), "" when it
+        does not run it; None if the Hub could not be read."""
+        servers = await self.user_servers(user)
+        return None if servers is None else servers.get(server, "")
+
     async def start_server(self, user: str, server: str, user_options: dict[str, Any]) -> http.HTTPReply:
         """Ask the Hub to start a named server with ``user_options``; its spawner then asks this
         service to admit the session.  The Hub answers 201 (started) or 202 (starting), or the

@@ -8,6 +8,7 @@ import pytest
 
 from hub_ext.core.errors import InvalidInput
 from hub_ext.reclaim.checkers import (
+    STARTUP_ALLOWANCE,
     Facts,
     Sample,
     first_to_reclaim,
@@ -75,6 +76,19 @@ def test_activity_counts_from_the_latest_sign_of_life():
     assert judge_activity("c", still, at(700), 600, stale_after=200).reclaim_at == at(1250)
 
 
+def test_a_session_whose_server_has_not_reported_yet_is_starting():
+    """RUNNING is the server's process started; it answers (and reports) seconds later. Until its
+    first report the clock starts STARTUP_ALLOWANCE after RUNNING: a reclaimer that counted from
+    RUNNING stopped servers still starting, their spawn then failing (a 500 in CI)."""
+    starting = Facts(running_since=at(0))
+    j = judge_activity("c", starting, at(8), 5, stale_after=200)
+    assert not j.reclaim and j.idle_for == 0 and j.reclaim_at == at(STARTUP_ALLOWANCE + 5)
+    assert judge_activity("c", starting, at(STARTUP_ALLOWANCE + 5), 5, stale_after=200).reclaim
+    # Its first report starts the clock, however early
+    up = Facts(running_since=at(0), last_activity=at(4), reported_at=at(4))
+    assert judge_activity("c", up, at(9), 5, stale_after=200).reclaim
+
+
 def test_a_computing_kernel_is_activity_while_its_reports_are_fresh():
     busy = Facts(running_since=at(0), last_activity=at(0), busy_kernels=1, reported_at=at(950))
     j = judge_activity("c", busy, at(1000), 600, stale_after=200)
@@ -135,5 +149,5 @@ def test_lifetime_and_which_rule_reclaims_first():
     assert judge_lifetime(f, at(3600)).reclaim  # type: ignore[union-attr]
     assert judge_lifetime(Facts(running_since=at(0)), at(100)) is None
     idle = judge_activity("a", Facts(running_since=at(0)), at(100), 600, stale_after=200)
-    assert first_to_reclaim([life, idle]) == idle  # at 600, before the lifetime's 3600
+    assert first_to_reclaim([life, idle]) == idle  # at 660, before the lifetime's 3600
     assert first_to_reclaim([]) is None
