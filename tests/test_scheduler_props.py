@@ -32,7 +32,7 @@ from hub_ext.compute.devices.mock import MockPlugin
 from hub_ext.compute.scheduler import admission
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
-from hub_ext.core.errors import LabfleetError
+from hub_ext.core.errors import Conflict, LabfleetError
 from hub_ext.core.models import (
     HOLDING_STATUSES,
     Allocation,
@@ -430,7 +430,7 @@ def test_cache_is_reused_bumped_and_dropped_on_rollback(world_copy):
 
 
 def test_other_writers_bump_the_version(world_copy):
-    """Node registration, and a user deleted with live sessions (the DB cascades its allocations)."""
+    """Node registration, and a session stopped so that its user can be deleted."""
     engine, factory = world_copy
     sid, status = _admit(factory, project="beta/x", username="carol", slots={"gpu": 1, "cpu": 2})
     assert status == "SCHEDULED" and check_cache(engine, factory)
@@ -441,8 +441,13 @@ def test_other_writers_bump_the_version(world_copy):
         assert v2 > v
     assert clustercache.peek(engine, _group_id_of(factory)).version < v2
     with lfdb.session_scope(factory) as db:
-        directory.delete_user(db, CLI, "carol")
+        # Refused while carol's session lives (it would drop its rows while it runs on)
+        with pytest.raises(Conflict):
+            directory.delete_user(db, CLI, "carol")
+    with lfdb.session_scope(factory) as db:
+        sessions.terminate(db, CLI, sid)  # what the refusal asks for: its allocations go
         assert clustercache.version(db, _group_id(db)) > v2
+        directory.delete_user(db, CLI, "carol")
     with lfdb.session_scope(factory) as db:
         assert db.scalar(select(func.count()).select_from(Allocation)) == 0
         entry = clustercache.get(db, _group_id(db))

@@ -396,11 +396,12 @@ def test_my_usage_has_three_periods_and_30_days(factory):
 def test_records_outlive_the_user_and_retention_purges_them(factory):
     sid = start(factory, user="bob", held_at=0, gpu=1)
     accrue(factory, 900)
+    end(factory, sid, 900)  # a user is deleted once their sessions are over
     with lfdb.session_scope(factory) as db:
         directory.delete_user(db, CLI, "bob")
     done = accrue(factory, 1800)
     assert sid in done.finished
-    assert totals(factory, sid)["alloc_gpu"] == pytest.approx(900.0)  # nothing past its last accrual
+    assert totals(factory, sid)["alloc_gpu"] == pytest.approx(900.0)  # nothing past its end
     with factory() as db:
         rows = stats.report(db, CLI, stats.UsageQuery("user", at(0), at(3600), "none"), at(3600))["rows"]
     assert [r["user"] for r in rows] == ["bob"]
