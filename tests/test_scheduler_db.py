@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import func, select
 
-from hub_ext.compute import nodes, sessions
+from hub_ext.compute import nodes, reconcile, sessions
 from hub_ext.compute.devices.base import NodeInfo
 from hub_ext.compute.devices.mock import MockPlugin
 from hub_ext.core import db as lfdb
@@ -347,6 +347,31 @@ async def test_reconcile_changes_nothing_when_the_hub_cannot_tell(world):
     # The list says nothing of alice and the Hub cannot be asked about her again: she keeps it.
     assert await jobs.reconcile_sessions(world, FakeHub({}, again={"alice": None}), log, now=later) == []
     assert _statuses(world)[sid] == "SCHEDULED" and _held_centi(world) == 50
+
+
+async def test_a_hub_server_running_no_live_session_is_stopped_after_the_grace_period(world):
+    """A session ended in labfleet while its server ran on: the server holds what nobody accounts
+    for, so reconciling stops it (once it has been an orphan for the grace period), and audits it."""
+    log = logging.getLogger("test")
+    kept = _admit_server(world, "kept", **{"gpu.shares": 0.5})
+    hub = FakeHub({("alice", "kept"): "ready", ("alice", "stray"): "ready"})
+    stopped = []
+
+    async def stop_server(user, server):
+        stopped.append((user, server))
+        return True
+
+    watch = reconcile.OrphanWatch()
+    now = datetime.now(timezone.utc)
+    await jobs.reconcile_sessions(world, hub, log, now=now, stop_orphans=(stop_server, watch))
+    assert stopped == []  # just seen: its session may have ended a moment ago, its stop on the way
+    later = now + timedelta(seconds=121)
+    await jobs.reconcile_sessions(world, hub, log, now=later, stop_orphans=(stop_server, watch))
+    assert stopped == [("alice", "stray")]  # never the server of a live session
+    assert _statuses(world)[kept] == "RUNNING"
+    with lfdb.session_scope(world) as db:
+        (entry,) = db.scalars(select(AuditEntry).where(AuditEntry.action == "server.stop_orphan"))
+        assert entry.target == "alice/stray" and entry.success and entry.details["user"] == "alice"
 
 
 async def test_a_release_by_reconcile_serves_the_queue(world):

@@ -112,6 +112,28 @@ def plan_reconcile(
     return fixes
 
 
+def orphan_servers(
+    live: Iterable[LiveSession], servers: Mapping[tuple[str, str], str]
+) -> list[tuple[str, str]]:
+    """Servers the Hub reports ready that run no live session of labfleet's (pure): their work
+    holds resources nobody accounts for (a session ended in labfleet while its server ran on)."""
+    held = {(s.user, s.server) for s in live}
+    return sorted(key for key, state in servers.items() if state == READY and key not in held)
+
+
+class OrphanWatch:
+    """Since when each orphan server has been seen, so that one is stopped only once it has been an
+    orphan for the grace period (its session may have just ended, and its stop be on the way)."""
+
+    def __init__(self) -> None:
+        self.since: dict[tuple[str, str], datetime] = {}
+
+    def due(self, orphans: Iterable[tuple[str, str]], now: datetime, grace: float) -> list[tuple[str, str]]:
+        """The orphans seen for ``grace`` seconds; one no longer an orphan is forgotten."""
+        self.since = {key: self.since.get(key, now) for key in orphans}
+        return sorted(key for key, seen in self.since.items() if (now - seen).total_seconds() >= grace)
+
+
 def live_sessions(db: Session, now: datetime | None = None) -> list[LiveSession]:
     """Every session that holds or waits for resources, with its user, server and age."""
     now = now or datetime.now(timezone.utc)

@@ -496,6 +496,7 @@ class LabfleetService(Application):
         self.nonces = NonceCache()  # signed requests' nonces, for the signature window
         self.hub_sync = HubSync(self.hub_api_url, self.service_token, self.session_factory, self.log)
         self.hub_auth = HubOAuth(api_token=self.service_token, cache_max_age=self.token_cache_age)
+        self.orphan_servers = reconcile.OrphanWatch()  # Hub servers running no live session
         self.queue_limits = QueueLimits(fleet=self.max_queued_sessions, per_user=self.max_pending_per_user)
         self.jobs = jobs.JobLoop(self.log)
         self.launches = Launches()
@@ -550,6 +551,7 @@ class LabfleetService(Application):
             self.log,
             self.reconcile_grace,
             observe_waits=self.metrics.observe_queue_waits,
+            stop_orphans=(self.hub_sync.stop_server, self.orphan_servers),
         )
 
     async def watch_parent(self) -> None:

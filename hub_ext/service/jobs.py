@@ -33,7 +33,9 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from hub_ext.compute import agents, reconcile, sessions
+from hub_ext.core import audit
 from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
 from hub_ext.core.models import ResourceGroup
 from hub_ext.usage import records
 from hub_ext.usage.sampler import Reading, Sampler
@@ -122,8 +124,13 @@ async def reconcile_sessions(
     grace: float = reconcile.RECONCILE_GRACE,
     now: datetime | None = None,
     observe_waits: QueueWaits | None = None,
+    stop_orphans: tuple[StopServer, reconcile.OrphanWatch] | None = None,
 ) -> list[reconcile.Fix] | None:
     """Make labfleet's sessions agree with the Hub's servers (:func:`reconcile.plan_reconcile`).
+
+    ``stop_orphans``: how to stop a Hub server, and the memory of orphans; a server the Hub runs
+    with no live session (:func:`reconcile.orphan_servers`) is stopped once it has been one for the
+    grace period, and audited (``server.stop_orphan``).
 
     Before slots go back, the Hub is asked again about each user whose session would lose them (a
     user may have moved between pages of the list while it was read); a user it cannot tell about
@@ -161,7 +168,36 @@ async def reconcile_sessions(
             f.status,
             f.reason,
         )
+    if stop_orphans is not None:
+        await _stop_orphans(session_factory, servers, log, grace, now, *stop_orphans)
     return fixes
+
+
+async def _stop_orphans(
+    session_factory: sessionmaker[Session],
+    servers: dict[tuple[str, str], str],
+    log: logging.Logger,
+    grace: float,
+    now: datetime | None,
+    stop_server: StopServer,
+    watch: reconcile.OrphanWatch,
+) -> None:
+    now = now or datetime.now(timezone.utc)
+    with lfdb.session_scope(session_factory) as db:
+        orphans = reconcile.orphan_servers(reconcile.live_sessions(db, now), servers)
+    for user, server in watch.due(orphans, now, grace):
+        label = f"{user}/{server}" if server else f"{user}'s default server"
+        log.warning("The Hub runs %s, which holds no live session: stopping it", label)
+        stopped = await stop_server(user, server)
+        with lfdb.session_scope(session_factory) as db:
+            audit.record(
+                db,
+                Actor.cli(),
+                "server.stop_orphan",
+                f"{user}/{server}",
+                details={"user": user, "server": server, "stopped": stopped},
+                success=stopped,
+            )
 
 
 StopServer = Callable[[str, str], Awaitable[bool]]

@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from hub_ext.compute.reconcile import Fix, LiveSession, plan_reconcile
+from hub_ext.compute.reconcile import Fix, LiveSession, OrphanWatch, orphan_servers, plan_reconcile
 from hub_ext.service.jobs import JobLoop, parent_changed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,6 +154,26 @@ def test_statuses_follow_what_the_hub_reports():
     plan = _plan(live, servers)
     assert {k: v[0] for k, v in plan.items()} == {"s1": "RUNNING", "s2": "RUNNING", "s3": "PREPARING"}
     assert plan["s1"][1] == "the Hub reports alice/a ready"
+
+
+def test_a_ready_server_with_no_live_session_is_an_orphan_once_seen_for_the_grace_period():
+    live = [_live("s1", "RUNNING", server="a"), _live("s2", "TERMINATING", server="b")]
+    servers = {
+        ("alice", "a"): "ready",
+        ("alice", "b"): "ready",  # being reclaimed: its session is still live
+        ("alice", "stray"): "ready",  # its session ended while it ran on
+        ("alice", "going"): "stop",
+        ("bob", ""): "ready",
+        ("bob", "new"): "spawn",
+        ("carol", "x"): "unknown",
+    }
+    assert orphan_servers(live, servers) == [("alice", "stray"), ("bob", "")]
+    watch = OrphanWatch()
+    t0 = datetime(2026, 11, 27, tzinfo=timezone.utc)
+    assert watch.due([("alice", "stray"), ("bob", "")], t0, 120) == []
+    assert watch.due([("alice", "stray")], t0 + timedelta(seconds=60), 120) == []  # bob's went
+    later = t0 + timedelta(seconds=120)
+    assert watch.due([("alice", "stray"), ("bob", "")], later, 120) == [("alice", "stray")]  # bob's anew
 
 
 def test_a_session_without_a_server_gives_its_slots_back_after_the_grace_period():
