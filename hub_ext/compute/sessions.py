@@ -296,10 +296,12 @@ def _refused(
 
 def _pending_counts(db: Session, user_id: int) -> tuple[int, int]:
     """Sessions waiting (PENDING) in the whole fleet, and of this user."""
-    waiting = select(func.count()).select_from(ComputeSession).where(ComputeSession.status == "PENDING")
-    fleet = db.scalar(waiting) or 0
-    mine = db.scalar(waiting.where(ComputeSession.user_id == user_id)) or 0
-    return fleet, mine
+    fleet, mine = db.execute(
+        select(func.count(), func.count().filter(ComputeSession.user_id == user_id)).where(
+            ComputeSession.status == "PENDING"
+        )
+    ).one()
+    return fleet or 0, mine or 0
 
 
 def _allocation_rows(

@@ -31,7 +31,7 @@ from hub_ext.core.pages import DEFAULT_LIMIT, MAX_LIMIT, Page
 from hub_ext.core.secretbox import SecretKeyMissing
 from hub_ext.core.validate import check_int
 from hub_ext.tenancy import keypairs, snapshot
-from hub_ext.tenancy.directory import actor_for
+from hub_ext.tenancy.directory import actor_for, why_inactive
 
 MAX_BODY = 1 << 20  # JSON bodies; file uploads (vfolders) have their own streaming handlers
 MAX_JSON_DEPTH = 64  # nesting levels of a JSON body; no API body needs more than a few
@@ -250,11 +250,7 @@ class APIHandler(BaseHandler):
         self._body = None
         # Nothing is built yet but what the refusal set on purpose (an upload's Upload-Offset)
         data = json.dumps({"status": status, "message": message}).encode()
-        self.set_status(status)
-        if status == 401:
-            self.set_header("WWW-Authenticate", f'token, {signing.SCHEME} realm="labfleet"')
-        if retry_after is not None:
-            self.set_header("Retry-After", str(retry_after))
+        self._error_headers(status, retry_after)
         self.set_header("Content-Length", str(len(data)))
         self.write(data)
         self.flush()
@@ -326,10 +322,7 @@ class APIHandler(BaseHandler):
             kp = keypairs.find_active(db, access_key)
             if kp is None:
                 raise Unauthorized("unknown or revoked access key")
-            owner = kp.user
-            refused = authz.inactive_reason(
-                owner.username, owner.role, owner.is_active, owner.domain.name, owner.domain.is_active
-            )
+            refused = why_inactive(kp.user)
             if refused:
                 raise Forbidden(refused)
             try:
@@ -408,12 +401,17 @@ class APIHandler(BaseHandler):
     def send_error_json(self, status: int, message: str, retry_after: int | None = None) -> None:
         self.clear_header("Content-Type")
         self.set_header("Content-Type", "application/json; charset=utf-8")
+        self._error_headers(status, retry_after)
+        self.finish(json.dumps({"status": status, "message": message}))
+
+    def _error_headers(self, status: int, retry_after: int | None) -> None:
+        """An error answer's status and what it says besides its body: how to authenticate (401),
+        when to come back (429)."""
+        self.set_status(status)
         if status == 401:
             self.set_header("WWW-Authenticate", f'token, {signing.SCHEME} realm="labfleet"')
         if retry_after is not None:
             self.set_header("Retry-After", str(retry_after))
-        self.set_status(status)
-        self.finish(json.dumps({"status": status, "message": message}))
 
     def _handle_request_exception(self, e: BaseException) -> None:
         """A LabfleetError from anywhere in the handler answers as JSON with its status and

@@ -471,6 +471,13 @@ def list_users(db: Session, actor: Actor, domain: str | None = None) -> list[Use
     return all_users(db, actor, domain)
 
 
+def why_inactive(user: User) -> str | None:
+    """Why ``user`` may not log in or call the API now (authz.inactive_reason), None when they may."""
+    return authz.inactive_reason(
+        user.username, user.role, user.is_active, user.domain.name, user.domain.is_active
+    )
+
+
 def actor_for(user: User, remote_addr: str = "") -> Actor:
     return Actor(
         name=user.username, role=user.role, domain=user.domain.name, user_id=user.id, remote_addr=remote_addr

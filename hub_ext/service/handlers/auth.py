@@ -5,20 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from hub_ext.core import audit, authz, hubmap
+from hub_ext.core import audit, hubmap
 from hub_ext.core.authz import Actor
 from hub_ext.core.errors import Forbidden, InvalidInput, NotFound
 from hub_ext.core.passwords import verify_password
 from hub_ext.core.validate import check_bool, check_fields, check_name, check_text, check_username
 from hub_ext.service.base import APIHandler, needs_hub, request_json
 from hub_ext.tenancy import directory
-
-
-def _refusal(user) -> str | None:
-    """Why ``user`` may not log in now (inactive, or their domain is), None when they may."""
-    return authz.inactive_reason(
-        user.username, user.role, user.is_active, user.domain.name, user.domain.is_active
-    )
 
 
 def _auth_model(user) -> dict:
@@ -42,7 +35,7 @@ class PasswordLoginHandler(APIHandler):
             who = Actor(name=name if isinstance(name, str) else "?", role="user", remote_addr=remote)
             user = directory.get_user(db, name) if isinstance(name, str) else None
             ok = user is not None and verify_password(data["password"], user.password_hash)
-            refused = _refusal(user) if ok else None
+            refused = directory.why_inactive(user) if ok else None
             if not ok or refused:
                 reason = "bad username or password" if not ok else refused
                 domain = user.domain.name if user else None
@@ -123,7 +116,7 @@ class IdentityHandler(PasswordLoginHandler):
                 changes = {k: v for k, v in fields.items() if k != "domain" or v != user.domain.name}
                 if changes:
                     directory.update_user(db, actor, name, changes)
-            refused = _refusal(user)
+            refused = directory.why_inactive(user)
             if refused:
                 audit.record(
                     db,
@@ -158,7 +151,7 @@ class AuthUserHandler(APIHandler):
             user = directory.get_user(db, username)
             if user is None:
                 raise NotFound(f"no user {username!r}")
-            refused = _refusal(user)
+            refused = directory.why_inactive(user)
             if refused:
                 raise Forbidden(refused)
             return {"auth_model": _auth_model(user)}, None
