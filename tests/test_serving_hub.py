@@ -310,6 +310,35 @@ def test_token_rate_limit_revocation_and_open_to_public(env, deployed):
     assert _call(hub, ep["url"], None).status_code == 401
 
 
+def test_a_deactivated_domain_or_owner_suspends_the_endpoint_until_active_again(env, deployed):
+    hub, state, tokens = env
+    ep, token, _ = deployed
+    root = hub.wait_token("root")
+    assert (
+        hub.api("PATCH", "/endpoints/echo", tokens["alice"], json={"open_to_public": True}).status_code == 200
+    )
+    try:
+        for path, off, on, why in [
+            ("/domains/acme", {"is_active": False}, {"is_active": True}, "domain acme is inactive"),
+            ("/users/alice", {"status": "inactive"}, {"status": "active"}, "its owner alice is inactive"),
+        ]:
+            assert hub.api("PATCH", path, root, json=off).status_code == 200
+            try:
+                # At once (the answer to the change comes after the router's table), with a token or none.
+                for caller in (token, None):
+                    r = _call(hub, ep["url"], caller)
+                    assert r.status_code == 403, r.text
+                    assert r.json()["message"] == f"endpoint echo is suspended: {why}", r.text
+                assert _call(hub, ep["url"], token, headers={"Upgrade": "websocket"}).status_code == 403
+            finally:
+                assert hub.api("PATCH", path, root, json=on).status_code == 200
+            assert _call(hub, ep["url"], token).status_code == 200
+    finally:
+        hub.api("PATCH", "/endpoints/echo", tokens["alice"], json={"open_to_public": False})
+    # Nothing was torn down meanwhile: both replicas still serve.
+    assert _endpoint(hub, tokens["alice"])["healthy_replicas"] == 2
+
+
 def test_server_sent_events_stream_through_in_pieces(env, deployed):
     hub, state, tokens = env
     ep, token, folder = deployed

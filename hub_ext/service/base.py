@@ -471,6 +471,13 @@ class APIHandler(BaseHandler):
             await after_commit()
         self.write_json(result, status)
 
+    async def reroute(self) -> None:
+        """After a change of who may act (a domain or a user (de)activated): the serving router's
+        table is rebuilt now, not at its next tick, so a suspended endpoint is refused at once."""
+        serving = getattr(self.lf, "serving", None)
+        if serving is not None:
+            serving.rebuild()
+
     def query_arg(self, name: str) -> str | None:
         """A query argument, None when absent; InvalidInput (400) when it is not acceptable."""
         try:

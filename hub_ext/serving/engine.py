@@ -112,6 +112,17 @@ def token_key(plain: str) -> str:
 # ---------------------------------------------------------------- the routing table (read by the router)
 
 
+def suspension(domain: str, domain_active: bool, owner: str, owner_active: bool) -> str | None:
+    """Why an endpoint answers nobody now, None when it serves (pure).  A deactivated domain
+    suspends all its endpoints, whoever owns them (its tokens and public ones alike); a
+    deactivated owner, theirs.  Nothing is destroyed: reactivating serves again."""
+    if not domain_active:
+        return f"domain {domain} is inactive"
+    if not owner_active:
+        return f"its owner {owner} is inactive"
+    return None
+
+
 @dataclass
 class Replica:
     route_id: int
@@ -139,6 +150,7 @@ class Entry:
     wanted: int
     status: str
     rr: int = 0  # the round robin's position
+    suspended: str | None = None  # why it answers nobody now (its domain or owner deactivated)
 
 
 @dataclass
@@ -331,6 +343,9 @@ class ServingEngine:
                     e.replicas,
                     e.status,
                     rr=old.rr if old is not None else 0,
+                    suspended=suspension(
+                        e.domain.name, e.domain.is_active, e.user.username, e.user.is_active
+                    ),
                 )
         self.table = table
 

@@ -1,7 +1,8 @@
 """The one URL of every endpoint: ``/services/labfleet/serve/<endpoint>/<path>`` through the Hub's proxy.
 
 A request is checked (``Authorization: Bearer <token>`` unless the endpoint is open to the public;
-401 without it or with a wrong one; 429 past the token's requests per minute), then passed to one of
+401 without it or with a wrong one; 429 past the token's requests per minute; 403 while the endpoint's
+domain or owner is deactivated, see :func:`hub_ext.serving.engine.suspension`), then passed to one of
 the endpoint's healthy replicas, chosen round robin (``LABFLEET_SERVING_BALANCE=least_outstanding``:
 the one with the fewest requests in flight). A replica that refuses the connection is taken out of
 rotation and the request goes to the next one; the answer streams back as it comes (server-sent
@@ -265,6 +266,10 @@ class ServeHandler(websocket.WebSocketHandler):
             self._answer(404, f"no endpoint {name[:64]!r} serves here")
             return
         allowed, token_id = await self._authorize(engine, entry)
+        if allowed and entry.suspended is not None:
+            # After the token's check, so that only a caller with a valid token learns why.
+            self._answer(403, f"endpoint {entry.name} is suspended: {entry.suspended}")
+            allowed = False
         if not allowed:
             if token_id is not None:
                 ms = (time.perf_counter() - started) * 1000

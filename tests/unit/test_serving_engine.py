@@ -22,7 +22,7 @@ from hub_ext.core.http import HTTPReply
 from hub_ext.core.models import ServingEndpoint
 from hub_ext.serving import credentials, endpoints
 from hub_ext.serving.definition import HealthCheck, parse_definition
-from hub_ext.serving.engine import ServingEngine, _Probe, replica_address, replica_host
+from hub_ext.serving.engine import ServingEngine, _Probe, replica_address, replica_host, suspension
 from hub_ext.tenancy import directory
 from hub_ext.tenancy.policies import ensure_default_keypair_policy
 from server_ext.front import ReplicaFront
@@ -308,3 +308,11 @@ async def test_health_checks_go_through_the_replica_front_with_the_credential(wo
         front.close()
     gone = await eng._probe(1, "127.0.0.1", port, hc, cred)
     assert not gone.ok and "failed" in gone.error  # the front closed: the connection is refused
+
+
+def test_a_deactivated_domain_or_owner_suspends_an_endpoint():
+    assert suspension("acme", True, "alice", True) is None
+    assert suspension("acme", False, "alice", True) == "domain acme is inactive"
+    # The domain says first: reactivating the owner alone does not serve a deactivated domain's endpoint.
+    assert suspension("acme", False, "alice", False) == "domain acme is inactive"
+    assert suspension("acme", True, "alice", False) == "its owner alice is inactive"

@@ -47,7 +47,8 @@ class DomainHandler(APIHandler):
             lambda db, a: (
                 directory.domain_view(directory.update_domain(db, a, name, required_body(self)), detail=True),
                 None,
-            )
+            ),
+            after_commit=self.reroute,
         )
 
     async def delete(self, name):
@@ -169,7 +170,7 @@ class UserHandler(APIHandler):
             u = directory.update_user(db, actor, username, required_body(self))
             return directory.user_view(u), SyncPlan(users={u.username})
 
-        await self.run(op)
+        await self.run(op, after_commit=self.reroute)
 
     async def delete(self, username):
         def op(db, actor):
