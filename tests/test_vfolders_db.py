@@ -240,6 +240,7 @@ def test_upload_begin_checks_rights_room_and_target(world):
             "path": "a/b.bin",
             "size": 600,
             "offset": 0,
+            "reserved": 600,
             "complete": False,
         }
     assert _rows(factory) == [upload_id] and _temp_files(store) == [upload_id]
@@ -258,6 +259,7 @@ async def test_upload_append_and_finish_a_resumable_upload(world):
         db.get(VFolderUpload, upload_id).updated_at = datetime.now(timezone.utc) - timedelta(hours=1)
 
     body = uploads.append(usage, alice, fid, upload_id, 0, 4)
+    assert _reserved(factory) == 10  # the whole size while a request writes it
     with lfdb.session_scope(factory) as db:
         assert uploads.expire(db, 60) == []
     body.write(b"abc")
@@ -267,6 +269,8 @@ async def test_upload_append_and_finish_a_resumable_upload(world):
     assert e.value.status == 400 and "longer than its Content-Length" in e.value.message
     done = await uploads.finish(usage, body)
     assert (done.offset, done.entry, done.view["complete"], body.done) == (4, None, False, True)
+    # The request is over: the upload holds what it received, not its whole size.
+    assert done.view["reserved"] == 4 and _reserved(factory) == 4
     with lfdb.session_scope(factory) as db:
         assert uploads.status(db, alice, fid, upload_id)["offset"] == 4
 
@@ -282,12 +286,27 @@ async def test_upload_append_and_finish_a_resumable_upload(world):
         assert e.value.status == status and not isinstance(e.value, uploads.ChunkRefused)
     assert (store.uploads_dir / upload_id).read_bytes() == b"abcd"
 
-    # A dropped chunk keeps what arrived.
+    assert _reserved(factory) == 4  # refused chunks held nothing more
+
+    # A dropped chunk keeps what arrived, and holds only that: its connection is gone.
     body = uploads.append(usage, alice, fid, upload_id, 4, 6)
+    assert _reserved(factory) == 10
     body.write(b"ef")
     uploads.abandon(usage, body)
+    uploads.abandon(usage, body)  # the error and the closed connection may both say so
     assert (store.uploads_dir / upload_id).read_bytes() == b"abcdef"
-    assert _rows(factory) == [upload_id] and _reserved(factory) == 10
+    assert _rows(factory) == [upload_id] and _reserved(factory) == 6
+
+    # Resuming needs room for the rest again: taken meanwhile, the chunk is refused (413) before
+    # anything is written, and the upload goes on holding what it has.
+    with lfdb.session_scope(factory) as db:
+        other = uploads.begin(db, alice, fid, "other.bin", LIMIT - 6 - 3)[0].id
+    with pytest.raises(LabfleetError) as e:
+        uploads.append(usage, alice, fid, upload_id, 6, 4)
+    assert e.value.status == 413 and "quota of user alice" in e.value.message, e.value.message
+    assert _reserved(factory) == LIMIT - 3 and (store.uploads_dir / upload_id).read_bytes() == b"abcdef"
+    with lfdb.session_scope(factory) as db:
+        uploads.cancel(db, alice, fid, other)
 
     body = uploads.append(usage, alice, fid, upload_id, 6, 4)
     body.write(b"ghij")

@@ -788,16 +788,42 @@ def test_quota_limits_and_failed_uploads_leave_nothing(world):
     wait_until(lambda: empty(f1), timeout=5, what="the dropped upload's temp file to go")
     wait_until(lambda: w.my_scope("quser")["reserved"] == 0, timeout=5, what="the reservation to go")
 
-    # A resumable upload reserves its room until it finishes, expires or is cancelled: the folder
-    # lists it (what it holds, where it stands), and its owner may cancel it.
+    # A resumable upload reserves its whole size from its start and while a request writes it;
+    # once a request's connection dies it holds only what arrived, until it is resumed, finishes,
+    # is cancelled or expires. The folder lists it (what it holds, where it stands), and its owner
+    # may cancel it.
     started = w.ok(
         "quser", "POST", f"/vfolders/{f1}/uploads", 201, json={"path": "later.bin", "size": 100 * KiB}
     )
+    upath = f"{API}/vfolders/{f1}/uploads/{started['id']}"
     listed = w.ok("quser", "GET", f"/vfolders/{f1}/uploads", 200)
-    assert [(u["id"], u["path"], u["size"], u["offset"]) for u in listed] == [
-        (started["id"], "later.bin", 100 * KiB, 0)
+    assert [(u["id"], u["path"], u["size"], u["offset"], u["reserved"]) for u in listed] == [
+        (started["id"], "later.bin", 100 * KiB, 0, 100 * KiB)
     ]
     assert w.my_scope("quser")["reserved"] == 100 * KiB
+    s = send_partial(
+        _proxy_addr(w),
+        "PATCH",
+        upath,
+        w.tokens["quser"],
+        100 * KiB,
+        os.urandom(40 * KiB),
+        headers={"Upload-Offset": "0"},
+    )
+    try:
+        wait_until(
+            lambda: w.ok("quser", "GET", f"/vfolders/{f1}/uploads", 200)[0]["offset"] > 0,
+            what="the chunk's first bytes",
+        )
+        assert w.my_scope("quser")["reserved"] == 100 * KiB
+    finally:
+        abort(s)
+
+    def holds_what_arrived():
+        (u,) = w.ok("quser", "GET", f"/vfolders/{f1}/uploads", 200)
+        return 0 < u["offset"] <= 40 * KiB and u["reserved"] == u["offset"] == w.my_scope("quser")["reserved"]
+
+    wait_until(holds_what_arrived, timeout=5, what="the dropped chunk's reservation to go")
     w.ok("quser", "DELETE", f"/vfolders/{f1}/uploads/{started['id']}", 200)
     assert w.ok("quser", "GET", f"/vfolders/{f1}/uploads", 200) == []
     assert w.my_scope("quser")["reserved"] == 0

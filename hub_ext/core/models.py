@@ -596,8 +596,10 @@ class VFolderInvitation(Base):
 
 
 class VFolderUpload(Base):
-    """An upload in progress.  Its whole size is reserved against the folder's and the scope's
-    limits from the start, so concurrent uploads can never pass a limit together."""
+    """An upload in progress.  ``reserved`` counts against the folder's and the scope's limits:
+    its whole size from the start and while a request writes it, so concurrent uploads can never
+    pass a limit together; only the bytes it received while no request holds it (a resumable
+    upload whose connection ended), so a dropped client holds no room it does not use."""
 
     __tablename__ = "vfolder_uploads"
 
@@ -606,6 +608,7 @@ class VFolderUpload(Base):
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), nullable=True)
     path: Mapped[str] = mapped_column(Text)
     size: Mapped[int] = mapped_column(BigInteger)
+    reserved: Mapped[int] = mapped_column(BigInteger, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

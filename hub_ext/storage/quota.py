@@ -83,7 +83,7 @@ def _used(db: Session, where) -> int:
 
 
 def _reserved(db: Session, where) -> int:
-    q = select(func.coalesce(func.sum(VFolderUpload.size), 0)).join(
+    q = select(func.coalesce(func.sum(VFolderUpload.reserved), 0)).join(
         VFolder, VFolderUpload.vfolder_id == VFolder.id
     )
     return int(db.scalar(q.where(where)) or 0)
@@ -111,21 +111,45 @@ def _lock_scope(db: Session, v: VFolder) -> None:
         db.execute(select(Project.id).where(Project.id == v.project_id).with_for_update())
 
 
-def reserve(
-    db: Session, v: VFolder, user_id: int | None, path: str, size: int, free_disk: int | None
-) -> VFolderUpload:
-    """Check the room left and reserve ``size`` bytes for an upload to ``path``."""
+def _check_room(db: Session, v: VFolder, size: int, free_disk: int | None) -> None:
+    """Raise 413 unless ``size`` more bytes fit in ``v``, its scope and its host; the scope is
+    locked first, and the folder's usage read as of the lock."""
     _lock_scope(db, v)
-    db.refresh(v)  # the usage as of the lock
+    db.refresh(v)
     why = room_left(size, rooms(db, v))
     if why is None and free_disk is not None and size > free_disk:
         why = f"{size} bytes do not fit on storage host {v.host.name}: {free_disk} bytes free on its disk"
     if why:
         raise QuotaExceeded(why)
-    up = VFolderUpload(id=secrets.token_hex(16), vfolder_id=v.id, user_id=user_id, path=path, size=size)
+
+
+def reserve(
+    db: Session, v: VFolder, user_id: int | None, path: str, size: int, free_disk: int | None
+) -> VFolderUpload:
+    """Check the room left and reserve ``size`` bytes for an upload to ``path``."""
+    _check_room(db, v, size, free_disk)
+    up = VFolderUpload(
+        id=secrets.token_hex(16), vfolder_id=v.id, user_id=user_id, path=path, size=size, reserved=size
+    )
     db.add(up)
     db.flush()
     return up
+
+
+def hold(db: Session, v: VFolder, up: VFolderUpload, free_disk: int | None) -> None:
+    """Reserve a resumable upload's whole size again for a request that writes it (413 when the
+    rest no longer fits).  The caller holds the upload's writer lock."""
+    db.refresh(up)
+    need = up.size - up.reserved
+    if need > 0:
+        _check_room(db, v, need, free_disk)
+        up.reserved = up.size
+
+
+def let_go(up: VFolderUpload, received: int) -> None:
+    """No request writes the upload now: it holds only the ``received`` bytes on disk.  The caller
+    still holds its writer lock, so no new request's :func:`hold` can be undone by this."""
+    up.reserved = min(received, up.size)
 
 
 def get_upload(db: Session, v: VFolder, upload_id: str) -> VFolderUpload:

@@ -2,7 +2,10 @@
 
     begin   check the caller's rights and the room left, reserve the upload's whole size (a
             ``vfolder_uploads`` row, hub_ext.storage.quota.reserve) and make its temp file
-    append  write a request's bytes at the upload's offset (a ``Body``; one writer at a time)
+    append  write a request's bytes at the upload's offset (a ``Body``; one writer at a time);
+            a resumable upload reserves its whole size again for the request (quota.hold), and
+            when the request ends unfinished (done or dropped) holds only what it received
+            (quota.let_go): a client gone keeps no room it does not use
     finish  under the folder's lock (FolderUsage.lock) the reservation becomes usage and the file
             moves into place, so a rescan measured before it landed can never undercount it
     abort   the temp file and the reservation go: the one way out for an error, a client gone, a
@@ -96,7 +99,15 @@ class Progress(NamedTuple):
 
 
 def upload_view(up: VFolderUpload, offset: int) -> dict[str, Any]:
-    return {"id": up.id, "path": up.path, "size": up.size, "offset": offset, "complete": False}
+    """An upload in progress: where it stands, and what it holds of the limits now."""
+    return {
+        "id": up.id,
+        "path": up.path,
+        "size": up.size,
+        "offset": offset,
+        "reserved": up.reserved,
+        "complete": False,
+    }
 
 
 # ---------------------------------------------------------------- in the caller's transaction
@@ -133,8 +144,9 @@ def find(
 
 
 def in_progress(db: Session, actor: Actor, folder_id: str) -> list[dict[str, Any]]:
-    """The uploads in progress in a folder the actor may write, oldest first: each reserves its
-    whole size until it finishes, is cancelled (DELETE) or expires."""
+    """The uploads in progress in a folder the actor may write, oldest first: each holds its
+    whole size while a request writes it, what it received otherwise, until it finishes, is
+    cancelled (DELETE) or expires."""
     v, store = folders.open_files(db, actor, folder_id, "rw")
     rows = db.scalars(
         select(VFolderUpload).where(VFolderUpload.vfolder_id == v.id).order_by(VFolderUpload.created_at)
@@ -199,9 +211,9 @@ def _move_into_place(db: Session, v: VFolder, up: VFolderUpload, store: FolderSt
     return entry
 
 
-def _rows(db: Session, body: Body) -> tuple[VFolder, VFolderUpload]:
-    v = db.get(VFolder, body.folder_id)
-    row = db.get(VFolderUpload, body.id)
+def _rows(db: Session, folder_id: str, upload_id: str) -> tuple[VFolder, VFolderUpload]:
+    v = db.get(VFolder, folder_id)
+    row = db.get(VFolderUpload, upload_id)
     if v is None or row is None:
         raise NotFound("the folder or the upload went away meanwhile")
     return v, row
@@ -247,16 +259,50 @@ def append(
         fh = store.upload_open(upload_id, offset)
     except LabfleetError as e:
         raise ChunkRefused(e.message, e.status, store.upload_offset(upload_id)) from None
+    try:
+        # Under the writer lock: the room for the rest, before any of the body is read.
+        with lfdb.session_scope(usage.session_factory) as db:
+            v, row = _rows(db, folder_id, upload_id)
+            vfquota.hold(db, v, row, hosts.free_disk(v.host.path))
+    except BaseException:
+        fh.close()
+        raise
     return Body(folder_id, store, upload_id, fh, length, whole=False)
+
+
+def _let_go(usage: FolderUsage, body: Body) -> tuple[VFolderUpload | None, int]:
+    """A resumable upload's request ends: what arrived is flushed, and the upload holds only that
+    (quota.let_go), before its writer lock goes.  Returns its row as it is now (None: gone) and
+    its offset; the temp file is closed."""
+    try:
+        try:
+            body.fh.flush()
+        except OSError:
+            pass  # what did not reach the file is not there: the offset says so
+        offset = body.store.upload_offset(body.id)
+        with lfdb.session_scope(usage.session_factory) as db:
+            row = db.get(VFolderUpload, body.id)
+            if row is not None:
+                vfquota.let_go(row, offset)
+                db.flush()
+                db.expunge(row)
+        return row, offset
+    finally:
+        body.close()
 
 
 def abandon(usage: FolderUsage, body: Body) -> None:
     """The body will not complete (an error, the client gone).  A whole file leaves nothing: it
-    is aborted.  A resumable upload keeps what arrived; its status tells where to resume."""
-    if not body.whole:
-        body.close()
-        return
+    is aborted.  A resumable upload keeps what arrived, and holds only that; its status tells
+    where to resume."""
     if body.done:
+        return
+    if not body.whole:
+        body.done = True
+        try:
+            _let_go(usage, body)
+        except NotFound:
+            pass  # cancelled meanwhile: nothing is left to hold
         return
     body.done = True
     body.close()
@@ -271,15 +317,15 @@ async def finish(usage: FolderUsage, body: Body) -> Progress:
     A whole file that cannot finish is aborted (and the error raised); a resumable upload stays
     as it is, to be resumed or cancelled.
     """
-    body.close()
     if body.whole:
+        body.close()
         try:
             if body.received != body.expected:
                 raise InvalidInput(f"received {body.received} of {body.expected} bytes")
             offset = body.expected
             async with usage.lock(body.folder_id):
                 with lfdb.session_scope(usage.session_factory) as db:
-                    v, row = _rows(db, body)
+                    v, row = _rows(db, body.folder_id, body.id)
                     view = upload_view(row, offset)
                     entry: Entry | None = _move_into_place(db, v, row, body.store)
             body.done = True
@@ -288,12 +334,16 @@ async def finish(usage: FolderUsage, body: Body) -> Progress:
             raise
     else:
         body.done = True
-        offset = body.store.upload_offset(body.id)
-        async with usage.lock(body.folder_id):
-            with lfdb.session_scope(usage.session_factory) as db:
-                v, row = _rows(db, body)
-                view = upload_view(row, offset)
-                entry = _move_into_place(db, v, row, body.store) if offset == row.size else None
+        held, offset = _let_go(usage, body)
+        if held is None:
+            raise NotFound("the upload went away meanwhile (cancelled or expired)")
+        view = upload_view(held, offset)
+        entry = None
+        if offset == held.size:
+            async with usage.lock(body.folder_id):
+                with lfdb.session_scope(usage.session_factory) as db:
+                    v, current = _rows(db, body.folder_id, body.id)
+                    entry = _move_into_place(db, v, current, body.store)
     if entry is not None:
         view["entry"] = entry_view(entry)
         view["complete"] = True
