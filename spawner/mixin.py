@@ -45,6 +45,7 @@ LIVE = ("SCHEDULED", "PREPARING", "RUNNING")
 ACTIVITY_INTERVAL_ENV = "LABFLEET_ACTIVITY_INTERVAL"
 ENDED = ("TERMINATED", "ERROR", "CANCELLED")
 _EXIT = re.compile(r"ExitCode=(-?\d+)")
+_RELEASES: set[asyncio.Future] = set()  # releases under way after a cancelled spawn (kept from the GC)
 
 
 def _refusal(reply: Reply, what: str) -> SpawnException:
@@ -336,7 +337,14 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             await self.lf_prepare(self.lf_launch)
             t_prepared = time.perf_counter()
             url = await asyncio.wait_for(super().start(), timeout=self.backend_start_timeout)  # type: ignore[misc]
-        except BaseException as e:  # cancelled or failed: the allocation goes back at once
+        except asyncio.CancelledError:
+            # The Hub interrupts a pending spawn (its server stopped) and gives the cancel one second
+            # to resolve before it stops the server; past that, the stop fails and the server stays a
+            # "ready" ghost nobody can stop or remove.  So the cancel resolves now, and the release
+            # follows on its own.
+            self._lf_release_soon("ERROR", "the server did not start: its spawn was stopped")
+            raise
+        except BaseException as e:  # failed: the allocation goes back at once
             await self._lf_release("ERROR", f"the server did not start: {e}"[:900])
             raise
         t_started = time.perf_counter()
@@ -474,6 +482,12 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
                 reply.message,
             )
         return reply
+
+    def _lf_release_soon(self, status: str, reason: str) -> None:
+        """:meth:`_lf_release` in a task of its own, held until it is done."""
+        task = asyncio.ensure_future(self._lf_release(status, reason))
+        _RELEASES.add(task)
+        task.add_done_callback(_RELEASES.discard)
 
     async def _lf_release(self, status: str, reason: str) -> None:
         """Give the allocation back (queued sessions are cancelled); safe to call twice."""

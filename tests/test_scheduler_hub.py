@@ -5,6 +5,7 @@ Admission is asked as the Hub's spawner asks it (the service token, on behalf of
 tests are about the scheduler, not about sessions started through the API (which start a Hub server).
 """
 
+import threading
 import time
 
 import pytest
@@ -148,6 +149,60 @@ def test_an_api_session_starts_its_hub_server(env):
         assert hub.api("GET", f"/sessions/{sid}", alice).json()["status"] in ("TERMINATED", "ERROR")
     audit = hub.api("GET", "/audit", root, params={"action": "session.start"}).json()
     assert {e["target"] for e in audit if e["success"]} >= {view["id"], other["id"]}, audit
+
+
+def test_many_queued_spawns_stopped_at_the_hub_leave_no_ghost(env):
+    """Queued spawns stopped at the Hub while many others poll: the Hub interrupts each pending spawn
+    and gives it one second before it stops the server. Each stop succeeds and the Hub keeps no
+    server: a spawn that took longer to let go stayed a "ready" ghost that no stop or remove could
+    clear (before, most of these stops were 500s, each leaving one)."""
+    hub, _, root, _ = env
+    # Two users (each may have 20 sessions waiting) in a project with no cap of its own, so that
+    # every spawn waits for the devices, not for quota.
+    users = ("bursty", "burstz")
+    assert hub.api("POST", "/projects", root, json={"domain": "acme", "name": "burst"}).status_code == 201
+    for user in users:
+        body = {"username": user, "domain": "acme", "projects": ["burst"]}
+        assert hub.api("POST", "/users", root, json=body).status_code == 201
+    holder = _admit(hub, {"project": "burst", "name": "holder", "slots": {"gpu": 2}}, user="bursty")
+    # (Both devices taken: by it, or by the module's earlier sessions before it.)
+    assert holder.status_code == 201 and holder.json()["status"] in ("SCHEDULED", "PENDING"), holder.text
+    spawns = [(users[i % 2], f"q{i}") for i in range(32)]
+    answers: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def spawn_then_stop(i: int) -> None:
+        user, name = spawns[i]
+        body = {"project": "burst", "gpu": 1, "cpu": 0.1}
+        started = hub.hub_api("POST", f"/users/{user}/servers/{name}", json=body).status_code
+        time.sleep((0, 0.05, 0.3, 1.0, 2.5)[i % 5])
+        answers[(user, name)] = (started, hub.hub_api("DELETE", f"/users/{user}/servers/{name}").status_code)
+
+    def left() -> dict[str, list[str]]:
+        return {u: sorted(servers) for u in users if (servers := _servers(hub, u))}
+
+    try:
+        threads = [threading.Thread(target=spawn_then_stop, args=(i,)) for i in range(len(spawns))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        # Every spawn was queued (202), every stop answered 202 or 204
+        assert sorted(answers) == sorted(spawns), answers
+        assert {start for start, _ in answers.values()} == {202}, answers
+        assert {stop for _, stop in answers.values()} <= {202, 204}, answers
+        deadline = time.monotonic() + 20
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert left() == {}
+        ended = [
+            s["status"]
+            for u in users
+            for s in hub.api("GET", f"/sessions?user={u}", root).json()
+            if s["name"] != "holder"
+        ]
+        assert len(ended) == len(spawns) and set(ended) <= {"CANCELLED", "ERROR"}, ended
+    finally:
+        assert hub.api("DELETE", f"/sessions/{holder.json()['id']}", root).status_code == 200
 
 
 def test_reconcile_after_restart_releases_sessions_without_servers(env):

@@ -15,15 +15,22 @@ Pure: no SQLAlchemy, no DB; the Hub process and the sessions import it.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.ioloop import IOLoop
 from tornado.simple_httpclient import HTTPTimeoutError
 
 JSON = "application/json"
+# Requests in flight at once per event loop, labfleet's own: tornado's shared client allows 10, and
+# in the Hub it is the proxy's and every spawner's too (100 queued spawns polling kept a stop's
+# release waiting behind them for seconds).
+MAX_CLIENTS = 100
+_clients: weakref.WeakKeyDictionary[IOLoop, AsyncHTTPClient] = weakref.WeakKeyDictionary()
 # Methods whose request carries a body: sent with an empty one when there is nothing to send.
 _BODY_METHODS = ("POST", "PUT", "PATCH")
 # The most of an upstream's plain-text error body a message repeats.
@@ -120,6 +127,15 @@ def _decode(body: bytes, content_type: str) -> tuple[Any, bool]:
         return None, False
 
 
+def client() -> AsyncHTTPClient:
+    """This event loop's labfleet HTTP client (its own, not tornado's shared one: see MAX_CLIENTS)."""
+    loop = IOLoop.current()
+    c = _clients.get(loop)
+    if c is None:
+        c = _clients[loop] = AsyncHTTPClient(force_instance=True, max_clients=MAX_CLIENTS)
+    return c
+
+
 async def request(
     method: str,
     url: str,
@@ -166,7 +182,7 @@ async def request(
         follow_redirects=False,
     )
     try:
-        response = await AsyncHTTPClient().fetch(req, raise_error=False)
+        response = await client().fetch(req, raise_error=False)
     except (HTTPClientError, OSError, ValueError) as e:
         # tornado names the URL in some errors (a bad scheme): never its query string
         cause = str(e).replace(url, loggable(url))
