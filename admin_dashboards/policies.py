@@ -6,7 +6,11 @@ Policies are the limits the scheduler and the folder store enforce (``hub_ext/te
   a slot it does not name is forbidden or free), how many sessions run and wait at once, how long a
   session may idle or live, and the rights on storage hosts it grants;
 - a **user policy** and a **project policy** cap folders: how many, how large one may be, and how
-  much all of the owner's folders may hold together (the quota scope).
+  much all of the owner's folders may hold together (the quota scope); a user policy also caps the
+  keypairs its user may hold and their model serving endpoints.
+
+Below them, each domain's list of the keypair policies its admins may give (:mod:`admin_dashboards.domains`;
+a superadmin edits it).
 
 Everything goes through the labfleet service's ``/api/policies/...`` routes as the viewer: every
 admin and monitor reads them, only a superadmin changes them (the service refuses anyone else, and
@@ -30,7 +34,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards import idlecheckers
+from admin_dashboards import domains, idlecheckers
 from admin_dashboards.console import ServiceError, guarded, message
 from admin_dashboards.resources import STYLE, esc, fmt_bytes, form_label, muted, section
 
@@ -40,7 +44,7 @@ NOTES = {
     "keypair": "What a keypair's sessions may hold and for how long. Every user's main keypair (the one "
     "their browser sessions use) has one; new users get the policy named default.",
     "user": "How many folders a user may own, how large one may be, and what all of them may hold together; "
-    "how many model serving endpoints, of how many replicas.",
+    "how many keypairs they may hold; how many model serving endpoints, of how many replicas.",
     "project": "The same limits for the folders a project owns.",
 }
 CHOICES = ("LIMITED", "UNLIMITED")
@@ -121,6 +125,12 @@ FOLDER_FIELDS = (
         "bytes",
     ),
 )
+KEYPAIRS_FIELD = Field(
+    "max_keypairs",
+    "Max keypairs",
+    "active keypairs the user may hold, the main one included; 0 = no limit (10 for a user with no policy)",
+    "count",
+)
 SERVING_FIELDS = (
     Field(
         "max_endpoints", "Max endpoints", "model serving endpoints the user may have; 0 = no limit", "count"
@@ -134,7 +144,7 @@ SERVING_FIELDS = (
 )
 FIELDS: dict[str, tuple[Field, ...]] = {
     "keypair": KEYPAIR_FIELDS,
-    "user": FOLDER_FIELDS + SERVING_FIELDS,
+    "user": (*FOLDER_FIELDS, KEYPAIRS_FIELD, *SERVING_FIELDS),
     "project": FOLDER_FIELDS,
 }
 # What a new policy's form starts with: the service's own defaults.
@@ -152,6 +162,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "max_vfolder_count": 0,
         "max_quota_scope_size": 0,
         "max_vfolder_size": 0,
+        "max_keypairs": 10,
         "max_endpoints": 0,
         "max_replicas_per_endpoint": 0,
     },
@@ -507,7 +518,16 @@ COLUMNS = {
         "storage hosts",
         "used by",
     ),
-    "user": ("policy", "folders", "storage quota", "folder size", "endpoints", "replicas", "used by"),
+    "user": (
+        "policy",
+        "folders",
+        "storage quota",
+        "folder size",
+        "keypairs",
+        "endpoints",
+        "replicas",
+        "used by",
+    ),
     "project": ("policy", "folders", "storage quota", "folder size", "used by"),
 }
 
@@ -536,8 +556,12 @@ def policy_rows(
                 ]
             )
         else:
-            serving = (
-                [fmt_count(p.get("max_endpoints")), fmt_count(p.get("max_replicas_per_endpoint"))]
+            per_user = (
+                [
+                    fmt_count(p.get("max_keypairs")),
+                    fmt_count(p.get("max_endpoints")),
+                    fmt_count(p.get("max_replicas_per_endpoint")),
+                ]
                 if kind == "user"
                 else []
             )
@@ -547,7 +571,7 @@ def policy_rows(
                     fmt_count(p.get("max_vfolder_count")),
                     fmt_size(p.get("max_quota_scope_size")),
                     fmt_size(p.get("max_vfolder_size")),
-                    *serving,
+                    *per_user,
                     used_by,
                 ]
             )
@@ -789,6 +813,7 @@ def page(client: Any) -> W.VBox:
                         state["said"] if mine else "",
                     )
                 )
+        parts.append(domains.section(client, section))  # the keypair policies each domain's admins may give
         parts.append(idlecheckers.section(client, section))
         state.update(kind=None, said="")
         return W.VBox(parts)

@@ -2,7 +2,8 @@
 
 - a superadmin changes a keypair policy through the page: the service has the new values and the
   audit log has the change with the superadmin as its actor; a user policy is created and deleted
-  through the page too;
+  through the page too; a domain's keypair policies are chosen there (a domain admin's form is
+  disabled);
 - ``mem=12zz`` in the form shows the service's message and changes nothing;
 - a superadmin registers an image through the page, and removes it (with its labels read from
   Docker too, where a Docker engine answers);
@@ -146,8 +147,16 @@ def test_a_superadmin_changes_a_keypair_policy_through_the_page(hub, browser):
     assert "cpu 4, mem 16 GiB, gpu.shares 1.5; others: none" in row.inner_text()
     assert "30 min" in row.inner_text() and "1 d" in row.inner_text()
     assert field(page.locator(".lf-policy-keypair"), "Policy").input_value() == "gold"
+    # The keypair policies a domain's admins may give: a superadmin's domain form (acme, the first)
+    domain = page.locator(".lf-domain-form")
+    field(domain, "Keypair policies").fill("gold")
+    domain.get_by_role("button", name="Save domain").click()
+    page.wait_for_selector(
+        "text=Saved domain acme: keypair policies its admins may give: gold.", timeout=WAIT_MS
+    )
     shot(page, "policies-root")
     page.close()
+    assert hub.ok("GET", "/domains/acme")["allowed_keypair_policies"] == ["gold"]
     gold = hub.ok("GET", "/policies/keypair/gold")
     assert gold["total_resource_slots"] == {"cpu": 4, "mem": 16 * GIB, "gpu.shares": 1.5}
     assert gold["default_for_unspecified"] == "LIMITED"
@@ -190,18 +199,19 @@ def test_a_superadmin_creates_and_deletes_a_user_policy_through_the_page(hub, br
     field(form, "Max folders").fill("2")
     field(form, "Storage quota").fill("500m")
     field(form, "Max folder size").fill("100m")
+    field(form, "Max keypairs").fill("4")
     field(form, "Max endpoints").fill("1")
     form.get_by_role("button", name="Create user policy").click()
     page.wait_for_selector("text=Created user policy tiny:", timeout=WAIT_MS)
     row = page.locator('tr[data-kind="user"][data-policy="tiny"]')
-    assert row.inner_text().split("\t")[1:] == ["2", "500 MiB", "100 MiB", "1", "no limit", "nobody"]
+    assert row.inner_text().split("\t")[1:] == ["2", "500 MiB", "100 MiB", "4", "1", "no limit", "nobody"]
     tiny = hub.ok("GET", "/policies/user/tiny")
     assert (tiny["max_vfolder_count"], tiny["max_quota_scope_size"], tiny["max_vfolder_size"]) == (
         2,
         500 * 2**20,
         100 * 2**20,
     )
-    assert (tiny["max_endpoints"], tiny["max_replicas_per_endpoint"]) == (1, 0)
+    assert (tiny["max_endpoints"], tiny["max_replicas_per_endpoint"], tiny["max_keypairs"]) == (1, 0, 4)
     # The policy alice uses cannot go: the service says so
     form = page.locator(".lf-policy-user")
     choose(form, "Policy", "small", "Max folders", "5")
@@ -264,6 +274,8 @@ def test_a_domain_admins_policies_page_is_read_only(hub, browser):
         assert all(buttons.nth(i).is_disabled() for i in range(buttons.count())), kind
         inputs = form.locator("input[type=text], textarea")
         assert all(inputs.nth(i).is_disabled() for i in range(inputs.count())), kind
+    # Only a superadmin chooses the keypair policies a domain's admins may give
+    assert page.locator(".lf-domain-form").get_by_role("button", name="Save domain").is_disabled()
     shot(page, "policies-carol")
     page.close()
 

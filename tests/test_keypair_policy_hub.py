@@ -197,3 +197,69 @@ def test_a_user_holds_at_most_max_keypairs(world):
     ok("POST", "/keypairs", {}, token=fay)
     r = hub.api("POST", "/keypairs", fay, json={})
     assert r.status_code == 409 and "(the user policy's max_keypairs: 3)" in r.json()["message"], r.text
+
+
+def main_policy(ok, username):
+    return next(k["resource_policy"] for k in ok("GET", f"/keypairs?username={username}") if k["is_main"])
+
+
+def test_tightening_a_main_keypair_takes_the_keypairs_that_inherited_its_policy_along(world):
+    hub, ok, tokens, main = world
+    ok("POST", "/users", {"username": "gus", "domain": "acme", "projects": ["ml"]})
+    gus_main = next(k["access_key"] for k in ok("GET", "/keypairs?username=gus") if k["is_main"])
+    own = ok("POST", "/keypairs", {"username": "gus"})  # inherits `default`, the main keypair's
+    given = ok("POST", "/keypairs", {"username": "gus", "resource_policy": "big"})  # on purpose
+    # carol, gus's domain admin, tightens his main keypair: his own keypair follows, `big` stays.
+    ok("PATCH", f"/keypairs/{gus_main}", {"resource_policy": "tiny"}, token=tokens["carol"])
+    assert ok("GET", f"/keypairs/{own['access_key']}")["resource_policy"] == "tiny"
+    assert ok("GET", f"/keypairs/{given['access_key']}")["resource_policy"] == "big"
+    r = signed(hub, own, "POST", "/sessions", {"project": "acme/ml", "slots": {"cpu": 1}})
+    assert r.status_code == 409, r.text
+    assert "user gus" in r.json()["message"] and "tiny" in r.json()["message"], r.text
+    assert ok("GET", "/sessions?user=gus") == []
+    (entry,) = [a for a in ok("GET", "/audit?action=keypair.update&limit=1000") if a["target"] == gus_main]
+    assert entry["actor"] == "carol"
+    assert entry["details"] == {"resource_policy": "tiny", "followed_by": [own["access_key"]]}
+
+
+def test_a_domain_admins_new_users_get_a_keypair_policy_the_domain_allows(world):
+    hub, ok, tokens, main = world
+    carol = tokens["carol"]
+    before = ok("GET", "/domains/acme")["allowed_keypair_policies"]
+    ok("PATCH", "/domains/acme", {"allowed_keypair_policies": []})
+    try:
+        # A domain with no list is bounded by its caps only: new users get `default`, nothing else.
+        ok("POST", "/users", {"username": "hal", "domain": "acme"}, token=carol)
+        assert main_policy(ok, "hal") == "default"
+        r = hub.api(
+            "POST", "/users", carol, json={"username": "ivy", "domain": "acme", "keypair_policy": "big"}
+        )
+        assert r.status_code == 403, r.text
+        assert r.json()["message"] == (
+            "keypair_policy: 'big' is not one that domain acme's admins may give (a superadmin allows "
+            "those in the domain's allowed_keypair_policies: none, so its new users get 'default')"
+        )
+        assert hub.api("GET", "/users/ivy", tokens["root"]).status_code == 404  # nothing created
+        # With a list: its first unless one of it is named; anything else is refused.
+        ok("PATCH", "/domains/acme", {"allowed_keypair_policies": ["tiny", "big"]})
+        ok("POST", "/users", {"username": "ivy", "domain": "acme"}, token=carol)
+        ok("POST", "/users", {"username": "jo", "domain": "acme", "keypair_policy": "big"}, token=carol)
+        assert (main_policy(ok, "ivy"), main_policy(ok, "jo")) == ("tiny", "big")
+        r = hub.api(
+            "POST", "/users", carol, json={"username": "kim", "domain": "acme", "keypair_policy": "default"}
+        )
+        assert r.status_code == 403 and "allowed_keypair_policies: tiny, big" in r.json()["message"], r.text
+        assert hub.api("GET", "/users/kim", tokens["root"]).status_code == 404
+        # A superadmin names any (400 for none of that name); unnamed, `default` as before.
+        ok("POST", "/users", {"username": "kim", "domain": "acme", "keypair_policy": "spare"})
+        ok("POST", "/users", {"username": "lee", "domain": "acme"})
+        assert (main_policy(ok, "kim"), main_policy(ok, "lee")) == ("spare", "default")
+        r = hub.api(
+            "POST",
+            "/users",
+            tokens["root"],
+            json={"username": "max", "domain": "acme", "keypair_policy": "nope"},
+        )
+        assert r.status_code == 400 and "no keypair policy named 'nope'" in r.json()["message"], r.text
+    finally:
+        ok("PATCH", "/domains/acme", {"allowed_keypair_policies": before})

@@ -85,6 +85,12 @@ FOLDER_OPTIONS = (
 
 USER_OPTIONS = (
     Option(
+        "--max-keypairs",
+        "(user) Active keypairs its user may hold, the main one included (0 = unlimited; default 10).",
+        metavar="N",
+        convert=whole_number,
+    ),
+    Option(
         "--max-endpoints",
         "(user) Model serving endpoints its user may have (0 = unlimited).",
         metavar="N",
@@ -171,7 +177,8 @@ class PolicyCreate(Command):
     examples = (
         "labfleet policy create keypair students --slots cpu=4,mem=16g,gpu.shares=0.5 "
         "--default-for-unspecified LIMITED --max-concurrent-sessions 2 --idle-timeout 30m",
-        "labfleet policy create user standard --max-vfolder-count 10 --max-quota-scope-size 50g",
+        "labfleet policy create user standard --max-vfolder-count 10 --max-quota-scope-size 50g "
+        "--max-keypairs 3",
     )
     arguments = ("KIND", "NAME")
     options = (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS, *USER_OPTIONS)

@@ -35,13 +35,26 @@ DESCRIPTION_OPTION = Option("--description", "A description for people.", dest="
 # ---------------------------------------------------------------- domains
 
 
-def _domain_body(cmd: Command) -> dict[str, Any]:
+def _cap_body(cmd: Command) -> dict[str, Any]:
+    """--slots and --description, of a domain or a project."""
     body: dict[str, Any] = {}
     if cmd.opts.slots is not None:
         body["total_resource_slots"] = check_slots(cmd.opts.slots)
     if cmd.opts.description_text is not None:
         body["description"] = cmd.opts.description_text
     return body
+
+
+def _domain_body(cmd: Command) -> dict[str, Any]:
+    body = _cap_body(cmd)
+    if cmd.opts.allowed_keypair_policies is not None:
+        # '' clears the list; the names are checked (and must exist) in hub_ext.tenancy.directory
+        body["allowed_keypair_policies"] = split_list([cmd.opts.allowed_keypair_policies])
+    return body
+
+
+def _allowed_text(view: dict[str, Any]) -> str:
+    return ", ".join(view["allowed_keypair_policies"]) or "none"
 
 
 DOMAIN_OPTIONS = (
@@ -51,6 +64,13 @@ DOMAIN_OPTIONS = (
         metavar="SLOTS",
     ),
     DESCRIPTION_OPTION,
+    Option(
+        "--allowed-keypair-policies",
+        """Keypair policies the domain's admins may give its users' keypairs, comma-separated, each
+        an existing one; the first is the main keypair's policy of a user a domain admin creates
+        without naming one. '' clears the list (the domain is then bounded by its caps only).""",
+        metavar="POLICIES",
+    ),
 )
 
 
@@ -68,7 +88,10 @@ class DomainCreate(Command):
         view = self.transaction(
             lambda db: directory.domain_view(directory.create_domain(db, self.actor, body))
         )
-        self.out(f"Created domain {view['name']} (slots: {slots_text(view['total_resource_slots'])}).")
+        self.out(
+            f"Created domain {view['name']} (slots: {slots_text(view['total_resource_slots'])}, "
+            f"keypair policies its admins may give: {_allowed_text(view)})."
+        )
 
 
 class DomainList(ListCommand):
@@ -97,8 +120,11 @@ class DomainList(ListCommand):
 
 class DomainUpdate(Command):
     name = "labfleet domain update"
-    description = "Change a domain's resource cap, description or state."
-    examples = ("labfleet domain update acme --slots cpu=128,mem=512g,gpu=8 --inactive",)
+    description = "Change a domain's resource cap, description, allowed keypair policies or state."
+    examples = (
+        "labfleet domain update acme --slots cpu=128,mem=512g,gpu=8 --inactive",
+        "labfleet domain update acme --allowed-keypair-policies students,teachers",
+    )
     arguments = ("NAME",)
     options = (*DOMAIN_OPTIONS, *ACTIVE_OPTIONS)
 
@@ -109,13 +135,16 @@ class DomainUpdate(Command):
         if self.opts.active is not None:
             body["is_active"] = self.opts.active
         if not body:
-            raise self.nothing_to_change("give --slots, --description, --active or --inactive")
+            raise self.nothing_to_change(
+                "give --slots, --description, --allowed-keypair-policies, --active or --inactive"
+            )
         name = self.args[0]
         view = self.transaction(
             lambda db: directory.domain_view(directory.update_domain(db, self.actor, name, body))
         )
         self.out(
             f"Updated domain {view['name']} (slots: {slots_text(view['total_resource_slots'])}, "
+            f"keypair policies its admins may give: {_allowed_text(view)}, "
             f"{'active' if view['is_active'] else 'inactive'})."
         )
 
@@ -153,7 +182,7 @@ PROJECT_OPTIONS = (
 
 
 def _project_body(cmd: Command) -> dict[str, Any]:
-    body = _domain_body(cmd)
+    body = _cap_body(cmd)
     if cmd.opts.policy is not None:
         body["resource_policy"] = cmd.opts.policy or None
     return body

@@ -40,9 +40,7 @@ from hub_ext.core.validate import (
     check_username,
     parse_project_ref,
 )
-from hub_ext.tenancy.keypairs import new_keypair
-
-DEFAULT_KEYPAIR_POLICY = "default"
+from hub_ext.tenancy.keypairs import new_keypair, new_user_policy
 
 # ---------------------------------------------------------------- lookups
 
@@ -296,7 +294,16 @@ def remove_member(db: Session, actor: Actor, domain: str, project: str, username
 
 # ---------------------------------------------------------------- users
 
-USER_CREATE_FIELDS = ("role", "email", "full_name", "password", "projects", "status", "resource_policy")
+USER_CREATE_FIELDS = (
+    "role",
+    "email",
+    "full_name",
+    "password",
+    "projects",
+    "status",
+    "resource_policy",
+    "keypair_policy",
+)
 USER_SELF_FIELDS = ("email", "full_name", "password")
 USER_ADMIN_FIELDS = ("role", "status", "projects", "resource_policy", "domain")
 
@@ -336,6 +343,11 @@ def _resolve_projects(db: Session, domain: Domain, refs: Any) -> list[Project]:
 
 
 def create_user(db: Session, actor: Actor, body: Any, *, password_hash: str | None = None) -> User:
+    """Create a user with their main keypair.  ``keypair_policy`` names the main keypair's policy:
+    a superadmin may name any (``default`` unnamed); a domain admin one of the domain's
+    ``allowed_keypair_policies`` (its first unnamed; a domain with no list is bounded by its caps
+    only, and its admins' new users get ``default``): see
+    :func:`hub_ext.tenancy.keypairs.new_user_policy`."""
     body = check_fields(body, required=["username", "domain"], optional=USER_CREATE_FIELDS)
     username = check_username(body["username"])
     dname = check_name(body["domain"], "domain")
@@ -355,13 +367,20 @@ def create_user(db: Session, actor: Actor, body: Any, *, password_hash: str | No
         problem = check_password_strength(body["password"])
         if problem:
             raise InvalidInput(problem)
+    named = body.get("keypair_policy")
+    kp_name = new_user_policy(
+        None if named is None else check_name(named, "keypair_policy"),
+        superadmin=actor.is_superadmin,
+        domain=dname,
+        allowed=list(d.allowed_keypair_policies or ()),
+    )
     if get_user(db, username):
         raise Conflict(f"user {username!r} already exists")
-    kp_policy = db.scalar(
-        select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == DEFAULT_KEYPAIR_POLICY)
-    )
+    kp_policy = db.scalar(select(KeypairResourcePolicy).where(KeypairResourcePolicy.name == kp_name))
+    if kp_policy is None and named is not None:
+        raise InvalidInput(f"keypair_policy: no keypair policy named {kp_name!r}")
     if kp_policy is None:
-        raise Conflict("the 'default' keypair resource policy is missing: run `labfleet init`")
+        raise Conflict(f"the {kp_name!r} keypair resource policy is missing: run `labfleet init`")
     u = User(
         username=username,
         domain=d,

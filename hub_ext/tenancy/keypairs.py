@@ -14,11 +14,17 @@ A keypair's policy cannot be walked around:
   policy says how many; :data:`DEFAULT_MAX_KEYPAIRS` without one); an admin of their domain
   may issue (or reactivate) past it, as for any change an admin makes on purpose;
 - admission counts a keypair policy's sessions and slots over all of the user's keypairs
-  (:mod:`hub_ext.compute.tenants`), so a second keypair under the same policy adds nothing.
+  (:mod:`hub_ext.compute.tenants`), so a second keypair under the same policy adds nothing;
+- when an admin changes the main keypair's policy, the user's other active keypairs that held the
+  old one (they inherited it) follow to the new one; a keypair given another policy on purpose
+  keeps it (:func:`inheritors`; the update's audit entry names the keypairs moved);
+- a new user's main keypair takes the policy :func:`new_user_policy` says: a domain admin's new
+  users are held to what a superadmin allowed the domain.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, select
@@ -35,6 +41,9 @@ from hub_ext.tenancy.policies import looser_limits, policy_view
 
 DEFAULT_RATE_LIMIT = 10_000
 MAX_RATE_LIMIT = 10_000_000
+# The keypair policy of a new user's main keypair when nobody names one (and the domain allows no
+# list of its own: see new_user_policy).
+DEFAULT_KEYPAIR_POLICY = "default"
 # Active keypairs a user with no user resource policy may hold, the main one included (a user
 # policy's ``max_keypairs`` says it for its users; its column defaults to the same).
 DEFAULT_MAX_KEYPAIRS = 10
@@ -117,6 +126,42 @@ def assign_refusal(
             f"and {within}"
         )
     return f"keypair policy {policy!r} cannot be chosen: {within}; name one no looser, or none to inherit it"
+
+
+def new_user_policy(named: str | None, *, superadmin: bool, domain: str, allowed: Sequence[str]) -> str:
+    """The keypair policy of the main keypair of a user created in domain ``domain``.  Pure.
+
+    ``named``: what the creator asked for (None: nothing).  ``allowed``: the domain's
+    ``allowed_keypair_policies``, in the order a superadmin gave them.  A superadmin may name any
+    policy, and their new user gets :data:`DEFAULT_KEYPAIR_POLICY` otherwise.  A domain admin may
+    name one of ``allowed``, and their new user gets its first otherwise.  A domain with no list
+    of its own is bounded by its caps only (its total_resource_slots, its projects'): its admins'
+    new users get the unlimited :data:`DEFAULT_KEYPAIR_POLICY`, the one policy they may name then.
+    Raises :class:`Forbidden` (saying what may be named) for a policy the creator may not give."""
+    if superadmin:
+        return DEFAULT_KEYPAIR_POLICY if named is None else named
+    offered = list(allowed) or [DEFAULT_KEYPAIR_POLICY]
+    if named is None:
+        return offered[0]
+    if named not in offered:
+        listed = ", ".join(allowed) if allowed else f"none, so its new users get {DEFAULT_KEYPAIR_POLICY!r}"
+        raise Forbidden(
+            f"keypair_policy: {named!r} is not one that domain {domain}'s admins may give "
+            f"(a superadmin allows those in the domain's allowed_keypair_policies: {listed})"
+        )
+    return named
+
+
+def inheritors(old: str, keypairs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The access keys of the keypairs that follow their main keypair from policy ``old`` to
+    another: the active ones, not the main one, that hold ``old``.  One given another policy (by
+    an admin, on purpose) keeps it; an inactive one stays as it is.  ``keypairs``:
+    :func:`keypair_view` values (or any mappings with their keys).  Pure."""
+    return [
+        str(k["access_key"])
+        for k in keypairs
+        if k["is_active"] and not k["is_main"] and k["resource_policy"] == old
+    ]
 
 
 def _policy_named(db: Session, name: Any) -> KeypairResourcePolicy:
@@ -217,6 +262,9 @@ def issue(db: Session, actor: Actor, body: Any) -> tuple[Keypair, str]:
 
 
 def update(db: Session, actor: Actor, access_key: str, body: Any) -> Keypair:
+    """Change a keypair (admins).  A new policy for the main keypair is one for the keypairs
+    that inherited its old one too (:func:`inheritors`): the audit entry's ``followed_by`` names
+    them."""
     kp = _readable(db, actor, access_key)
     body = check_fields(body, optional=["resource_policy", "rate_limit", "is_active"])
     if not authz.can_manage_in_domain(actor, kp.user.domain.name):
@@ -234,13 +282,23 @@ def update(db: Session, actor: Actor, access_key: str, body: Any) -> Keypair:
         # The main keypair is held to its own present policy; any other to the main keypair's.
         base = kp.resource_policy if kp.is_main or main is None else main.resource_policy
         _check_assignable(actor, owner, policy, base)
+    details = dict(body)
+    if policy is not None and policy is not kp.resource_policy and kp.is_main:
+        # The keypairs that inherited the main keypair's policy follow it (inheritors).
+        moved = set(inheritors(kp.resource_policy.name, map(keypair_view, owner.keypairs)))
+        for other in owner.keypairs:
+            if other.access_key in moved:
+                other.resource_policy = policy
+        details["followed_by"] = sorted(moved)
     if policy is not None:
         kp.resource_policy = policy
     if rate is not None:
         kp.rate_limit = rate
     if active is not None:
         kp.is_active = active
-    audit.record(db, actor, "keypair.update", kp.access_key, target_domain=kp.user.domain.name, details=body)
+    audit.record(
+        db, actor, "keypair.update", kp.access_key, target_domain=kp.user.domain.name, details=details
+    )
     return kp
 
 

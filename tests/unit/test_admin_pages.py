@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from admin_dashboards import domains as D
 from admin_dashboards import environments as E
 from admin_dashboards import policies as P
 from admin_dashboards import storage as S
@@ -28,7 +29,11 @@ KEYPAIR = {
     "allowed_storage_hosts": ["local"],
 }
 FOLDER_POLICY = {"name": "small", "max_vfolder_count": 10, "max_quota_scope_size": GIB, "max_vfolder_size": 0}
-USER_POLICY = {**FOLDER_POLICY, "max_endpoints": 0, "max_replicas_per_endpoint": 0}
+USER_POLICY = {**FOLDER_POLICY, "max_keypairs": 10, "max_endpoints": 0, "max_replicas_per_endpoint": 0}
+DOMAINS = [
+    {"name": "acme", "total_resource_slots": {"cpu": 8}, "allowed_keypair_policies": [], "is_active": True},
+    {"name": "beta", "total_resource_slots": {}, "allowed_keypair_policies": ["gold", "default"]},
+]
 
 
 # ---------------------------------------------------------------- policies: reading the form
@@ -107,16 +112,23 @@ def test_the_form_round_trips_a_policy_and_an_edit_sends_only_what_changed():
         "max_vfolder_count": 0,
         "max_quota_scope_size": 0,
         "max_vfolder_size": 0,
+        "max_keypairs": 10,
         "max_endpoints": 0,
         "max_replicas_per_endpoint": 0,
     }
-    # A project policy has no serving limits
+    # A project policy has no serving nor keypair limits
+    assert "max_keypairs" not in P.policy_body("project", P.form_values("project", P.DEFAULTS["project"]))
     assert "max_endpoints" not in P.policy_body("project", P.form_values("project", P.DEFAULTS["project"]))
     folder = P.form_values("user", USER_POLICY)
     assert folder["max_quota_scope_size"] == "1g"
     folder["max_vfolder_size"] = "200m"
     folder["max_endpoints"] = "3"
-    assert P.policy_body("user", folder, USER_POLICY) == {"max_vfolder_size": 200 * 2**20, "max_endpoints": 3}
+    folder["max_keypairs"] = "0"
+    assert P.policy_body("user", folder, USER_POLICY) == {
+        "max_vfolder_size": 200 * 2**20,
+        "max_endpoints": 3,
+        "max_keypairs": 0,
+    }
     folder["max_vfolder_count"] = "many"
     with pytest.raises(P.FormError, match="max_vfolder_count: 'many' is not a whole number"):
         P.policy_body("user", folder, USER_POLICY)
@@ -145,11 +157,35 @@ def test_the_policy_tables_rows():
     assert row[1].endswith("others: none") and row[4] == "never" and row[5] == "1 h 30 min"
     assert row[6] == "nfs (mount-in-session, download-file)" and row[7] == "—"
     assert P.policy_rows("project", [FOLDER_POLICY], {}) == [["small", "10", "1 GiB", "no limit", "nobody"]]
+    assert P.policy_rows("user", [{**USER_POLICY, "max_keypairs": 3}], {"small": 1}) == [
+        ["small", "10", "1 GiB", "no limit", "3", "no limit", "no limit", "1 user"]
+    ]
+    assert len(P.COLUMNS["user"]) == 8
     assert P.usage_counts(
         [{"resource_policy": "a"}, {"resource_policy": "a"}, {"resource_policy": None}]
     ) == {"a": 2}
     html = P.policies_html("user", [["<b>", "1", "2", "3", "4"]])
     assert 'data-policy="&lt;b&gt;"' in html and "<td><b>&lt;b&gt;</b></td>" in html
+
+
+# ---------------------------------------------------------------- domains: keypair policies their admins may give
+
+
+def test_a_domains_keypair_policies_in_the_form_and_the_table():
+    assert D.parse_policy_names("gold, silver\nbronze;gold") == ["gold", "silver", "bronze"]
+    assert D.parse_policy_names("  ") == []
+    assert D.fmt_policy_names(["gold", "silver"]) == "gold, silver"
+    # Only a changed list is sent; an emptied one clears it; order counts (the first is new users')
+    assert D.domain_body("gold,default", DOMAINS[1]) == {}
+    assert D.domain_body("default, gold", DOMAINS[1]) == {"allowed_keypair_policies": ["default", "gold"]}
+    assert D.domain_body("", DOMAINS[1]) == {"allowed_keypair_policies": []}
+    assert D.domain_rows(DOMAINS) == [
+        ["acme", "cpu 8", "none: bounded by its caps (new users get default)", "active"],
+        ["beta", "no cap", "gold, default (new users get gold)", "active"],
+    ]
+    html = D.domains_html([["<b>", "1", "2", "3"]])
+    assert 'data-domain="&lt;b&gt;"' in html and "<td><b>&lt;b&gt;</b></td>" in html
+    assert "No domain" in D.domains_html([])
 
 
 # ---------------------------------------------------------------- environments
@@ -347,6 +383,7 @@ class FakeService:
             "project": [],
         }
         self.images = [dict(IMAGE)]
+        self.domains = [dict(d) for d in DOMAINS]
         self.sent: list[tuple[str, str, Any]] = []
 
     def get(self, path: str, **params: Any) -> Any:
@@ -363,6 +400,7 @@ class FakeService:
             "/projects": [],
             "/images": self.images,
             "/storage-hosts": [HOST],
+            "/domains": self.domains,
         }[path]
 
     def everything(self, path: str, **params: Any) -> list[Any]:
@@ -387,6 +425,13 @@ class FakeService:
         self.sent.append((method, path, body))
         if isinstance(body, dict) and any("12zz" in str(v) for v in body.values()):
             raise ServiceError("total_resource_slots: slot 'mem': cannot read '12zz' (write e.g. 512m)", 400)
+        if isinstance(body, dict) and "nope" in body.get("allowed_keypair_policies", ()):
+            raise ServiceError(
+                "allowed_keypair_policies: no keypair policy named 'nope' (create it first)", 409
+            )
+        if path.startswith("/domains/"):
+            (domain,) = [d for d in self.domains if d["name"] == path.split("/")[2]]
+            domain.update(body)
         return body
 
     def post(self, path: str, body: Any = None) -> Any:
@@ -474,6 +519,43 @@ def test_policies_are_read_only_for_everyone_but_a_superadmin(role, why):
         assert why in text_of(form)
         inputs = [w for w in widgets(form) if isinstance(w, (P.W.Text, P.W.Textarea, P.W.Button))]
         assert inputs and all(w.disabled for w in inputs)
+
+
+def domain_form(root: Any) -> Any:
+    (box,) = [w for w in widgets(root) if "lf-domain-form" in getattr(w, "_dom_classes", ())]
+    return box
+
+
+def test_a_superadmin_chooses_a_domains_keypair_policies_on_the_policies_page():
+    fake = FakeService()
+    page = P.page(fake)
+    assert "none: bounded by its caps (new users get default)" in text_of(page)
+    form = domain_form(page)
+    assert find(form, D.W.Text, "Keypair policies").value == ""  # acme, the first domain
+    find(form, D.W.Text, "Keypair policies").value = "gold, nope"
+    find(form, D.W.Button, "Save domain").click()
+    assert "The labfleet service said: allowed_keypair_policies: no keypair policy named" in text_of(form)
+    assert fake.domains[0]["allowed_keypair_policies"] == []
+    find(form, D.W.Text, "Keypair policies").value = "gold"
+    find(form, D.W.Button, "Save domain").click()
+    assert fake.sent[-1] == ("PATCH", "/domains/acme", {"allowed_keypair_policies": ["gold"]})
+    assert "Saved domain acme: keypair policies its admins may give: gold." in text_of(page)
+    assert "gold (new users get gold)" in text_of(page)  # the table follows
+    # Another domain's list in the form; saving what it already says sends nothing
+    form = domain_form(page)
+    find(form, D.W.Dropdown, "Domain").value = "beta"
+    assert find(form, D.W.Text, "Keypair policies").value == "gold, default"
+    sent = len(fake.sent)
+    find(form, D.W.Button, "Save domain").click()
+    assert len(fake.sent) == sent and "Nothing to save" in text_of(form)
+
+
+@pytest.mark.parametrize(("role", "why"), [("admin", "only a superadmin"), ("monitor", "a monitor changes")])
+def test_a_domains_keypair_policies_are_read_only_for_everyone_but_a_superadmin(role, why):
+    form = domain_form(P.page(FakeService(role)))
+    assert why in text_of(form)
+    assert find(form, D.W.Text, "Keypair policies").disabled
+    assert find(form, D.W.Button, "Save domain").disabled
 
 
 def test_the_environments_page_registers_edits_and_removes():

@@ -1,11 +1,20 @@
 """The pure judgments behind keypair policies nobody walks around: one policy against another
-(hub_ext.tenancy.policies.looser_limits), who may hand out which (keypairs.assign_refusal), and
-admission's words when a keypair policy counts all of a user's keypairs."""
+(hub_ext.tenancy.policies.looser_limits), who may hand out which (keypairs.assign_refusal), which
+keypairs follow their main keypair to a new policy (keypairs.inheritors), a new user's main keypair's
+policy (keypairs.new_user_policy), and admission's words when a keypair policy counts all of a
+user's keypairs."""
 
 import pytest
 
 from hub_ext.compute.scheduler import admission
-from hub_ext.tenancy.keypairs import DEFAULT_MAX_KEYPAIRS, assign_refusal, keypair_limit
+from hub_ext.core.errors import Forbidden
+from hub_ext.tenancy.keypairs import (
+    DEFAULT_MAX_KEYPAIRS,
+    assign_refusal,
+    inheritors,
+    keypair_limit,
+    new_user_policy,
+)
 from hub_ext.tenancy.policies import looser_limits, policy_no_looser
 
 
@@ -136,6 +145,42 @@ def test_how_many_keypairs_a_user_may_hold():
     assert keypair_limit(3, 2) is None
     assert "(the user policy's max_keypairs: 3)" in keypair_limit(3, 3)
     assert keypair_limit(0, 10_000) is None  # 0: no limit
+
+
+def test_the_keypairs_that_inherited_the_main_keypairs_policy_follow_it():
+    def kp(key, policy, *, main=False, active=True):
+        return {"access_key": key, "resource_policy": policy, "is_main": main, "is_active": active}
+
+    keypairs = [
+        kp("MAIN", "small", main=True),
+        kp("OWN", "small"),  # issued without a policy: inherited the main keypair's
+        kp("GIVEN", "batch"),  # given another on purpose: keeps it
+        kp("OLD", "small", active=False),  # revoked: stays as it is
+        kp("TWO", "small"),
+    ]
+    assert inheritors("small", keypairs) == ["OWN", "TWO"]
+    assert inheritors("batch", keypairs) == ["GIVEN"]
+    assert inheritors("default", keypairs) == []
+
+
+def test_a_new_users_main_keypair_policy():
+    # A superadmin: any they name, `default` otherwise, whatever the domain's list.
+    assert new_user_policy(None, superadmin=True, domain="acme", allowed=["batch"]) == "default"
+    assert new_user_policy("gold", superadmin=True, domain="acme", allowed=["batch"]) == "gold"
+    # A domain admin: the first of the domain's list when they name none, else one of the list.
+    assert new_user_policy(None, superadmin=False, domain="acme", allowed=["batch", "tiny"]) == "batch"
+    assert new_user_policy("tiny", superadmin=False, domain="acme", allowed=["batch", "tiny"]) == "tiny"
+    with pytest.raises(Forbidden) as refused:
+        new_user_policy("default", superadmin=False, domain="acme", allowed=["batch", "tiny"])
+    assert str(refused.value) == (
+        "keypair_policy: 'default' is not one that domain acme's admins may give "
+        "(a superadmin allows those in the domain's allowed_keypair_policies: batch, tiny)"
+    )
+    # A domain with no list is bounded by its caps only: `default`, the one a domain admin may name.
+    assert new_user_policy(None, superadmin=False, domain="acme", allowed=[]) == "default"
+    assert new_user_policy("default", superadmin=False, domain="acme", allowed=[]) == "default"
+    with pytest.raises(Forbidden, match="allowed_keypair_policies: none, so its new users get 'default'"):
+        new_user_policy("gold", superadmin=False, domain="acme", allowed=[])
 
 
 def _ctx(**kw):
