@@ -6,8 +6,9 @@ Everything goes to the labfleet service as the viewer (:func:`admin_dashboards.c
   that publishes a new one (``PUT /api/announcement`` ``{"text", "level"}``) or takes it down
   (``DELETE``). It shows at once on the Hub's pages and, at its next refresh, in every Fleet sidebar.
 - **Recalculate usage** (``POST /api/maintenance/recalculate-usage``): a dry run first, which lists
-  every ledger row that differs from what the live sessions hold (the drift table); the repair is
-  offered only after a dry run found something.
+  every ledger row that differs from what the live sessions hold (the drift table) and the servers
+  the Hub runs with no live session (what they hold is accounted nowhere); the repair, which rebuilds
+  those rows and stops those servers, is offered only after a dry run found something.
 - What the service does on its own clock (folder scans, trash purges, reconciling sessions with the
   Hub) has no button: the API has no such action; the Information page shows those jobs' runs.
 
@@ -33,6 +34,7 @@ LEVELS = ("info", "warning")
 MAX_TEXT = 2000  # the service's own bound (hub_ext.tenancy.announcements)
 AUDITED = ("announcement.publish", "announcement.clear", "maintenance.recalculate-usage")
 DRIFT_COLUMNS = ("scope", "kind", "slot", "ledger said", "sessions hold", "difference")
+UNACCOUNTED_COLUMNS = ("user", "server", "started", "last active", "its last session")
 
 # The Hub's alert colours (Bootstrap 5's alert-info and alert-warning), for the preview.
 ALERT = {
@@ -145,6 +147,61 @@ def drift_html(answer: Mapping[str, Any]) -> str:
     )
 
 
+def unaccounted_rows(
+    servers: Iterable[Mapping[str, Any]], now: datetime, repaired: bool = False
+) -> list[list[str]]:
+    """The table of Hub servers running no live session: user, server, when it started and was last
+    active, its newest session's end (status: reason), and, after a repair, whether it was stopped."""
+    rows = []
+    for s in servers:
+        last = s.get("last_session") if isinstance(s.get("last_session"), Mapping) else None
+        ended = "none" if last is None else f"{last.get('status', '')}: {last.get('status_reason') or '-'}"
+        row = [
+            str(s.get("user", "")),
+            str(s.get("server") or "(default)"),
+            fmt_ago(s.get("started"), now),
+            fmt_ago(s.get("last_activity"), now),
+            ended,
+        ]
+        if repaired:
+            row.append("stopped" if s.get("stopped") else "the Hub refused")
+        rows.append(row)
+    return rows
+
+
+def unaccounted_html(answer: Mapping[str, Any], now: datetime) -> str:
+    """What a recalculation says of the Hub's servers: none unaccounted, a table of those that are
+    (a dry run) or were stopped (a repair), or that the Hub could not be read."""
+    servers = answer.get("unaccounted_servers")
+    if servers is None:
+        return muted("The Hub's servers could not be read: they were not checked.").value
+    if not servers:
+        return (
+            f'{STYLE}<div class="lf-admin lf-ok lf-unaccounted-none">Every server the Hub runs holds a '
+            "live session.</div>"
+        )
+    n = len(servers)
+    some = f"{n} server{'' if n == 1 else 's'}"
+    dry = bool(answer.get("dry_run"))
+    head = (
+        f"The Hub runs {some} with no live session: what they hold is in no ledger row. "
+        "The repair stops them."
+        if dry
+        else f"Asked the Hub to stop {some} that ran with no live session (audited as server.stop_orphan)."
+    )
+    cols = [*UNACCOUNTED_COLUMNS, *(["stop"] if not dry else [])]
+    head_row = "".join(f"<th>{esc(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r) + "</tr>"
+        for r in unaccounted_rows(servers, now, repaired=not dry)
+    )
+    cls = "lf-error" if dry else "lf-ok"
+    return (
+        f'{STYLE}<div class="lf-admin"><div class="{cls}" style="margin: 8px 0 4px">{esc(head)}</div>'
+        f'<table class="lf-table lf-unaccounted"><tr>{head_row}</tr>{body}</table></div>'
+    )
+
+
 def history_rows(entries: Iterable[Mapping[str, Any]], now: datetime, limit: int = 8) -> list[list[str]]:
     """The newest maintenance entries of the audit log: when, who, what, and a word on it."""
 
@@ -157,7 +214,10 @@ def history_rows(entries: Iterable[Mapping[str, Any]], now: datetime, limit: int
         if action == "announcement.clear":
             return "taken down" if d.get("id") else "nothing to take down"
         if action == "maintenance.recalculate-usage":
-            return f"{'dry run, ' if d.get('dry_run') else ''}{d.get('drift', 0)} row(s) of drift"
+            said = f"{'dry run, ' if d.get('dry_run') else ''}{d.get('drift', 0)} row(s) of drift"
+            if "unaccounted_servers" in d:
+                said += f", {d['unaccounted_servers']} server(s) with no live session"
+            return said
         return ""
 
     ordered = sorted(entries, key=lambda e: str(e.get("timestamp") or ""), reverse=True)[:limit]
@@ -256,7 +316,8 @@ def recalc_box(client: Any, done: Callable[[], None]) -> W.VBox:
         icon="wrench",
         disabled=True,
         layout=W.Layout(width="180px"),
-        tooltip="Rebuild the ledger rows that differ (after a dry run)",
+        tooltip="Rebuild the ledger rows that differ and stop the Hub's servers that run no live session "
+        "(after a dry run)",
     )
 
     def run(dry_run: bool) -> None:
@@ -266,9 +327,9 @@ def recalc_box(client: Any, done: Callable[[], None]) -> W.VBox:
             result.value = message(f"The labfleet service said: {e.message}", error=True).value
             repair.disabled, repair.button_style = True, ""
             return
-        result.value = drift_html(answer)
-        # Offered only after a dry run that found drift; coloured only when it can be pressed.
-        repair.disabled = not (dry_run and answer.get("drift"))
+        result.value = drift_html(answer) + unaccounted_html(answer, datetime.now(timezone.utc))
+        # Offered only after a dry run that found something; coloured only when it can be pressed.
+        repair.disabled = not (dry_run and (answer.get("drift") or answer.get("unaccounted_servers")))
         repair.button_style = "" if repair.disabled else "warning"
         done()
 
@@ -277,8 +338,9 @@ def recalc_box(client: Any, done: Callable[[], None]) -> W.VBox:
     parts: list[W.Widget] = [
         muted(
             "The ledger holds what every domain, project, user, keypair and resource group has in use; "
-            "admission checks quotas against it. A dry run compares it with the live sessions and "
-            "changes nothing; the repair rebuilds the rows that differ (audited)."
+            "admission checks quotas against it. A dry run compares it with the live sessions, lists "
+            "the servers the Hub runs with no live session, and changes nothing; the repair rebuilds "
+            "the rows that differ and stops those servers (audited)."
         ),
         W.HBox([dry, repair], layout=W.Layout(grid_gap="8px")),
         result,

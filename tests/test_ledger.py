@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 from hub_ext.compute import clustercache, maintenance, nodes, sessions, tenants
 from hub_ext.compute.devices.base import NodeInfo
 from hub_ext.compute.devices.mock import MockPlugin
+from hub_ext.compute.reconcile import HubServer
 from hub_ext.compute.scheduler import admission
 from hub_ext.core import db as lfdb
 from hub_ext.core import ledger
@@ -612,14 +613,20 @@ def test_recalculate_repairs_an_injected_drift_and_reports_it(fleet):
     want = _inject_drift(fleet)
     with fleet.tx() as db:
         dry = maintenance.recalculate_usage(db, CLI, dry_run=True)
-    assert dry == {"drift": want, "repaired": 0, "dry_run": True}
+    # No Hub here: its servers are not checked (None), and the audit says nothing of them
+    assert dry == {"drift": want, "repaired": 0, "dry_run": True, "unaccounted_servers": None}
     assert len(fleet.drift()) == 4  # a dry run repairs nothing
     with fleet.tx() as db:
         done = maintenance.recalculate_usage(db, CLI)
-    assert done == {"drift": want, "repaired": 4, "dry_run": False}
+    assert done == {"drift": want, "repaired": 4, "dry_run": False, "unaccounted_servers": None}
     assert fleet.drift() == []
     with fleet.tx() as db:
-        assert maintenance.recalculate_usage(db, CLI) == {"drift": [], "repaired": 0, "dry_run": False}
+        assert maintenance.recalculate_usage(db, CLI) == {
+            "drift": [],
+            "repaired": 0,
+            "dry_run": False,
+            "unaccounted_servers": None,
+        }
         assert (
             db.scalar(select(func.count()).select_from(UsageLedger).where(UsageLedger.scope_id == 99999)) == 0
         )
@@ -654,6 +661,59 @@ def test_only_a_superadmin_or_the_cli_may_recalculate(fleet, actor):
     assert fleet.drift() == []
 
 
+def _admit_server(fleet: Fleet, user: str, name: str, slots: dict) -> str:
+    with fleet.tx() as db:
+        body = {"project": "acme/ml", "username": user, "name": name, "slots": slots}
+        return sessions.admit(db, CLI, body).id
+
+
+def test_recalculate_lists_the_hub_servers_that_run_no_live_session(fleet):
+    """What the Hub runs that no live session accounts for (issue 27): the reconcile job's rule (a
+    ready server with no live session), with what the Hub says of it and the newest session it ran.
+    A dry run and a real run list the same; stopping them is the caller's (it can reach the Hub)."""
+    live = _admit_server(fleet, "alice", "work", {"cpu": 1})
+    first = _admit_server(fleet, "bob", "old", {"cpu": 0.5})
+    with fleet.tx() as db:
+        sessions.terminate(db, CLI, first)
+    newest = _admit_server(fleet, "bob", "old", {"cpu": 0.5})
+    with fleet.tx() as db:
+        sessions.update_status(db, CLI, newest, {"status": "ERROR", "reason": "the server crashed"})
+    started, active = "2026-11-24T09:00:00.123456Z", "2026-11-24T10:30:00.000000Z"
+    hub = {
+        ("alice", "work"): HubServer("ready", started, active),  # runs its live session
+        ("bob", "old"): HubServer("ready", started, active),  # its sessions are over
+        ("carol", ""): HubServer("ready"),  # never ran one; the Hub said nothing of its times
+        ("bob", "next"): HubServer("spawn"),  # starting: not ready, not judged
+    }
+    with fleet.tx() as db:
+        dry = maintenance.recalculate_usage(db, CLI, dry_run=True, hub_servers=hub)
+        s = db.get(ComputeSession, newest)
+        last = {
+            "id": newest,
+            "status": "ERROR",
+            "status_reason": "the server crashed",
+            "status_changed_at": s.status_changed_at.isoformat(),
+        }
+    want = [
+        {"user": "bob", "server": "old", "started": started, "last_activity": active,
+         "last_session": last, "stopped": False},
+        {"user": "carol", "server": "", "started": None, "last_activity": None,
+         "last_session": None, "stopped": False},
+    ]  # fmt: skip
+    assert dry == {"drift": [], "repaired": 0, "dry_run": True, "unaccounted_servers": want}
+    with fleet.tx() as db:
+        done = maintenance.recalculate_usage(db, CLI, hub_servers=hub)
+    assert done == {"drift": [], "repaired": 0, "dry_run": False, "unaccounted_servers": want}
+    with fleet.tx() as db:
+        assert maintenance.recalculate_usage(db, CLI, hub_servers={})["unaccounted_servers"] == []
+    assert fleet.statuses()[live] == "SCHEDULED" and fleet.drift() == []
+    assert _audits(fleet) == [
+        {"drift": 0, "dry_run": True, "unaccounted_servers": 2},
+        {"drift": 0, "dry_run": False, "unaccounted_servers": 2},
+        {"drift": 0, "dry_run": False, "unaccounted_servers": 0},
+    ]
+
+
 def test_the_cli_reports_and_repairs(fleet, capsys):
     from hub_ext.cli.app import main
 
@@ -671,7 +731,11 @@ def test_the_cli_reports_and_repairs(fleet, capsys):
     ]
     assert out[-1] == "Found 4 rows that differed; dry run: nothing repaired."
     main([*args, "--dry-run", "--json"])
-    assert json.loads(capsys.readouterr().out) == want
+    said = capsys.readouterr()
+    assert json.loads(said.out) == want
+    # It reads the DB only: it says the Hub's servers were not checked, and where they are (stderr)
+    assert said.err.startswith("note: the Hub's servers were not checked") and said.err.count("\n") == 1
+    assert "POST /services/labfleet/api/maintenance/recalculate-usage" in said.err
     assert len(fleet.drift()) == 4
     main(args)
     assert capsys.readouterr().out.splitlines()[-1] == "Repaired 4 rows."
@@ -767,21 +831,22 @@ def test_the_api_recalculates_for_a_superadmin_only(hub):
                 {"scope_kind": "user", "scope_id": ursa.id, "scope": "ursa", "slot": "cpu",
                  "stored": 1500, "true": 0, "stored_amount": 1.5, "true_amount": 0},
             ]  # fmt: skip
+        # The service reads the Hub's servers too: none runs here, so none is unaccounted
         r = hub.api("POST", path, root, json={"dry_run": True})
         assert r.status_code == 200, r.text
-        assert r.json() == {"drift": want, "repaired": 0, "dry_run": True}
+        assert r.json() == {"drift": want, "repaired": 0, "dry_run": True, "unaccounted_servers": []}
         r = hub.api("POST", path, root)  # no body: a repair
         assert r.status_code == 200, r.text
-        assert r.json() == {"drift": want, "repaired": 2, "dry_run": False}
+        assert r.json() == {"drift": want, "repaired": 2, "dry_run": False, "unaccounted_servers": []}
         r = hub.api("POST", path, root, json={"dry_run": False})
-        assert r.json() == {"drift": [], "repaired": 0, "dry_run": False}
+        assert r.json() == {"drift": [], "repaired": 0, "dry_run": False, "unaccounted_servers": []}
         with lfdb.session_scope(factory) as db:
             assert ledger.drift(db) == [] and ledger.stored(db) == {}
     finally:
         engine.dispose()
     entries = hub.api("GET", f"/audit?action={maintenance.ACTION}", root).json()
     assert [(e["actor"], e["details"], e["success"]) for e in reversed(entries)] == [
-        ("root", {"drift": 2, "dry_run": True}, True),
-        ("root", {"drift": 2, "dry_run": False}, True),
-        ("root", {"drift": 0, "dry_run": False}, True),
+        ("root", {"drift": 2, "dry_run": True, "unaccounted_servers": 0}, True),
+        ("root", {"drift": 2, "dry_run": False, "unaccounted_servers": 0}, True),
+        ("root", {"drift": 0, "dry_run": False, "unaccounted_servers": 0}, True),
     ]

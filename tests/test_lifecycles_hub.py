@@ -3,8 +3,10 @@ with a session that is not over cannot be deleted (their slots stay held until t
 token revoked at the Hub is refused by the service within seconds; a username given to someone in
 another domain gets nothing through the old user's token; a deactivated domain's people cannot log
 in, call the API with a token or sign with a keypair, until it is active again; a JSON body too large
-or without a credential is refused from its headers, before it is sent.  No notebook server is
-started: sessions are admitted as the Hub's spawner asks for them (the service token)."""
+or without a credential is refused from its headers, before it is sent; a server the Hub runs
+after its session ended is reported by recalculate-usage and stopped by its real run.  Only that
+test starts a notebook server: the others admit sessions as the Hub's spawner asks for them (the
+service token)."""
 
 import json
 import socket
@@ -279,3 +281,88 @@ def wait_for(cond, what, timeout):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
     return value
+
+
+def test_a_server_whose_session_ended_is_reported_then_stopped_by_recalculate_usage(world):
+    """Issue 27: the Hub runs a server whose labfleet session is over (the spawner's report of its
+    end came while the server ran on, as a crash misread would send it): what the server holds is
+    in no ledger row. recalculate-usage's dry run lists it and changes nothing; a real run asks the
+    Hub to stop it (the Hub's API shows it gone), audited as server.stop_orphan; the ledger stays
+    right all along, the spawner's own stop giving nothing back twice."""
+    hub, ok, root = world
+    path = "/maintenance/recalculate-usage"
+    ok("POST", "/users", {"username": "otto", "domain": "acme", "projects": ["ml"]})
+    hub.wait_user("otto")
+    before = allocated_cpu(ok)
+    r = hub.hub_api("POST", "/users/otto/servers/stray", json={"project": "ml", "cpu": 0.5})
+    assert r.status_code in (201, 202), r.text
+    try:
+
+        def stray():
+            return hub.hub_api("GET", "/users/otto").json()["servers"].get("stray")
+
+        wait_for(lambda: (stray() or {}).get("ready"), "otto/stray to be ready", 90)
+        session = _session_of(ok, "otto", "stray")
+        assert session["status"] == "RUNNING" and allocated_cpu(ok) == before + 0.5
+        assert ok("POST", path, {"dry_run": True})["unaccounted_servers"] == []  # accounted for
+
+        why = "the server exited with code 1"
+        r = hub.api(
+            "PATCH", f"/sessions/{session['id']}", hub.service_token, json={"status": "ERROR", "reason": why}
+        )
+        assert r.status_code == 200, r.text
+        assert allocated_cpu(ok) == before  # its slots went back; its server runs on
+        model = stray()
+        assert model["ready"] and model["started"]
+
+        dry = ok("POST", path, {"dry_run": True})
+        assert dry["drift"] == [] and dry["repaired"] == 0
+        (found,) = dry["unaccounted_servers"]
+        ended = ok("GET", f"/sessions/{session['id']}")
+        assert {k: v for k, v in found.items() if k != "last_activity"} == {
+            "user": "otto",
+            "server": "stray",
+            "started": model["started"],
+            "last_session": {
+                "id": session["id"],
+                "status": "ERROR",
+                "status_reason": why,
+                "status_changed_at": ended["status_history"][-1]["at"],
+            },
+            "stopped": False,
+        }
+        assert found["last_activity"] is None or isinstance(found["last_activity"], str)
+        # A dry run changed nothing: the server runs, nothing was stopped
+        assert stray()["ready"] and ok("GET", "/audit?action=server.stop_orphan") == []
+
+        done = ok("POST", path, {"dry_run": False})
+        assert done["drift"] == [] and done["repaired"] == 0
+        assert [(s["user"], s["server"], s["stopped"]) for s in done["unaccounted_servers"]] == [
+            ("otto", "stray", True)
+        ]
+        wait_for(lambda: stray() is None, "the Hub to stop otto/stray", 60)
+        (entry,) = ok("GET", "/audit?action=server.stop_orphan")
+        assert (entry["actor"], entry["target"], entry["success"]) == ("root", "otto/stray", True)
+        assert entry["details"] == {
+            "user": "otto",
+            "server": "stray",
+            "stopped": True,
+            "via": "maintenance.recalculate-usage",
+        }
+        recalcs = ok("GET", "/audit?action=maintenance.recalculate-usage")
+        assert [e["details"] for e in recalcs[:3]] == [
+            {"drift": 0, "dry_run": False, "unaccounted_servers": 1},
+            {"drift": 0, "dry_run": True, "unaccounted_servers": 1},
+            {"drift": 0, "dry_run": True, "unaccounted_servers": 0},
+        ]
+        # The spawner's stop found its session over: nothing given back twice, nothing left over
+        assert ok("POST", path, {"dry_run": True}) == {
+            "drift": [],
+            "repaired": 0,
+            "dry_run": True,
+            "unaccounted_servers": [],
+        }
+        assert allocated_cpu(ok) == before
+        assert ok("GET", f"/sessions/{session['id']}")["status"] == "ERROR"
+    finally:
+        hub.hub_api("DELETE", "/users/otto/servers/stray")

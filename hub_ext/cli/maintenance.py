@@ -6,6 +6,7 @@ Every command goes through :mod:`hub_ext.compute.maintenance`, like the REST API
 from __future__ import annotations
 
 import json
+import sys
 from decimal import Decimal
 from typing import Any
 
@@ -33,6 +34,13 @@ def _row(d: dict[str, Any]) -> list[str]:
     ]
 
 
+HUB_NOT_CHECKED = (
+    "note: the Hub's servers were not checked (this command reads the database only, and cannot reach "
+    "the Hub): POST /services/labfleet/api/maintenance/recalculate-usage, as a superadmin, also lists "
+    "the servers the Hub runs with no live session, and a real run stops them"
+)
+
+
 def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
@@ -43,7 +51,9 @@ class RecalcUsage(Command):
     description = """Rebuild the usage ledger (what each domain, project, user, keypair and resource group
     holds, which admission checks quotas against) from the live sessions, and print every row where
     it differed: the scope, the slot, what the ledger said and what the sessions hold. With --dry-run,
-    report only. Recorded in the audit log."""
+    report only. Recorded in the audit log. The Hub's servers are not checked here (the command reads
+    the database only): the service's POST /api/maintenance/recalculate-usage also lists the servers
+    the Hub runs with no live session, and stops them on a real run."""
     options = (
         flag("--dry-run", "Report the differences without repairing them."),
         flag("--json", "Print the differences as JSON (a list of objects) instead of a table."),
@@ -58,6 +68,11 @@ class RecalcUsage(Command):
 
         dry_run = bool(self.opts.dry_run)
         result = self.transaction(lambda db: maintenance.recalculate_usage(db, self.actor, dry_run=dry_run))
+        self.report(result, dry_run)
+        if result["unaccounted_servers"] is None:  # on stderr: stdout stays the report (or its JSON)
+            print(HUB_NOT_CHECKED, file=sys.stderr)
+
+    def report(self, result: dict[str, Any], dry_run: bool) -> None:
         drift = result["drift"]
         if self.opts.json:
             self.out(json.dumps(drift, indent=2, sort_keys=True))

@@ -33,6 +33,17 @@ RECONCILE_GRACE = 120.0
 
 
 @dataclass(frozen=True)
+class HubServer:
+    """One server as the Hub's list tells it (``HubSync.server_list``): what it is (``ready`` or what it
+    is pending), and when it started and was last active, as the Hub writes them (ISO 8601; None where
+    the Hub did not say)."""
+
+    state: str
+    started: str | None = None
+    last_activity: str | None = None
+
+
+@dataclass(frozen=True)
 class LiveSession:
     """A session that holds or waits for resources, as reconciling sees it (plain values)."""
 

@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from hub_ext.compute.reconcile import HubServer
 from hub_ext.core import http, hubmap
 from hub_ext.core.db import session_scope
 from hub_ext.tenancy.directory import get_user
+
+
+def _when(value: Any) -> str | None:
+    """A time as the Hub's server model writes it (ISO 8601 text); None for anything else."""
+    return value if isinstance(value, str) and 0 < len(value) <= 64 else None
 
 
 @dataclass
@@ -87,23 +93,32 @@ class HubSync:
         self.log.info("Hub groups of %s: %s", name, sorted(desired))
 
     @staticmethod
-    def _server_states(user: dict[str, Any]) -> dict[str, str]:
-        """A Hub user model's servers: name -> "ready" or what it is pending ("spawn", "stop")."""
+    def _server_models(user: dict[str, Any]) -> dict[str, HubServer]:
+        """A Hub user model's servers: name -> what it is ("ready" or what it is pending: "spawn",
+        "stop"), with when it started and was last active where the Hub says."""
         out = {}
         for name, model in (user.get("servers") or {}).items():
             model = model if isinstance(model, dict) else {}
             if model.get("ready"):
-                out[name] = "ready"
+                state = "ready"
             elif model.get("pending"):
-                out[name] = str(model["pending"])
+                state = str(model["pending"])
+            else:
+                continue
+            out[name] = HubServer(state, _when(model.get("started")), _when(model.get("last_activity")))
         return out
 
-    async def servers(self, page: int = 200) -> dict[tuple[str, str], str] | None:
-        """(user, server name) -> "ready" or what it is pending, for every server the Hub runs or is
-        starting or stopping; None if the Hub could not be read (then nothing can be concluded).
+    @classmethod
+    def _server_states(cls, user: dict[str, Any]) -> dict[str, str]:
+        """A Hub user model's servers: name -> "ready" or what it is pending ("spawn", "stop")."""
+        return {name: server.state for name, server in cls._server_models(user).items()}
+
+    async def server_list(self, page: int = 200) -> dict[tuple[str, str], HubServer] | None:
+        """(user, server name) -> :class:`HubServer`, for every server the Hub runs or is starting or
+        stopping; None if the Hub could not be read (then nothing can be concluded).
 
         Read page by page: the Hub caps a page (200 by default), whatever ``limit`` asks."""
-        out: dict[tuple[str, str], str] = {}
+        out: dict[tuple[str, str], HubServer] = {}
         offset = 0
         while True:
             got = await self._call("GET", f"/users?state=active&offset={offset}&limit={page}")
@@ -112,10 +127,16 @@ class HubSync:
                 return None
             for u in users:
                 if isinstance(u, dict) and isinstance(u.get("name"), str):
-                    out.update({(u["name"], name): state for name, state in self._server_states(u).items()})
+                    out.update({(u["name"], name): s for name, s in self._server_models(u).items()})
             if not users:
                 return out
             offset += len(users)
+
+    async def servers(self, page: int = 200) -> dict[tuple[str, str], str] | None:
+        """(user, server name) -> "ready" or what it is pending (:meth:`server_list`'s states); None
+        if the Hub could not be read."""
+        found = await self.server_list(page)
+        return None if found is None else {key: server.state for key, server in found.items()}
 
     async def user_servers(self, user: str) -> dict[str, str] | None:
         """One user's servers as :meth:`servers` tells them ({} for a user the Hub does not have);

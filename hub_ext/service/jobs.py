@@ -185,19 +185,36 @@ async def _stop_orphans(
     now = now or datetime.now(timezone.utc)
     with lfdb.session_scope(session_factory) as db:
         orphans = reconcile.orphan_servers(reconcile.live_sessions(db, now), servers)
-    for user, server in watch.due(orphans, now, grace):
+    await stop_orphan_servers(session_factory, watch.due(orphans, now, grace), stop_server, log)
+
+
+async def stop_orphan_servers(
+    session_factory: sessionmaker[Session],
+    orphans: Sequence[tuple[str, str]],
+    stop_server: StopServer,
+    log: logging.Logger,
+    actor: Actor | None = None,
+    via: str = "reconcile",
+) -> dict[tuple[str, str], bool]:
+    """Ask the Hub to stop each (user, server name) of ``orphans``, servers found running no live
+    session, and audit each (``server.stop_orphan``, by ``actor``: the service itself by default;
+    ``via``: what found it). Returns whether each stop was accepted."""
+    done = {}
+    for user, server in orphans:
         label = f"{user}/{server}" if server else f"{user}'s default server"
         log.warning("The Hub runs %s, which holds no live session: stopping it", label)
         stopped = await stop_server(user, server)
         with lfdb.session_scope(session_factory) as db:
             audit.record(
                 db,
-                Actor.cli(),
+                actor or Actor.cli(),
                 "server.stop_orphan",
                 f"{user}/{server}",
-                details={"user": user, "server": server, "stopped": stopped},
+                details={"user": user, "server": server, "stopped": stopped, "via": via},
                 success=stopped,
             )
+        done[(user, server)] = stopped
+    return done
 
 
 StopServer = Callable[[str, str], Awaitable[bool]]

@@ -104,6 +104,42 @@ def test_the_drift_table_says_amounts_in_their_units():
     )
 
 
+UNACCOUNTED = [
+    {
+        "user": "otto",
+        "server": "stray",
+        "started": (NOW - timedelta(hours=2)).isoformat(),
+        "last_activity": (NOW - timedelta(minutes=3)).isoformat(),
+        "last_session": {"id": "s1", "status": "ERROR", "status_reason": "<b>crashed</b>"},
+        "stopped": False,
+    },
+    {"user": "carol", "server": "", "started": None, "last_activity": None, "last_session": None},
+]
+
+
+def test_the_servers_the_hub_runs_with_no_live_session_are_listed_then_stopped():
+    """Issue 27: what a recalculation says of the Hub's servers that run no live session."""
+    assert maintenance.unaccounted_rows(UNACCOUNTED, NOW) == [
+        ["otto", "stray", "2 h 0 min ago", "3 min ago", "ERROR: <b>crashed</b>"],
+        ["carol", "(default)", "never", "never", "none"],
+    ]
+    assert [r[-1] for r in maintenance.unaccounted_rows(UNACCOUNTED, NOW, repaired=True)] == [
+        "the Hub refused",
+        "the Hub refused",
+    ]
+    dry = maintenance.unaccounted_html({"dry_run": True, "unaccounted_servers": UNACCOUNTED}, NOW)
+    assert "The Hub runs 2 servers with no live session" in dry and "The repair stops them." in dry
+    assert "&lt;b&gt;crashed" in dry and "<b>crashed" not in dry and "<th>stop</th>" not in dry
+    stopped = [{**UNACCOUNTED[0], "stopped": True}]
+    done = maintenance.unaccounted_html({"dry_run": False, "unaccounted_servers": stopped}, NOW)
+    assert "Asked the Hub to stop 1 server that ran with no live session" in done
+    assert "<th>stop</th>" in done and "<td>stopped</td>" in done
+    none = maintenance.unaccounted_html({"dry_run": True, "unaccounted_servers": []}, NOW)
+    assert "Every server the Hub runs holds a live session." in none
+    unread = maintenance.unaccounted_html({"dry_run": True, "unaccounted_servers": None}, NOW)
+    assert "could not be read: they were not checked" in unread
+
+
 def test_the_history_is_newest_first_with_a_word_on_each():
     entries = [
         {
@@ -116,7 +152,7 @@ def test_the_history_is_newest_first_with_a_word_on_each():
             "timestamp": (NOW - timedelta(minutes=1)).isoformat(),
             "actor": "root",
             "action": "maintenance.recalculate-usage",
-            "details": {"drift": 0, "dry_run": True},
+            "details": {"drift": 0, "dry_run": True, "unaccounted_servers": 2},
         },
         {
             "timestamp": (NOW - timedelta(hours=1)).isoformat(),
@@ -127,7 +163,8 @@ def test_the_history_is_newest_first_with_a_word_on_each():
     ]
     rows = maintenance.history_rows(entries, NOW)
     assert [r[0] for r in rows] == ["1 min ago", "5 min ago", "1 h 0 min ago"]
-    assert rows[0][3] == "dry run, 0 row(s) of drift" and rows[1][3] == "taken down"
+    assert rows[0][3] == "dry run, 0 row(s) of drift, 2 server(s) with no live session"
+    assert rows[1][3] == "taken down"
     assert rows[2][3] == "info: " + "x" * 60 + "…"
 
 
@@ -192,6 +229,23 @@ def test_a_superadmin_publishes_checks_drift_then_repairs():
     buttons(page)["Clear"].click()
     assert "Cleared: no announcement is shown any more." in text_of(page)
     assert buttons(page)["Clear"].disabled  # nothing left to clear
+
+
+def test_the_repair_is_offered_when_a_dry_run_finds_only_servers_with_no_live_session():
+    client = _maintenance_client("superadmin")
+    client.answers[("POST", "/maintenance/recalculate-usage")] = lambda b: {
+        "drift": [],
+        "repaired": 0,
+        "dry_run": b["dry_run"],
+        "unaccounted_servers": [{**UNACCOUNTED[0], "stopped": not b["dry_run"]}],
+    }
+    page = maintenance.page(client)
+    buttons(page)["Check for drift (dry run)"].click()
+    assert "No drift" in text_of(page) and "The Hub runs 1 server with no live session" in text_of(page)
+    assert not buttons(page)["Repair the ledger"].disabled
+    buttons(page)["Repair the ledger"].click()
+    assert ("POST", "/maintenance/recalculate-usage", {"dry_run": False}) in client.log
+    assert "Asked the Hub to stop 1 server" in text_of(page)
 
 
 @pytest.mark.parametrize(

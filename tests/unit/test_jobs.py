@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.compute.reconcile import Fix, LiveSession, OrphanWatch, orphan_servers, plan_reconcile
+from hub_ext.compute.reconcile import (
+    Fix,
+    HubServer,
+    LiveSession,
+    OrphanWatch,
+    orphan_servers,
+    plan_reconcile,
+)
+from hub_ext.core.http import HTTPReply
+from hub_ext.service.hubsync import HubSync
 from hub_ext.service.jobs import JobLoop, parent_changed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,6 +183,54 @@ def test_a_ready_server_with_no_live_session_is_an_orphan_once_seen_for_the_grac
     assert watch.due([("alice", "stray")], t0 + timedelta(seconds=60), 120) == []  # bob's went
     later = t0 + timedelta(seconds=120)
     assert watch.due([("alice", "stray"), ("bob", "")], later, 120) == [("alice", "stray")]  # bob's anew
+
+
+def test_the_hubs_servers_are_read_with_their_times_as_untrusted_values():
+    """What recalculate-usage reports of an unaccounted server (issue 27): its state, and when it
+    started and was last active where the Hub's list says so as text; anything else is None."""
+    when = "2026-11-24T09:00:00.123456Z"
+    pages = [
+        [
+            {
+                "name": "alice",
+                "servers": {
+                    "": {"ready": True, "pending": None, "started": when, "last_activity": when},
+                    "b": {"ready": False, "pending": "spawn", "started": None, "last_activity": 7},
+                    "c": {"ready": False, "pending": None, "started": when},  # stopped: not listed
+                    "d": "not a server model",
+                    "e": {"ready": True, "started": "9" * 65, "last_activity": [when]},
+                },
+            },
+            {"name": 7, "servers": {"x": {"ready": True}}},  # not a user name: skipped
+            "not a user",
+        ],
+        [{"name": "bob", "servers": {"w": {"ready": True, "last_activity": when}}}],
+        [],
+    ]
+    asked = []
+
+    async def call(method, path, body=None, ok=(200,)):
+        asked.append(path)
+        return HTTPReply(200, pages[len(asked) - 1] if len(asked) <= len(pages) else [])
+
+    hub = HubSync("http://hub/api", "token", None, logging.getLogger("test"))
+    hub._call = call  # type: ignore[method-assign]
+    want = {
+        ("alice", ""): HubServer("ready", when, when),
+        ("alice", "b"): HubServer("spawn"),
+        ("alice", "e"): HubServer("ready"),
+        ("bob", "w"): HubServer("ready", None, when),
+    }
+    assert asyncio.run(hub.server_list()) == want
+    assert asked == [f"/users?state=active&offset={n}&limit=200" for n in (0, 3, 4)]
+    asked.clear()
+    assert asyncio.run(hub.servers()) == {key: s.state for key, s in want.items()}
+
+    async def down(method, path, body=None, ok=(200,)):
+        return HTTPReply(0, error="connection refused")
+
+    hub._call = down  # type: ignore[method-assign]
+    assert asyncio.run(hub.server_list()) is None and asyncio.run(hub.servers()) is None
 
 
 def test_a_session_without_a_server_gives_its_slots_back_after_the_grace_period():

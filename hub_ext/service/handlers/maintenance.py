@@ -1,20 +1,45 @@
-"""REST handlers for maintenance: rebuilding the usage ledger (superadmin only)."""
+"""REST handlers for maintenance: rebuilding the usage ledger, and what runs unaccounted (superadmin only)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hub_ext.compute import maintenance
 from hub_ext.core.validate import check_bool, check_fields
+from hub_ext.service import jobs
 from hub_ext.service.base import APIHandler, request_json
 
 
 class RecalculateUsageHandler(APIHandler):
     async def post(self):
-        def op(db, actor):
-            body = check_fields(request_json(self), optional=["dry_run"])
-            dry_run = check_bool(body.get("dry_run", False), "dry_run")
-            return maintenance.recalculate_usage(db, actor, dry_run=dry_run), None
+        body = check_fields(request_json(self), optional=["dry_run"])
+        dry_run = check_bool(body.get("dry_run", False), "dry_run")
+        maintenance.check_may_recalculate(self.actor)  # refused before the Hub is asked anything
+        hub = self.lf.hub_sync
+        # The Hub first: a session admitted after this read is live in the DB read that follows.
+        servers = await hub.server_list() if hub.enabled else None
+        if servers is None:
+            self.log.warning("Recalculate usage: the Hub's servers could not be read, so not checked")
+        answer: dict[str, Any] = {}
 
-        await self.run(op)
+        def op(db, actor):
+            answer.update(maintenance.recalculate_usage(db, actor, dry_run=dry_run, hub_servers=servers))
+            return answer, None
+
+        async def stop_unaccounted() -> None:
+            found = answer.get("unaccounted_servers") or []
+            stopped = await jobs.stop_orphan_servers(
+                self.lf.session_factory,
+                [(s["user"], s["server"]) for s in found],
+                hub.stop_server,
+                self.log,
+                self.actor,
+                via=maintenance.ACTION,
+            )
+            for s in found:
+                s["stopped"] = stopped[(s["user"], s["server"])]
+
+        await self.run(op, after_commit=None if dry_run else stop_unaccounted)
 
 
 def routes(api: str) -> list[tuple]:
