@@ -487,6 +487,8 @@ def node_rows(
                 "gpu": (number(alloc.get("gpu.shares")), float(len(devices))),
                 "models": ", ".join(f"{k} × {v}" for k, v in sorted(models.items())) or "no GPU",
                 "sessions": on_node.get(str(n.get("name")), 0),
+                "mps": str((n.get("mps") or {}).get("state") or "off"),
+                "mps_reason": str((n.get("mps") or {}).get("reason") or ""),
                 "last_seen": fmt_ago(n.get("last_seen"), now),
             }
         )
@@ -508,6 +510,7 @@ def nodes_html(rows: Sequence[Mapping[str, Any]]) -> str:
             "GPUs (shares held)",
             "devices",
             "sessions",
+            "MPS",
             "last seen",
         )
     )
@@ -530,12 +533,21 @@ def nodes_html(rows: Sequence[Mapping[str, Any]]) -> str:
             f"<td>{meter_html(gu, gt, f'{trim(gu)} of {trim(gt, 0)}') if gt else 'none'}</td>"
             f"<td>{esc(r['models'])}</td>"
             f"<td>{r['sessions']}</td>"
+            f"<td>{mps_html(r)}</td>"
             f"<td>{esc(r['last_seen'])}</td>"
             "</tr>"
         )
     return (
         f'<div class="lf-admin"><table class="lf-table lf-nodes"><tr>{head}</tr>{"".join(body)}</table></div>'
     )
+
+
+def mps_html(row: Mapping[str, Any]) -> str:
+    """A node's MPS daemon: a badge (on, off, failed) with the reason under it."""
+    state = row.get("mps", "off")
+    badge = {"on": "lf-badge-ok", "failed": "lf-badge-bad"}.get(state, "")
+    reason = f"<div class='lf-muted'>{esc(row['mps_reason'])}</div>" if row.get("mps_reason") else ""
+    return f"<span class='lf-badge {badge}'>{esc(state)}</span>{reason}"
 
 
 # ---------------------------------------------------------------- resource groups (pure)

@@ -31,6 +31,20 @@ def server_url(hub_prefix: str, user: str, name: str) -> str:
     return base + (f"{name}/" if name else "")
 
 
+def gpu_share(env: SessionEnv) -> dict[str, Any] | None:
+    """The session's share of one device as its spawner set it: ``shares``, ``memory`` (bytes; None when
+    the device's size is unknown) and ``enforcement`` (``mps``: the node's MPS daemon holds it; ``caps``:
+    only the frameworks' own memory caps, which code in the session can change).  None for whole devices
+    or none (and for a spawner from before enforcement was told)."""
+    if not env.gpu_enforcement:
+        return None
+    try:
+        shares: float | None = float(env.gpu_shares)
+    except ValueError:
+        shares = None
+    return {"shares": shares, "memory": env.gpu_memory_limit, "enforcement": env.gpu_enforcement}
+
+
 def session_summary(
     env: SessionEnv,
     view: Mapping[str, Any] | None,
@@ -81,6 +95,7 @@ def session_summary(
         "runner": dict(runner) if runner else None,
         "inference": None,
         "service": service,
+        "gpu_share": gpu_share(env),
     }
     if out["type"] == "inference":
         url = base_url + "labfleet/inference/"

@@ -35,6 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from spawner.launch import GPU_ENFORCEMENT_ENV, GPU_MEMORY_LIMIT_ENV
+
 from .front import ReplicaFront, credential_source
 
 SESSION_TYPES = ("interactive", "batch", "inference")
@@ -132,6 +134,10 @@ class SessionEnv:
     linger: float
     inference_port: str
     inference_host: str = "0.0.0.0"  # where a replica's front listens (the command: the loopback)
+    # A fraction of one device: its bytes (None: unknown) and how it is held, "mps" or "caps" ("": whole
+    # devices or none).
+    gpu_memory_limit: int | None = None
+    gpu_enforcement: str = ""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> SessionEnv:
@@ -157,7 +163,15 @@ class SessionEnv:
             linger=linger,
             inference_port=env.get("LABFLEET_INFERENCE_PORT", "").strip(),
             inference_host=env.get("LABFLEET_INFERENCE_HOST", "").strip() or "0.0.0.0",
+            gpu_memory_limit=_bytes(env.get(GPU_MEMORY_LIMIT_ENV, "")),
+            gpu_enforcement=env.get(GPU_ENFORCEMENT_ENV, "").strip(),
         )
+
+
+def _bytes(value: str) -> int | None:
+    """A whole number of bytes the spawner wrote, or None."""
+    value = value.strip()
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def _shell() -> str:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+from collections.abc import Mapping
 from copy import deepcopy
 from typing import Any
 
@@ -50,11 +51,12 @@ from .docker_config import (
     ContainerConfig,
     container_config,
     gateway_environment,
+    image_environment,
     network_bridge,
     session_network_spec,
 )
 from .dockerlogs import follow_logs
-from .launch import LaunchSpec, Mount
+from .launch import LaunchSpec, Mount, with_caps
 from .mixin import LabfleetSpawnerMixin
 
 MOCK_UUID_PREFIX = "GPU-mock-"
@@ -96,15 +98,12 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
     ).tag(config=True)
 
     mps_pipe_dir = Unicode(
-        help="""The host's NVIDIA MPS pipe directory. When sessions with a fraction of a device are
-        limited with MPS (LabfleetSpawnerMixin.mps), it is bind-mounted into those sessions, which
-        also share the host's IPC namespace with the MPS daemon. Default: $CUDA_MPS_PIPE_DIRECTORY,
-        else /tmp/nvidia-mps (the daemon's default).""",
+        "/tmp/nvidia-mps",
+        help="""The NVIDIA MPS pipe directory used when the session's node reports none (its own
+        daemon's is used where it reports one). When sessions with a fraction of a device are limited
+        with MPS (LabfleetSpawnerMixin.mps), it is bind-mounted into those sessions, which also share
+        the host's IPC namespace with the MPS daemon.""",
     ).tag(config=True)
-
-    @default("mps_pipe_dir")
-    def _mps_pipe_dir_default(self) -> str:
-        return os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
 
     container_user = Unicode(
         "1000:1000",
@@ -214,21 +213,26 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
             }
         return self._lf_configured
 
-    def lf_container_config(self, launch: LaunchSpec) -> ContainerConfig:
+    def lf_container_config(
+        self, launch: LaunchSpec, image_env: Mapping[str, str] | None = None
+    ) -> ContainerConfig:
         uuids = launch.gpu_uuids
         mock = bool(uuids) and all(u.startswith(MOCK_UUID_PREFIX) for u in uuids)
         return container_config(
             launch,
             network_name=self.network_name,
-            mps_pipe_dir=self.mps_pipe_dir or None,
+            mps_pipe_dir=self.lf_mps_pipe_dir or self.mps_pipe_dir or None,
             gpu_driver=None if mock else (self.gpu_driver or None),
             user=self.container_user or None,
+            image_env=image_env,
         )
 
     async def lf_prepare(self, launch: LaunchSpec) -> None:
         configured = self._lf_snapshot_config()
+        # Only a fraction's caps merge with the image's own settings: no need to look at it otherwise.
+        image_env = await lf_image_env(self, launch.image, pull=True) if launch.fractional else {}
         try:
-            cfg = self.lf_container_config(launch)
+            cfg = self.lf_container_config(launch, image_env)
         except ValueError as e:
             raise RuntimeError(f"labfleet cannot run this session in Docker: {e}") from None
         self.lf_container = cfg
@@ -331,7 +335,8 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         if self.lf_container is not None:
-            env.update(self.lf_container.environment)
+            # Its PyTorch allocator setting (ours merged with the image's) merges with the deployment's.
+            env.update(with_caps(env, self.lf_container.environment))
         if self.lf_network is not None:
             # The session's network has no route to the host's loopback: the Hub's API and the
             # labfleet service are called through the Hub's public proxy, at the gateway.
@@ -454,6 +459,26 @@ def _ifindex(link: str) -> int:
             return int(f.read())
     except (OSError, ValueError):
         return -1
+
+
+async def lf_image_env(spawner: DockerSpawner, image: str | None, *, pull: bool) -> dict[str, str]:
+    """The image's own environment, best effort ({} when Docker cannot tell): what a fractional session's
+    framework caps merge with.  ``pull``: an image not here yet is pulled first, as ``start()`` would
+    (by ``pull_policy``), else it is not looked for (a Swarm manager need not hold the nodes' images)."""
+    if not image:
+        return {}
+    try:
+        try:
+            inspected = await spawner.docker("inspect_image", image)
+        except docker.errors.NotFound:
+            if not pull:
+                return {}
+            await spawner.pull_image(image)
+            inspected = await spawner.docker("inspect_image", image)
+    except docker.errors.DockerException as e:
+        spawner.log.warning("labfleet: cannot read the environment of image %s: %s", image, e)
+        return {}
+    return image_environment(inspected)
 
 
 async def _filter_bridged(bridge: str) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from .launch import LaunchSpec
+from .launch import LaunchSpec, with_caps
 
 LABEL_SESSION_ID = "ai.labfleet.session-id"
 LABEL_USER = "ai.labfleet.user"
@@ -83,6 +83,7 @@ def container_config(
     user: str | None = None,
     init: bool = True,
     extra_labels: Mapping[str, str] | None = None,
+    image_env: Mapping[str, str] | None = None,
 ) -> ContainerConfig:
     """The container for ``spec``.
 
@@ -94,6 +95,8 @@ def container_config(
     - ``gpu_driver``: the device driver to ask Docker for (``nvidia``); None requests no device
       (devices Docker cannot give, such as mock devices: only the environment names them then).
     - ``user``: ``uid:gid`` to run as; None keeps the image's user.
+    - ``image_env``: the image's own environment (:func:`image_environment`): a container's variable
+      replaces the image's, so PyTorch's allocator setting of the image is merged under the cap here.
 
     Raises ValueError for a spec a container cannot express.
     """
@@ -119,7 +122,7 @@ def container_config(
     if mps_pipe_dir is not None and not mps_pipe_dir.startswith("/"):
         raise ValueError(f"the MPS pipe directory must be an absolute path, not {mps_pipe_dir!r}")
 
-    environment = {str(k): str(v) for k, v in spec.env.items()}
+    environment = with_caps(image_env or {}, {str(k): str(v) for k, v in spec.env.items()})
     volumes: dict[str, dict[str, str]] = {}
     targets: set[str] = set()
 
@@ -243,6 +246,17 @@ def network_bridge(network: Mapping[str, Any]) -> tuple[str, str]:
             "labfleet's sessions call the Hub"
         )
     return bridge, str(net)
+
+
+def image_environment(inspected: Mapping[str, Any]) -> dict[str, str]:
+    """An image's environment from Docker's ``inspect_image`` (``Config.Env``: ``NAME=value`` items)."""
+    config = inspected.get("Config") or {}
+    out: dict[str, str] = {}
+    for item in config.get("Env") or []:
+        name, sep, value = str(item).partition("=")
+        if sep and name:
+            out[name] = value
+    return out
 
 
 def gateway_environment(

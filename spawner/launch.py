@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from .options import SessionOptions, is_vfolder_name
@@ -26,6 +26,16 @@ DEFAULT_PIDS_LIMIT = 4096
 MOUNT_MODES = ("ro", "rw", "wd")
 VFOLDERS_DIR = "vfolders"  # virtual folders appear at <session home>/vfolders/<name>
 SERVICE_PORTS_ENV = "LABFLEET_SERVICE_PORTS"  # read by server_ext.apps
+# A fraction of one device: its bytes, and how the share is held (read by server_ext.fleet).
+GPU_MEMORY_LIMIT_ENV = "LABFLEET_GPU_MEMORY_LIMIT"
+GPU_ENFORCEMENT_ENV = "LABFLEET_GPU_ENFORCEMENT"
+ENFORCED_BY_MPS = "mps"  # the node's MPS daemon limits the session's memory and SMs
+ENFORCED_BY_CAPS = "caps"  # only the frameworks' own caps (advisory: the session may change its env)
+# PyTorch's caching allocator settings: comma-separated ``option:value`` items.  PyTorch 2.9 and later
+# read PYTORCH_ALLOC_CONF first and the older name only when that is unset.
+TORCH_ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+TORCH_ALLOC_CONF_NEW_ENV = "PYTORCH_ALLOC_CONF"
+TORCH_FRACTION_OPTION = "per_process_memory_fraction"
 
 
 @dataclass(frozen=True)
@@ -113,13 +123,38 @@ def _fmt(amount: Decimal) -> str:
     return format(amount.normalize(), "f")
 
 
+def framework_caps(fraction: Decimal) -> dict[str, str]:
+    """The frameworks' memory caps for a session that holds ``fraction`` (0 < fraction < 1) of a device.
+
+    Measured on an H200 without MPS: PyTorch ignores the XLA and TensorFlow variables (a 0.25 session
+    took 50 % of the card) but keeps to its allocator's ``per_process_memory_fraction`` (0.25: 40 %
+    refused, 20 % allowed).  Every cap is the framework's own and applies per process.
+    """
+    share = _fmt(fraction)
+    return {
+        # PyTorch: the caching allocator refuses allocations past the fraction of the device.
+        TORCH_ALLOC_CONF_ENV: f"{TORCH_FRACTION_OPTION}:{share}",
+        # JAX / XLA: a cap on its allocator, grown on demand rather than taken whole at start.
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": share,
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        # TensorFlow has no memory cap it reads from the environment (only tf.config's
+        # memory_limit, set in code): growing on demand keeps it from taking the whole device at
+        # start, and nothing more.
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        # CuPy: its memory pool's limit, as a percentage of the device.
+        "CUPY_GPU_MEMORY_LIMIT": f"{_fmt(fraction * 100)}%",
+    }
+
+
 def gpu_env(gpus: tuple[GPUAssignment, ...], *, mps: bool, in_container: bool) -> dict[str, str]:
     """The environment that pins and limits the session's GPUs.
 
     Local processes see the node's devices, so CUDA_VISIBLE_DEVICES names them by UUID (CUDA
     accepts UUIDs there).  A container sees only what Docker gave it, renumbered from 0.
     ``LABFLEET_GPU_SHARES`` is always set, so code in the session (and the server extension)
-    knows its share even where nothing enforces it.
+    knows its share even where nothing enforces it.  A fraction of a device gets the frameworks'
+    caps (:func:`framework_caps`) with or without MPS, and ``LABFLEET_GPU_ENFORCEMENT`` says which
+    holds the share: ``mps`` or ``caps``.  Whole devices get no cap.
     """
     env: dict[str, str] = {}
     total = sum((g.shares for g in gpus), Decimal(0))
@@ -138,17 +173,89 @@ def gpu_env(gpus: tuple[GPUAssignment, ...], *, mps: bool, in_container: bool) -
         fraction = g.shares
         env["LABFLEET_GPU_FRACTION"] = _fmt(fraction)
         if g.memory:
-            env["LABFLEET_GPU_MEMORY_LIMIT"] = str(int(g.memory * fraction))
+            env[GPU_MEMORY_LIMIT_ENV] = str(int(g.memory * fraction))
+        env.update(framework_caps(fraction))
         if mps:
             # MPS enforces both: a share of the SMs and a cap on pinned device memory.
+            env[GPU_ENFORCEMENT_ENV] = ENFORCED_BY_MPS
             env[MPS_THREADS_ENV] = str(max(1, int(fraction * 100)))
             if g.memory:
                 env[MPS_MEMORY_ENV] = f"0={int(g.memory * fraction) // 2**20}M"
         else:
-            # No MPS daemon: ask the frameworks to stay inside the share (advisory).
-            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = _fmt(fraction)
-            env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+            # No MPS daemon: the frameworks' caps alone (advisory: the session can change its env).
+            env[GPU_ENFORCEMENT_ENV] = ENFORCED_BY_CAPS
     return env
+
+
+def _alloc_items(conf: str | None) -> list[str]:
+    """A PyTorch allocator setting's items: split on the commas outside ``[...]`` lists, blanks dropped."""
+    items: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for ch in conf or "":
+        if ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+            continue
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        current.append(ch)
+    items.append("".join(current))
+    return [item.strip() for item in items if item.strip()]
+
+
+def _alloc_fraction(value: str) -> Decimal | None:
+    """A ``per_process_memory_fraction`` value PyTorch would take (0 < value <= 1), else None."""
+    try:
+        number = Decimal(value.strip())
+    except InvalidOperation:
+        return None
+    return number if number.is_finite() and 0 < number <= 1 else None
+
+
+def merge_alloc_conf(theirs: str | None, ours: str) -> str:
+    """PyTorch's allocator setting with ours over theirs (what the image, the deployment or the user set).
+
+    Their items stay, in their order, unless ours names the same option (ours wins in place).  The
+    memory fraction is the smaller of theirs and ours, kept as last item; a fraction PyTorch would
+    refuse (not a number, 0, over 1) is dropped.  Items that are not ``option:value`` stay as they
+    are: PyTorch judges them as it did before.  Merging again with ours changes nothing.
+    """
+    items: dict[str, str] = {}
+    fractions: list[tuple[Decimal, str]] = []
+    for conf in (theirs, ours):
+        for item in _alloc_items(conf):
+            option, _, value = item.partition(":")
+            if option.strip() == TORCH_FRACTION_OPTION:
+                number = _alloc_fraction(value)
+                if number is not None:
+                    fractions.append((number, value.strip()))
+                continue
+            items[option.strip()] = item
+    out = list(items.values())
+    if fractions:
+        smallest = min(fractions, key=lambda f: f[0])
+        out.append(f"{TORCH_FRACTION_OPTION}:{smallest[1]}")
+    return ",".join(out)
+
+
+def with_caps(theirs: Mapping[str, str], ours: Mapping[str, str]) -> dict[str, str]:
+    """``ours`` (the session's environment from labfleet) to put over ``theirs`` (what the session
+    would have without it: the image's, the deployment's, the user's), with PyTorch's allocator
+    setting merged with theirs (:func:`merge_alloc_conf`) rather than replacing it.  Where theirs
+    uses PyTorch's newer variable, which PyTorch reads first, the cap goes there too.  Without a cap
+    of ours (a whole device, no device) theirs stays as it is.
+    """
+    out = dict(ours)
+    conf = ours.get(TORCH_ALLOC_CONF_ENV)
+    if conf is None:
+        return out
+    for name in (TORCH_ALLOC_CONF_ENV, TORCH_ALLOC_CONF_NEW_ENV):
+        if name == TORCH_ALLOC_CONF_ENV or name in theirs:
+            out[name] = merge_alloc_conf(theirs.get(name), ours.get(name, conf))
+    return out
 
 
 def vfolder_mounts(session: Mapping[str, Any], home: str, *, taken: Iterable[str] = ()) -> tuple[Mount, ...]:

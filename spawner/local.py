@@ -572,7 +572,7 @@ def _hostname(user: str, server: str) -> str:
 
 def _mps_dirs(launch: LaunchSpec, env: dict[str, str]) -> tuple[str, ...]:
     """The MPS daemon's pipe folder, which a client of a fractional session must write to."""
-    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")  # the node's daemon's (the spawner's get_env)
     if launch.mps and launch.gpus and pipe and os.path.isdir(pipe):
         return (pipe,)
     return ()

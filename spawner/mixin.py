@@ -36,7 +36,7 @@ from traitlets import Float, Integer, List, Unicode, default
 from hub_ext.hub.client import LabfleetServiceClient, Reply
 
 from . import form
-from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts
+from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts, with_caps
 from .options import OptionsError, SessionOptions, options_from_form, parse_options
 from .sessionnet import DEFAULT_DENY
 
@@ -45,6 +45,23 @@ LIVE = ("SCHEDULED", "PREPARING", "RUNNING")
 ACTIVITY_INTERVAL_ENV = "LABFLEET_ACTIVITY_INTERVAL"
 ENDED = ("TERMINATED", "ERROR", "CANCELLED")
 _EXIT = re.compile(r"ExitCode=(-?\d+)")
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+
+
+def session_mps(mode: str, session: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether a placed session's fraction is limited with MPS under the spawner's ``mps`` setting
+    (``yes`` | ``no`` | ``auto``), and its node's daemon's pipe directory (None when the node reports
+    no running daemon). ``auto`` follows the node's report (``session["node_mps"]``) alone."""
+    node = session.get("node_mps")
+    on = isinstance(node, dict) and node.get("state") == "on"
+    pipe = node.get("pipe_dir") if on and isinstance(node.get("pipe_dir"), str) else None
+    if mode == "yes":
+        return True, pipe
+    if mode == "no":
+        return False, None
+    return on, pipe
+
+
 _RELEASES: set[asyncio.Future] = set()  # releases under way after a cancelled spawn (kept from the GC)
 
 
@@ -134,9 +151,11 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
 
     mps = Unicode(
         "auto",
-        help="""Whether nodes run an NVIDIA MPS daemon: `yes` (fractions limited with
-        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), `no` (framework memory
-        caps), or `auto` (yes when $CUDA_MPS_PIPE_DIRECTORY exists on the Hub host).""",
+        help="""Whether a session with a fraction of a device is limited through its node's NVIDIA MPS
+        daemon (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) or with
+        framework memory caps: `yes` (always MPS), `no` (always caps), or `auto` (MPS where the node
+        the session was placed on reports its MPS daemon on; the node reports its pipe directory too).
+        Nodes run their daemon themselves: `labfleet agent --mps`, the service's `mps` for its own node.""",
     ).tag(config=True)
 
     @default("start_timeout")
@@ -160,6 +179,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
     lf_launch: LaunchSpec | None = None
     lf_exit: int | None = None
     lf_overhead_ms: float | None = None
+    lf_mps_pipe_dir: str | None = None  # the session's node's MPS pipe directory (lf_mps)
     _lf_queue_message = ""
 
     def get_state(self) -> dict[str, Any]:
@@ -240,13 +260,11 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
 
     # ------------------------------------------------------------------ start
 
-    def lf_mps(self) -> bool:
-        if self.mps == "yes":
-            return True
-        if self.mps == "no":
-            return False
-        pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
-        return bool(pipe and os.path.isdir(pipe))
+    def lf_mps(self, session: dict[str, Any]) -> bool:
+        """Whether this placed session's fraction is limited with MPS (its node's, never the Hub host's);
+        sets ``lf_mps_pipe_dir`` to the node's daemon's pipe directory (None when it reports none)."""
+        use, self.lf_mps_pipe_dir = session_mps(self.mps, session)
+        return use
 
     @property
     def session_log_path(self) -> Path | None:
@@ -327,7 +345,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
                 session,
                 options,
                 mounts=mounts,
-                mps=self.lf_mps(),
+                mps=self.lf_mps(session),
                 in_container=self.lf_in_container,
             )
             if options.type != "interactive":
@@ -452,7 +470,10 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         if os.environ.get(ACTIVITY_INTERVAL_ENV):
             env[ACTIVITY_INTERVAL_ENV] = os.environ[ACTIVITY_INTERVAL_ENV]
         if self.lf_launch is not None:
-            env.update(self.lf_launch.env)
+            # PyTorch's allocator setting of the deployment (or the user's) keeps its options under our cap.
+            env.update(with_caps(env, self.lf_launch.env))
+            if self.lf_launch.mps and self.lf_launch.fractional and self.lf_mps_pipe_dir:
+                env[MPS_PIPE_ENV] = self.lf_mps_pipe_dir  # where the node's daemon listens
         return env
 
     # ------------------------------------------------------------------ stop, poll, release

@@ -42,9 +42,10 @@ from jupyterhub.utils import random_port
 from traitlets import Dict, Float, List, Unicode, default
 
 from . import swarmnet
+from .docker import lf_image_env
 from .docker_config import gateway_environment
 from .dockerlogs import follow_logs
-from .launch import LaunchSpec
+from .launch import LaunchSpec, with_caps
 from .launch import Mount as LaunchMount
 from .mixin import LabfleetSpawnerMixin
 from .options import SessionOptions
@@ -99,7 +100,8 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
 
     mps_pipe_dir = Unicode(
         "/tmp/nvidia-mps",
-        help="""The nodes' NVIDIA MPS pipe directory, bind-mounted into sessions with a fraction of a
+        help="""The NVIDIA MPS pipe directory used when the session's node reports none (its own
+        daemon's is used where it reports one), bind-mounted into sessions with a fraction of a
         device when fractions are limited with MPS (LabfleetSpawnerMixin.mps).""",
     ).tag(config=True)
 
@@ -205,20 +207,25 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
                 return labels
             offset += limit
 
-    def lf_service_config(self, launch: LaunchSpec, labels: dict[str, Any]) -> ServiceConfig:
+    def lf_service_config(
+        self, launch: LaunchSpec, labels: dict[str, Any], image_env: dict[str, str] | None = None
+    ) -> ServiceConfig:
         return service_config(
             launch,
             labels,
             network_name=self.network_name,
-            mps_pipe_dir=self.mps_pipe_dir or None,
+            mps_pipe_dir=self.lf_mps_pipe_dir or self.mps_pipe_dir or None,
             user=self.container_user or None,
             reserve=self.reserve_resources != "no",
+            image_env=image_env,
         )
 
     async def lf_prepare(self, launch: LaunchSpec) -> None:
         labels = await self.lf_node_labels(launch.node)
+        # The image's own settings, where the manager holds it (it is not pulled here: the node runs it).
+        image_env = await lf_image_env(self, launch.image, pull=False) if launch.fractional else {}
         try:
-            cfg = self.lf_service_config(launch, labels)
+            cfg = self.lf_service_config(launch, labels, image_env)
         except ValueError as e:
             raise RuntimeError(f"labfleet cannot run this session in Swarm: {e}") from None
         self.lf_service = cfg
@@ -272,7 +279,8 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         if self.lf_service is not None:
-            env.update(self.lf_service.env)
+            # Its PyTorch allocator setting (ours merged with the image's) merges with the deployment's.
+            env.update(with_caps(env, self.lf_service.env))
         if self.network_name != "host":
             # No route to the Hub's API nor to the service: both through the public proxy, at the gateway.
             # The proxy's port as the nodes reach it (the service's URL for sessions, else its public URL).

@@ -130,6 +130,7 @@ def service_config(
     init: bool = True,
     reserve: bool = True,
     extra_labels: Mapping[str, str] | None = None,
+    image_env: Mapping[str, str] | None = None,
 ) -> ServiceConfig:
     """The Swarm service for ``spec`` on the node whose labfleet labels are ``node_labels``.
 
@@ -148,6 +149,7 @@ def service_config(
         user=user,
         init=init,
         extra_labels=extra_labels,
+        image_env=image_env,
     )
     host = cfg.extra_host_config
     env = dict(cfg.environment)

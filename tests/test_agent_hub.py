@@ -170,6 +170,7 @@ def test_agent_node_alive_lost_and_back(hub, root, fleet, tmp_path):
         ({"node": NODE, "cpu": "many", "mem": 2**30}, 400),
         ({"node": NODE, "cpu": 2, "mem": 2**30, "labels": {"a": 1}}, 400),
         ({"node": NODE, "cpu": 2, "mem": 2**30, "devices": [{"uuid": "x"}]}, 400),
+        ({"node": NODE, "cpu": 2, "mem": 2**30, "mps": {"state": "on"}}, 400),
         ([], 400),
     ):
         r = hub.api("POST", "/agent/register", token, json=body)
@@ -185,6 +186,12 @@ def test_agent_node_alive_lost_and_back(hub, root, fleet, tmp_path):
         assert node["status"] == "ALIVE" and node["agent"] is True and node["resource_group"] == "edge"
         assert len(node["devices"]) == 2 and {d["model"] for d in node["devices"]} == {"A100-80GB"}
         assert node["labels"] == {"address": "127.0.0.1"} and node["schedulable"] is True
+        # Mock devices only: no MPS daemon, and the node says why.
+        assert node["mps"] == {
+            "state": "off",
+            "reason": "the node does not use the nvidia device plugin",
+            "pipe_dir": None,
+        }
 
         # The Hub's spawner asks for a session in group edge: it lands on the agent's node.
         r = hub.api(

@@ -283,6 +283,10 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     expect(page.locator(tid("lf-this-project"))).to_contain_text("acme/ml")
     expect(page.locator(tid("lf-this-devices"))).to_contain_text("0.5 of GPU 0")
     expect(page.locator(tid("lf-this-devices"))).to_contain_text("A100")
+    # How the share holds: the mock node runs no MPS daemon, so the frameworks' caps only.
+    share = page.locator(tid("lf-this-gpu-share"))
+    expect(share).to_contain_text("0.5 of a GPU")
+    expect(share).to_contain_text("framework caps only (advisory)")
     expect(page.locator(tid("lf-this-time-left"))).to_contain_text("7h 5")  # of an 8-hour lifetime
     # Quota: a bar per slot for me, the project and the domain; the project has 0.5 of 2 GPU shares in use.
     expand(page, "quota")

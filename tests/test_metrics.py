@@ -263,6 +263,8 @@ def test_histograms_live_in_a_private_registry(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError), m.timing_admission():
         raise RuntimeError("boom")
     m.observe_queue_waits([("default", 12.0), ("default", 700.0)])
+    m.observe_gpu_overuse("kill", "a100")
+    m.observe_gpu_overuse("stop", "a100")
     for seconds in (0.0008, 0.003, 0.003, 2.0):
         m.observe_serving("echo", seconds)
     fams = families(m.exposition().decode())
@@ -273,6 +275,8 @@ def test_histograms_live_in_a_private_registry(tmp_path, monkeypatch):
     assert value(fams, seconds, outcome="refused") == 2
     assert value(fams, seconds, outcome="queued") == 0
     assert value(fams, "labfleet_queue_wait_seconds_count", resource_group="default") == 2
+    assert value(fams, "labfleet_gpu_overuse_total", action="kill", resource_group="a100") == 1
+    assert value(fams, "labfleet_sessions_reclaimed_total", reason="gpu-overuse") == 1  # the stop
     assert value(fams, "labfleet_queue_wait_seconds_bucket", resource_group="default", le="600.0") == 1
     assert value(fams, "labfleet_queue_wait_seconds_sum", resource_group="default") == 712
     served = "labfleet_serving_request_duration_seconds"

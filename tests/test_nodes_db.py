@@ -258,6 +258,39 @@ def test_heartbeats_release_ended_sessions_of_their_own_node_only(world):
     assert stop == [mine]  # released: the agent is to stop it
 
 
+def test_the_nodes_mps_state_reaches_the_node_and_its_sessions(world):
+    _, plain = _token(world, resource_group="edge")
+    pipe = "/run/labfleet/mps"
+    _register(world, plain, _body(mps={"state": "on", "reason": None, "pipe_dir": pipe}))
+    assert _node(world, "n2")["mps"] == {"state": "on", "reason": None, "pipe_dir": pipe}
+    assert _node(world, "n1")["mps"] == {"state": "off", "reason": None, "pipe_dir": None}  # never reported
+    sid, _, node = _admit(world, **{"gpu.shares": 0.5})
+    with lfdb.session_scope(world) as db:
+        view = sessions.session_view(db.get(ComputeSession, sid))
+    assert node == "n2" and view["node_mps"] == {"state": "on", "reason": None, "pipe_dir": pipe}
+    # The daemon died and could not restart: the next heartbeat says so, and no pipe is offered.
+    died = {"state": "failed", "reason": "the MPS daemon died; retrying in 2 s", "pipe_dir": pipe}
+    _beat(world, plain, {"node": "n2", "mps": died})
+    assert _node(world, "n2")["mps"] == {**died, "pipe_dir": None}
+    _beat(world, plain, {"node": "n2"})  # a heartbeat without a report changes nothing
+    assert _node(world, "n2")["mps"]["state"] == "failed"
+    for bad in (
+        {"state": "yes"},
+        {"state": "on"},  # on without its pipe directory
+        {"state": "on", "pipe_dir": "relative/pipe"},
+        {"state": "off", "reason": 3},
+        {"state": "off", "surprise": 1},
+        "on",
+    ):
+        with pytest.raises(LabfleetError) as e:
+            _beat(world, plain, {"node": "n2", "mps": bad})
+        assert e.value.status == 400, bad
+        with pytest.raises(LabfleetError) as e:
+            _register(world, plain, _body(mps=bad))
+        assert e.value.status == 400, bad
+    assert _node(world, "n2")["mps"]["state"] == "failed"
+
+
 def test_bad_heartbeats_are_refused_and_change_nothing(world):
     _, plain = _token(world, resource_group="edge")
     _, other = _token(world)
@@ -455,9 +488,12 @@ def test_token_and_node_cli(world):
     assert plain.startswith("lfnode_")
     listed = _cli(url, "node", "token", "list")
     assert listed.returncode == 0 and "n2" in listed.stdout and plain not in listed.stdout
-    _register(world, plain, _body())
+    _register(
+        world, plain, _body(mps={"state": "failed", "reason": "nvidia-cuda-mps-control is not on PATH"})
+    )
     nodes_out = _cli(url, "node", "list")
     assert nodes_out.returncode == 0 and "n2" in nodes_out.stdout and "agent" in nodes_out.stdout
+    assert "failed (nvidia-cuda-mps-control is not on PATH)" in nodes_out.stdout  # the node's MPS, and why
     assert _cli(url, "node", "drain", "n2").returncode == 0
     assert _node(world, "n2")["schedulable"] is False
     assert _cli(url, "node", "undrain", "n2").returncode == 0

@@ -18,12 +18,14 @@ from tests.hubfixture import SESSION_NETWORK, session_address, spawner_state, st
 pytestmark = pytest.mark.hub
 
 RESTARTABLE = "c.JupyterHub.cleanup_servers = False\nc.LabfleetSpawnerMixin.queue_poll_interval = 0.3\n"
+# The deployment's own PyTorch allocator setting, which a fractional session's cap merges with.
+DEPLOYMENT_ENV = "c.Spawner.environment = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}\n"
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     state = tmp_path_factory.mktemp("spawn")
-    hub = start_hub(state, extra_config=RESTARTABLE)
+    hub = start_hub(state, extra_config=RESTARTABLE + DEPLOYMENT_ENV)
     root = hub.wait_token("root")
     for method, path, body in [
         ("POST", "/domains", {"name": "acme"}),
@@ -126,6 +128,9 @@ def test_spawn_half_gpu_reach_lab_and_stop(env):
     assert env_["LABFLEET_SESSION_ID"] == s["id"]
     assert env_["LABFLEET_GPU_SHARES"] == "0.5"
     assert env_["CUDA_VISIBLE_DEVICES"] == s["devices"][0]["uuid"]
+    # No MPS here: the frameworks' own caps hold the share (PyTorch's among them).
+    assert env_["LABFLEET_GPU_ENFORCEMENT"] == "caps"
+    assert env_["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,per_process_memory_fraction:0.5"
     assert env_["LABFLEET_CPU_LIMIT"] == "1" and env_["LABFLEET_MEM_LIMIT"] == str(2**30)
     # Stop: the allocation is freed at once.
     assert hub.hub_api("DELETE", "/users/alice/servers/a").status_code in (202, 204)

@@ -21,12 +21,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import psutil
 import pytest
 
 from hub_ext.compute.devices.mock import USAGE_ENV, MockPlugin
-from hub_ext.usage.sampler import GpuReading, Reading, Sampler, Target, sample_interval
+from hub_ext.usage.sampler import GpuProcess, GpuReading, Reading, Sampler, Target, sample_interval
 from spawner.sandbox import SandboxSpec, sandbox_command, system_layout
 from tests.hubfixture import REPO
 
@@ -296,18 +297,29 @@ def test_mock_gpu_readings_flow_to_each_session(spawn, tmp_path, monkeypatch):
         ]
     )
     assert ra.alive and rb.alive
-    assert ra.gpus == (
+    assert [replace(g, processes=()) for g in ra.gpus] == [
         GpuReading(shared, 30.0, 1 * GIB),
         GpuReading(solo, 55.0, 3 * GIB),
         GpuReading(unknown, None, 1 * GIB),
+    ]
+    # Each device's reading names the session's own processes on it, with their start times
+    started = {p: psutil.Process(p).create_time() for p in (a.pid, a_child, b.pid, b_child)}
+    assert [g.processes for g in ra.gpus] == [
+        (GpuProcess(a_child, 1 * GIB, started[a_child]),),
+        (GpuProcess(a.pid, 3 * GIB, started[a.pid]),),
+        (GpuProcess(a_child, GIB, started[a_child]),),
+    ]
+    assert rb.gpus[0].processes == (
+        GpuProcess(b.pid, 2 * GIB, started[b.pid]),
+        GpuProcess(b_child, 1 * GIB, started[b_child]),
     )
     assert ra.error is None
-    assert rb.gpus == (
+    assert [replace(g, processes=()) for g in rb.gpus] == [
         GpuReading(shared, 25.0, 3 * GIB),
         GpuReading(unknown, None, 2 * GIB),
         GpuReading(idle, 0.0, 0),
         GpuReading("GPU-00000000-nvidia-not-here", None, None),
-    )
+    ]
     assert rb.error and "nvidia" in rb.error  # a device no plugin here answers for: said, not raised
     # One question per device per tick, whoever shares it; the device's own reading only where needed.
     asked = sorted(plugin.calls)
@@ -413,7 +425,11 @@ def test_container_cpu_memory_and_gpu(container, tmp_path, monkeypatch):
         # By short name too: the engine's stats give the full id the cgroup paths name.
         target = Target("box", container=c.name, devices=(held, other))
         _, second = assert_burns(sampler, target, main_pid)
-        assert second.gpus == (GpuReading(held, 42.0, 5 * GIB), GpuReading(other, 0.0, 0))
+        assert [replace(g, processes=()) for g in second.gpus] == [
+            GpuReading(held, 42.0, 5 * GIB),
+            GpuReading(other, 0.0, 0),
+        ]
+        assert [p.pid for p in second.gpus[0].processes] == [main_pid]
 
         # Several containers in one tick (their stats calls side by side): each its own answer.
         box, unknown = sampler.sample([target, Target("nobox", container="lfsampler-no-such-container")])

@@ -33,6 +33,14 @@ from traitlets import Float, Unicode, default
 from traitlets.config import Application, catch_config_error
 
 from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
+from hub_ext.compute.devices.mps import (
+    MPS_MODES,
+    MpsStatus,
+    MpsSupervisor,
+    check_mode,
+    node_mps,
+    nvidia_devices,
+)
 from hub_ext.usage.sampler import Reading, Sampler, Target
 
 # A reading whose error says the session's process or container is gone (not that the engine did not
@@ -173,6 +181,42 @@ class LabfleetAgent(Application):
     def _address(self):
         return _env("LABFLEET_AGENT_ADDRESS")
 
+    mps = Unicode(
+        help=f"""Whether this node runs its own NVIDIA MPS daemon, which limits the sessions that hold a
+        fraction of a GPU: {" | ".join(MPS_MODES)}. auto: where the nvidia plugin finds GPUs MPS can
+        share (not MIG instances) and nvidia-cuda-mps-control is on PATH; on: required (the node reports
+        failed, with the reason, when it cannot run); off: never (default: $LABFLEET_AGENT_MPS, else auto).
+        The agent must run as root for the daemon to take per-session limits.""",
+    ).tag(config=True)
+
+    @default("mps")
+    def _mps(self):
+        return _env("LABFLEET_AGENT_MPS", "auto")
+
+    mps_binary = Unicode(
+        "nvidia-cuda-mps-control",
+        help="The MPS control binary: a name looked up on PATH, or a path.",
+    ).tag(config=True)
+
+    mps_pipe_dir = Unicode(
+        help="""The MPS daemon's own pipe directory ($CUDA_MPS_PIPE_DIRECTORY of the daemon and of its
+        clients; reported to the service, which gives it to the sessions placed here). Default:
+        $LABFLEET_AGENT_MPS_PIPE_DIR, else /run/labfleet/mps.""",
+    ).tag(config=True)
+
+    @default("mps_pipe_dir")
+    def _mps_pipe_dir(self):
+        return _env("LABFLEET_AGENT_MPS_PIPE_DIR", "/run/labfleet/mps")
+
+    mps_log_dir = Unicode(
+        help="""The MPS daemon's own log directory ($CUDA_MPS_LOG_DIRECTORY). Default:
+        $LABFLEET_AGENT_MPS_LOG_DIR, else /var/log/labfleet/mps.""",
+    ).tag(config=True)
+
+    @default("mps_log_dir")
+    def _mps_log_dir(self):
+        return _env("LABFLEET_AGENT_MPS_LOG_DIR", "/var/log/labfleet/mps")
+
     heartbeat = Float(10.0, help="Seconds between heartbeats until the service's answer says otherwise.").tag(
         config=True
     )
@@ -190,6 +234,10 @@ class LabfleetAgent(Application):
         "docker-host": "LabfleetAgent.docker_host",
         "address": "LabfleetAgent.address",
         "heartbeat": "LabfleetAgent.heartbeat",
+        "mps": "LabfleetAgent.mps",
+        "mps-binary": "LabfleetAgent.mps_binary",
+        "mps-pipe-dir": "LabfleetAgent.mps_pipe_dir",
+        "mps-log-dir": "LabfleetAgent.mps_log_dir",
         "log-level": "Application.log_level",
     }
 
@@ -242,6 +290,10 @@ class LabfleetAgent(Application):
                 )
         except (ValueError, KeyError, LookupError) as e:
             problems.append(f"device plugins: {e}")
+        try:
+            check_mode(self.mps)
+        except ValueError as e:
+            problems.append(f"--mps: {e}")
         if problems:
             for p in problems:
                 self.log.error("labfleet agent: %s", p)
@@ -254,6 +306,8 @@ class LabfleetAgent(Application):
         self.targets: dict[str, Target] = {}  # what the service listed on this node last
         self.gone: dict[str, int] = {}  # session -> ticks in a row it read gone
         self.reported: set[str] = set()  # sessions already reported ended
+        self.mps_status = MpsStatus("off", "not started yet")
+        self.mps_supervisor: MpsSupervisor | None = None
 
     # ------------------------------------------------------------ talking to the service
 
@@ -309,8 +363,33 @@ class LabfleetAgent(Application):
             return str(swarm["NodeID"])
         return None
 
+    def start_mps(self, node: Any) -> None:
+        """Start this node's MPS daemon where its setting and its GPUs say so (once)."""
+        if self.mps_supervisor is not None:
+            return
+        self.mps_status, self.mps_supervisor = node_mps(
+            self.mps,
+            nvidia_devices(node),
+            binary=self.mps_binary,
+            pipe_dir=self.mps_pipe_dir,
+            log_dir=self.mps_log_dir,
+        )
+        self.log.info(
+            "MPS on node %s: %s%s",
+            self.node_name,
+            self.mps_status.state,
+            f" ({self.mps_status.reason})" if self.mps_status.reason else "",
+        )
+
+    def check_mps(self) -> None:
+        """Restart a dead MPS daemon (with backoff); keep its state for the next report."""
+        if self.mps_supervisor is not None:
+            self.mps_status = self.mps_supervisor.check()
+
     def register(self) -> dict[str, Any]:
-        info = describe_node(self.node_name, self.plugins).to_dict()
+        node = describe_node(self.node_name, self.plugins)
+        self.start_mps(node)
+        info = node.to_dict()
         body: dict[str, Any] = {
             "node": self.node_name,
             "cpu": info["cpu"],
@@ -318,6 +397,7 @@ class LabfleetAgent(Application):
             "devices": info["devices"],
             "plugin": info["plugin"],
             "labels": self.labels(),
+            "mps": self.mps_status.to_dict(),
         }
         if self.resource_group:
             body["resource_group"] = self.resource_group
@@ -343,11 +423,13 @@ class LabfleetAgent(Application):
                 if self.gone[r.session_id] >= GONE_TICKS:
                     ended.append({"session": r.session_id, "exit_code": None})
                     self.reported.add(r.session_id)
+        self.check_mps()
         body = {
             "node": self.node_name,
             "running": running,
             "ended": ended,
             "readings": [reading_json(r) for r in readings],
+            "mps": self.mps_status.to_dict(),
         }
         return self.call("/agent/heartbeat", body)
 
@@ -427,7 +509,11 @@ class LabfleetAgent(Application):
             signal.signal(sig, lambda *_: self.stopping.set())
         self.log.info("labfleet agent for node %s, service %s", self.node_name, self.base)
         started = time.monotonic()
-        code = self.run_loop()
+        try:
+            code = self.run_loop()
+        finally:
+            if self.mps_supervisor is not None:
+                self.mps_supervisor.stop()
         self.sampler.close()
         self.log.info("labfleet agent stopping after %.0f s", time.monotonic() - started)
         self.exit(code)

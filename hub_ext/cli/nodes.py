@@ -24,13 +24,22 @@ def _node_row(v: dict[str, Any]) -> list[Any]:
         f"{v['allocated']['cpu']:g}/{v['capacity']['cpu']:g}",
         f"{bytes_text(v['allocated']['mem'])}/{bytes_text(v['capacity']['mem'])}",
         f"{v['allocated']['gpu.shares']:g}/{gpus}",
+        mps_text(v["mps"]),
         v["last_seen"] or "-",
     ]
 
 
+def mps_text(mps: Mapping[str, Any]) -> str:
+    """A node's MPS daemon in one cell: ``on``, or ``off``/``failed`` with its reason."""
+    state = str(mps.get("state") or "off")
+    reason = mps.get("reason")
+    return f"{state} ({one_line(str(reason))})" if reason and state != "on" else state
+
+
 class NodeList(ListCommand):
     name = "labfleet node list"
-    description = "List the nodes: status (ALIVE, LOST), whether they take new sessions, who registered them."
+    description = """List the nodes: status (ALIVE, LOST), whether they take new sessions, who registered
+    them, and their MPS daemon (on, off or failed, with the reason)."""
 
     def run(self) -> None:
         from hub_ext.compute import nodes
@@ -40,7 +49,7 @@ class NodeList(ListCommand):
         )
         self.emit(
             views,
-            ["node", "group", "status", "schedulable", "by", "cpu", "mem", "gpu.shares", "last seen"],
+            ["node", "group", "status", "schedulable", "by", "cpu", "mem", "gpu.shares", "mps", "last seen"],
             _node_row,
         )
 

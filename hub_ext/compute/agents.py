@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from hub_ext.compute import clustercache, nodes, sessions
 from hub_ext.compute.devices.base import DeviceInfo, NodeInfo
+from hub_ext.compute.devices.mps import MAX_REASON, MPS_STATES, MpsStatus
 from hub_ext.core import audit, passwords
 from hub_ext.core.authz import Actor
 from hub_ext.core.bootstrap import DEFAULT_GROUP, ensure_default_group
@@ -244,18 +245,39 @@ def _check_device(value: Any, i: int) -> DeviceInfo:
         raise InvalidInput(f"{where}: {e}") from None
 
 
+def check_mps(value: Any, field: str = "mps") -> MpsStatus:
+    """A node's MPS report ``{"state", "reason", "pipe_dir"}``, checked (InvalidInput otherwise)."""
+    d = check_fields(value, required=["state"], optional=["reason", "pipe_dir"], what=field)
+    if d["state"] not in MPS_STATES:
+        raise InvalidInput(f"{field}.state must be one of {', '.join(MPS_STATES)} (got {d['state']!r:.40})")
+    reason = d.get("reason")
+    if reason is not None:
+        reason = check_text(reason, f"{field}.reason", MAX_REASON)
+    pipe = d.get("pipe_dir")
+    if pipe is not None:
+        pipe = check_text(pipe, f"{field}.pipe_dir", 1024)
+        if not pipe.startswith("/"):
+            raise InvalidInput(f"{field}.pipe_dir must be an absolute path (got {pipe!r:.80})")
+    if d["state"] == "on" and pipe is None:
+        raise InvalidInput(f"{field}.pipe_dir is required when the state is on")
+    return MpsStatus(d["state"], reason, pipe)
+
+
 @dataclass(frozen=True)
 class Registration:
     node: str
     resource_group: str | None
     info: NodeInfo
     labels: dict[str, str]
+    mps: MpsStatus | None = None
 
 
 def parse_register(body: Any) -> Registration:
     """A register body, checked whole (InvalidInput, nothing changed, otherwise)."""
     body = check_fields(
-        body, required=["node", "cpu", "mem"], optional=["resource_group", "devices", "plugin", "labels"]
+        body,
+        required=["node", "cpu", "mem"],
+        optional=["resource_group", "devices", "plugin", "labels", "mps"],
     )
     name = _check_node_name(body["node"])
     group = body.get("resource_group")
@@ -271,8 +293,9 @@ def parse_register(body: Any) -> Registration:
         raise InvalidInput("devices: two devices have the same uuid")
     plugin = check_text(body.get("plugin", ""), "plugin", 64)
     labels = _check_labels(body.get("labels", {}))
+    mps = check_mps(body["mps"]) if body.get("mps") is not None else None
     return Registration(
-        name, group, NodeInfo(name=name, cpu=cpu, mem=mem, devices=devices, plugin=plugin), labels
+        name, group, NodeInfo(name=name, cpu=cpu, mem=mem, devices=devices, plugin=plugin), labels, mps
     )
 
 
@@ -330,6 +353,8 @@ def register(db: Session, token: NodeToken, body: Any, remote_addr: str = "") ->
     node = nodes.register_node(db, reg.info, group_name)
     node.labels = reg.labels
     node.agent_token_id = token.id
+    if reg.mps is not None:
+        nodes.set_mps(db, node, reg.mps)
     token.last_used = utcnow()
     db.flush()
     details = {
@@ -360,6 +385,7 @@ class Beat:
     node: str
     running: tuple[str, ...]
     ended: tuple[Ended, ...]
+    mps: MpsStatus | None = None  # the node's MPS daemon now (None: not reported, unchanged)
 
 
 def _check_session_id(value: Any, field: str) -> str:
@@ -371,7 +397,7 @@ def _check_session_id(value: Any, field: str) -> str:
 def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     """A heartbeat body, checked whole but for its readings (returned raw, for
     :func:`hub_ext.usage.records.parse_agent_readings`)."""
-    body = check_fields(body, required=["node"], optional=["running", "ended", "readings"])
+    body = check_fields(body, required=["node"], optional=["running", "ended", "readings", "mps"])
     name = _check_node_name(body["node"])
     running = body.get("running", [])
     if not isinstance(running, list) or len(running) > MAX_IDS:
@@ -390,7 +416,8 @@ def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     readings = body.get("readings", [])
     if not isinstance(readings, list):
         raise InvalidInput("readings must be a list")
-    return Beat(name, ids, tuple(ended)), readings
+    mps = check_mps(body["mps"]) if body.get("mps") is not None else None
+    return Beat(name, ids, tuple(ended), mps), readings
 
 
 @dataclass
@@ -443,6 +470,8 @@ def heartbeat(db: Session, token: NodeToken, beat: Beat, remote_addr: str = "") 
         .values(last_seen=now)
         .execution_options(synchronize_session=False)
     )
+    if beat.mps is not None:
+        nodes.set_mps(db, node, beat.mps)
     db.execute(
         update(NodeToken)
         .where(NodeToken.id == token.id)

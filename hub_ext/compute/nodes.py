@@ -6,13 +6,21 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm.attributes import set_committed_value
 
 from hub_ext.compute import clustercache
+from hub_ext.compute.devices.mps import MpsStatus
 from hub_ext.core import audit
 from hub_ext.core.authz import Actor
-from hub_ext.core.bootstrap import DEFAULT_GROUP, SESSION_TYPES, ensure_default_group, new_group
+from hub_ext.core.bootstrap import (
+    DEFAULT_GROUP,
+    GPU_OVERUSE_POLICIES,
+    SESSION_TYPES,
+    ensure_default_group,
+    new_group,
+)
 from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from hub_ext.core.models import Allocation, Device, Node, ResourceGroup, ResourceGroupGrant, User, utcnow
 from hub_ext.core.pages import Page, page_of
@@ -37,6 +45,7 @@ GROUP_FIELDS = (
     "placement",
     "allowed_session_types",
     "pending_timeout",
+    "gpu_overuse",
     "grants",
 )
 
@@ -107,6 +116,8 @@ def _apply_group_fields(group: ResourceGroup, body: dict[str, Any]) -> None:
         group.allowed_session_types = sorted(set(types))
     if "pending_timeout" in body:
         group.pending_timeout = check_int(body["pending_timeout"], "pending_timeout", maximum=30 * 24 * 3600)
+    if "gpu_overuse" in body:
+        group.gpu_overuse = check_choice(body["gpu_overuse"], "gpu_overuse", GPU_OVERUSE_POLICIES)
     if "grants" in body:
         # Keep the rows of grants that stay: replacing them would insert a row the UNIQUE
         # (group, kind, target) constraint still sees before the old one is deleted.
@@ -198,6 +209,28 @@ def register_node(db: Session, info: Any, group_name: str = DEFAULT_GROUP) -> No
     return node
 
 
+def mps_view(node: Node) -> dict[str, Any]:
+    """The node's MPS daemon as it reported it: ``{"state", "reason", "pipe_dir"}``."""
+    return {"state": node.mps or "off", "reason": node.mps_reason, "pipe_dir": node.mps_pipe_dir}
+
+
+def set_mps(db: Session, node: Node, status: MpsStatus) -> None:
+    """Store the MPS state a node reports. A plain UPDATE, and only on a change: it is not placement
+    state, so the cached clusters stay valid."""
+    values = {
+        "mps": status.state,
+        "mps_reason": status.reason,
+        "mps_pipe_dir": status.pipe_dir if status.state == "on" else None,
+    }
+    if (node.mps, node.mps_reason, node.mps_pipe_dir) == tuple(values.values()):
+        return
+    db.execute(
+        update(Node).where(Node.id == node.id).values(**values).execution_options(synchronize_session=False)
+    )
+    for key, value in values.items():
+        set_committed_value(node, key, value)
+
+
 def node_usage(db: Session, node: Node) -> tuple[int, int, dict[int, int]]:
     """(cpu milli-cores held, memory held, {device id: hundredths held})."""
     cpu, mem = db.execute(
@@ -269,6 +302,7 @@ def node_view(
         "schedulable": bool(node.schedulable),
         "agent": node.agent_token_id is not None,
         "labels": dict(node.labels or {}),
+        "mps": mps_view(node),
     }
 
 
@@ -299,6 +333,7 @@ def group_view(g: ResourceGroup) -> dict[str, Any]:
         "placement": g.placement,
         "allowed_session_types": list(g.allowed_session_types or []),
         "pending_timeout": g.pending_timeout,
+        "gpu_overuse": g.gpu_overuse or "auto",
         "grants": [{"kind": x.kind, "target": x.target} for x in g.grants],
         "nodes": [n.name for n in g.nodes],
     }

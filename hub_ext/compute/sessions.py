@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
 from hub_ext.compute import admitrows, clustercache, shapes, tenants
-from hub_ext.compute.nodes import DEFAULT_GROUP, SESSION_TYPES
+from hub_ext.compute.nodes import DEFAULT_GROUP, SESSION_TYPES, mps_view
 from hub_ext.compute.scheduler import admission, queueing
 from hub_ext.compute.scheduler.placement import Placement, PlacementError, Request
 from hub_ext.core import audit, authz, quanta, versions
@@ -892,6 +892,8 @@ def session_view(s: ComputeSession) -> dict[str, Any]:
         "status_reason": s.status_reason,
         "status_history": s.status_history,
         "node": s.node.name if s.node else None,
+        # The node's MPS daemon (state, reason, pipe_dir): the spawner limits a fraction with it.
+        "node_mps": mps_view(s.node) if s.node else None,
         "devices": devices,
         "exit_code": s.exit_code,
         "created_at": s.created_at.isoformat() if s.created_at else None,

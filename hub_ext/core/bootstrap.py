@@ -20,6 +20,9 @@ from hub_ext.core.models import Keypair, KeypairResourcePolicy, ResourceGroup
 
 DEFAULT_GROUP = "default"
 SESSION_TYPES = ("interactive", "batch", "inference")
+# A resource group's answer to a session whose processes hold more of a device's memory than its share
+# (hub_ext.usage.overuse): auto is kill when another session shares the device, warn when alone.
+GPU_OVERUSE_POLICIES = ("auto", "warn", "kill", "stop")
 
 
 class SecretKeyLost(Exception):
@@ -121,6 +124,7 @@ def new_group(name: str, description: str = "", *, is_public: bool = False) -> R
         placement="fgd",
         allowed_session_types=list(SESSION_TYPES),
         pending_timeout=0,
+        gpu_overuse="auto",
     )
 
 

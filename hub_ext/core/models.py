@@ -294,9 +294,9 @@ SESSION_STATUSES = (
 # Sessions in these states hold their allocation (and count against quotas).
 HOLDING_STATUSES = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
 FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
-# Why the service itself stopped a running session (hub_ext.reclaim): the first word of its status
-# reason, which the spawner's later reports of the stop keep.
-RECLAIM_REASONS = ("idle-timeout", "idle-utilization", "lifetime")
+# Why the service itself stopped a running session (hub_ext.reclaim; gpu-overuse: hub_ext.usage.enforce):
+# the first word of its status reason, which the spawner's later reports of the stop keep.
+RECLAIM_REASONS = ("idle-timeout", "idle-utilization", "lifetime", "gpu-overuse")
 
 
 class ResourceGroup(Base):
@@ -313,6 +313,7 @@ class ResourceGroup(Base):
     )  # whole-gpu | spread | pack | fgd
     allowed_session_types: Mapped[list[Any]] = mapped_column(JSON, default=list)
     pending_timeout: Mapped[int] = mapped_column(Integer, default=0)  # seconds; 0 = wait forever
+    gpu_overuse: Mapped[str] = mapped_column(String(_ENUM_LEN), server_default="auto")  # GPU_OVERUSE_POLICIES
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # Bumped by every transaction that changes the group's allocations, nodes or devices, so
     # a process's cached placement state (hub_ext.compute.clustercache) knows when it is out of date.
@@ -353,6 +354,11 @@ class Node(Base):
     # The node token whose agent registered it (hub_ext.compute.agents); None: the service's own node,
     # kept alive by the service. No foreign key: the column is added in place on SQLite (migration 0010).
     agent_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Its MPS daemon as the node reports it (hub_ext.compute.devices.mps): on | off | failed, why it
+    # is not on, and the pipe directory its clients reach it through (when on). Migration 0015.
+    mps: Mapped[str] = mapped_column(String(16), default="off", server_default="off")
+    mps_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    mps_pipe_dir: Mapped[str | None] = mapped_column(String(1024), nullable=True)
 
     resource_group: Mapped[ResourceGroup] = relationship(back_populates="nodes")
     devices: Mapped[list[Device]] = relationship(

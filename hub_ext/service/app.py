@@ -32,13 +32,21 @@ from traitlets.config import Application, catch_config_error
 
 from hub_ext.compute import agents, images, nodes, reconcile, sessions
 from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
+from hub_ext.compute.devices.mps import (
+    MPS_MODES,
+    MpsStatus,
+    MpsSupervisor,
+    check_mode,
+    node_mps,
+    nvidia_devices,
+)
 from hub_ext.compute.scheduler.admission import QueueLimits
 from hub_ext.core import audit, bootstrap, hubmap
 from hub_ext.core import db as lfdb
 from hub_ext.core.authz import Actor
 from hub_ext.core.dburl import default_db_url
 from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import User
+from hub_ext.core.models import Node, User
 from hub_ext.core.secretbox import SecretBox
 from hub_ext.core.signing import NonceCache, RateLimiter
 from hub_ext.reclaim import engine
@@ -50,7 +58,7 @@ from hub_ext.serving.engine import ServingEngine
 from hub_ext.storage import hosts
 from hub_ext.storage.hosts import RIGHTS
 from hub_ext.storage.usage import FolderUsage
-from hub_ext.usage import records
+from hub_ext.usage import enforce, overuse, records
 from hub_ext.usage.metrics import Metrics
 from hub_ext.usage.sampler import Reading, Sampler, sample_interval
 
@@ -209,6 +217,50 @@ class LabfleetService(Application):
     @default("mock_devices")
     def _mock_devices(self):
         return json.loads(os.environ.get("LABFLEET_MOCK_DEVICES") or "[]")
+
+    mps = Unicode(
+        help=f"""Whether this node runs its own NVIDIA MPS daemon, which limits the sessions that hold a
+        fraction of a GPU: {" | ".join(MPS_MODES)}. auto: where the nvidia plugin finds GPUs MPS can
+        share (not MIG instances) and nvidia-cuda-mps-control is on PATH; on: required (the node shows
+        failed, with the reason, when it cannot run); off: never. Default: $LABFLEET_MPS, else auto.""",
+    ).tag(config=True)
+
+    @default("mps")
+    def _mps(self):
+        return os.environ.get("LABFLEET_MPS") or "auto"
+
+    @validate("mps")
+    def _check_mps(self, proposal):
+        try:
+            return check_mode(proposal["value"])
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+
+    mps_binary = Unicode(
+        "nvidia-cuda-mps-control", help="The MPS control binary: a name looked up on PATH, or a path."
+    ).tag(config=True)
+
+    mps_pipe_dir = Unicode(
+        help="""This node's MPS daemon's own pipe directory (its $CUDA_MPS_PIPE_DIRECTORY, given to the
+        sessions placed here). Default: $LABFLEET_MPS_PIPE_DIR, else /run/labfleet/mps.""",
+    ).tag(config=True)
+
+    @default("mps_pipe_dir")
+    def _mps_pipe_dir(self):
+        return os.environ.get("LABFLEET_MPS_PIPE_DIR") or "/run/labfleet/mps"
+
+    mps_log_dir = Unicode(
+        help="""This node's MPS daemon's own log directory (its $CUDA_MPS_LOG_DIRECTORY). Default:
+        $LABFLEET_MPS_LOG_DIR, else /var/log/labfleet/mps.""",
+    ).tag(config=True)
+
+    @default("mps_log_dir")
+    def _mps_log_dir(self):
+        return os.environ.get("LABFLEET_MPS_LOG_DIR") or "/var/log/labfleet/mps"
+
+    mps_check_interval = Float(
+        10.0, help="Seconds between checks of this node's MPS daemon (a dead one restarts with backoff)."
+    ).tag(config=True)
 
     session_log_dir = Unicode(
         help="""Folder of the sessions' logs, one file per session id, written by the spawners and read
@@ -468,7 +520,10 @@ class LabfleetService(Application):
     def initialize(self, argv=None) -> None:
         self.parent_pid = os.getppid()  # first: the parent may die while this starts
         self.plugins: list[DevicePlugin] = []  # this node's device plugins (register_node)
+        self.mps_status = MpsStatus("off", "this node is not registered")  # its MPS daemon (register_node)
+        self.mps_supervisor: MpsSupervisor | None = None
         self.sampler: Sampler | None = None  # made on the first usage tick
+        self.gpu_watch = overuse.Watch()  # sessions over their GPU share, between usage ticks
         self.started_at = datetime.now(timezone.utc)  # heartbeats missed before it do not count
         self.agent_readings: dict[str, Reading] = {}  # node agents' latest, until the next usage tick
         self.parse_command_line(argv)  # --help-all and the like print and exit here
@@ -517,8 +572,22 @@ class LabfleetService(Application):
             for name in self.device_plugins
         ]
         info = describe_node(self.node_name, plugins)
+        if self.mps_supervisor is None:
+            self.mps_status, self.mps_supervisor = node_mps(
+                self.mps,
+                nvidia_devices(info),
+                binary=self.mps_binary,
+                pipe_dir=self.mps_pipe_dir,
+                log_dir=self.mps_log_dir,
+            )
         with lfdb.session_scope(self.session_factory) as db:
-            nodes.register_node(db, info)
+            nodes.set_mps(db, nodes.register_node(db, info), self.mps_status)
+        self.log.info(
+            "Node %s: MPS %s%s",
+            info.name,
+            self.mps_status.state,
+            f" ({self.mps_status.reason})" if self.mps_status.reason else "",
+        )
         self.log.info(
             "Node %s: %s cores, %s bytes of memory, %d device(s)%s",
             info.name,
@@ -527,6 +596,18 @@ class LabfleetService(Application):
             len(info.devices),
             f" ({info.reason})" if info.reason else "",
         )
+
+    async def check_mps(self) -> str:
+        """Restart this node's MPS daemon if it died (with backoff) and store its state."""
+        assert self.mps_supervisor is not None
+        status = await asyncio.to_thread(self.mps_supervisor.check)
+        if status != self.mps_status:
+            self.mps_status = status
+            with lfdb.session_scope(self.session_factory) as db:
+                node = db.scalar(select(Node).where(Node.name == self.node_name))
+                if node is not None:
+                    nodes.set_mps(db, node, status)
+        return status.state
 
     def ensure_images(self) -> None:
         for body in self.default_images:
@@ -643,6 +724,19 @@ class LabfleetService(Application):
             max_gap=2 * self.sample_interval,
             retention_days=self.usage_retention_days,
             agent_readings=taken,
+            enforce=self.enforce_gpu_shares,
+        )
+
+    async def enforce_gpu_shares(self, readings: list[Reading]) -> list[tuple[str, str]]:
+        """Act on the sessions over their share of a device's memory (hub_ext.usage.enforce)."""
+        return await enforce.enforce(
+            self.session_factory,
+            readings,
+            self.gpu_watch,
+            node_name=self.node_name,
+            stop_server=self.hub_sync.stop_server if self.hub_sync.enabled else None,
+            log=self.log,
+            observe=self.metrics.observe_gpu_overuse,
         )
 
     def agent_readings_in(self, readings: list[Reading]) -> None:
@@ -738,6 +832,8 @@ class LabfleetService(Application):
             self.jobs.add("housekeeping", self.vfolder_scan_interval, self.folder_usage.housekeeping)
         if self.sample_interval > 0:
             self.jobs.add("usage", self.sample_interval, self.account_usage, first_in=0)
+        if self.mps_supervisor is not None and self.mps_check_interval > 0:
+            self.jobs.add("mps", self.mps_check_interval, self.check_mps)
         loop_task = asyncio.ensure_future(self.jobs.run_forever())
         # The Hub stops its managed services with SIGTERM (and a dead Hub's parent-death signal is
         # SIGTERM too): finish cleanly, no traceback.
@@ -748,6 +844,8 @@ class LabfleetService(Application):
         self.log.info("labfleet service stopping")
         loop_task.cancel()
         await self.jobs.stop()
+        if self.mps_supervisor is not None:
+            await asyncio.to_thread(self.mps_supervisor.stop)
         server.stop()
         self.engine.dispose()
 

@@ -317,7 +317,20 @@ SECTIONS = (
             "vfolder_upload_expiry",
         ),
     ),
-    ("node", ("node_name", "device_plugins", "mock_devices", "register_local_node")),
+    (
+        "node",
+        (
+            "node_name",
+            "device_plugins",
+            "mock_devices",
+            "register_local_node",
+            "mps",
+            "mps_binary",
+            "mps_pipe_dir",
+            "mps_log_dir",
+            "mps_check_interval",
+        ),
+    ),
     ("sessions", ("session_log_dir", "default_images")),
     (
         "the Hub",

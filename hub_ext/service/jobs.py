@@ -9,7 +9,8 @@ Jobs (see ``LabfleetService.start_async``):
 - ``reconcile``: make sessions agree with the Hub's servers (at start, then on a clock): statuses
   follow what the Hub reports, and slots held with no server go back after a grace period.
 - ``usage``: sample this node's sessions from outside them (in a worker thread) and accrue every
-  session's usage records (hub_ext.usage.records).
+  session's usage records (hub_ext.usage.records); then act on the sessions over their share of
+  a device's memory (hub_ext.usage.enforce).
 - ``nodes``: mark LOST the agent nodes that missed their heartbeats; their sessions end in ERROR
   (hub_ext.compute.agents), their slots go back and the Hub is asked to stop their servers.
 - ``parent``: stop the service when the Hub that started it is gone (a killed Hub's service must
@@ -84,9 +85,11 @@ async def account_usage(
     max_gap: float,
     retention_days: int,
     agent_readings: Sequence[Reading] = (),
+    enforce: Callable[[Sequence[Reading]], Awaitable[Any]] | None = None,
 ) -> records.Accrued:
     """One usage tick: read what runs on ``node_name`` (unless an agent samples it), sample it off
-    the event loop, accrue, with the readings node agents sent since the last tick."""
+    the event loop, accrue, with the readings node agents sent since the last tick; then
+    ``enforce`` (the GPU share backstop) hears every reading."""
     with lfdb.session_scope(session_factory) as db:
         targets = [] if agents.has_agent(db, node_name) else records.targets_on(db, node_name)
     readings = (
@@ -106,6 +109,8 @@ async def account_usage(
             done.buckets,
             done.purged,
         )
+    if enforce is not None:
+        await enforce(readings)
     return done
 
 

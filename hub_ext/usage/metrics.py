@@ -27,7 +27,10 @@ their labels:
   ``session_gpu_memory_used_bytes``;
 - histograms: ``admission_duration_seconds`` (outcome: scheduled, queued, refused);
   ``queue_wait_seconds`` (resource_group);
-- counter: ``sessions_reclaimed_total`` (reason: idle-timeout, idle-utilization, lifetime).
+- counters: ``sessions_reclaimed_total`` (reason: idle-timeout, idle-utilization, lifetime,
+  gpu-overuse);
+  ``gpu_overuse_total`` (action: warn, kill, stop; resource_group), sessions over their share of a
+  device's memory acted on (hub_ext.usage.enforce).
 
 Model serving (hub_ext.serving), per endpoint not destroyed (endpoint, project, domain): the counters
 ``serving_requests_total`` and ``serving_errors_total``, read from the endpoints' cumulative columns
@@ -199,8 +202,14 @@ HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "labfleet_sessions_reclaimed": (
         "Sessions this service stopped, by reason: idle-timeout (no activity), idle-utilization (under "
-        "the thresholds of a utilization checker), lifetime (past the max session lifetime)",
+        "the thresholds of a utilization checker), lifetime (past the max session lifetime), gpu-overuse "
+        "(over its share of a device's memory, in a group whose gpu_overuse policy is stop)",
         ("reason",),
+    ),
+    "labfleet_gpu_overuse": (
+        "Sessions found holding more of a device's memory than their fraction of it (for consecutive "
+        "samples), by the action the service took: warn, kill (their newest processes) or stop",
+        ("action", "resource_group"),
     ),
     "labfleet_queue_wait_seconds": (
         "Seconds sessions waited in a resource group's queue before they were placed (from the "
@@ -582,6 +591,8 @@ class Metrics:
         self.reclaimed = Counter("labfleet_sessions_reclaimed", doc, labels, registry=self.registry)
         for reason in RECLAIM_REASONS:
             self.reclaimed.labels(reason)  # every reason shows from the start, at 0
+        doc, labels = HISTOGRAMS["labfleet_gpu_overuse"]
+        self.gpu_overuse = Counter("labfleet_gpu_overuse", doc, labels, registry=self.registry)
         doc, labels = HISTOGRAMS["labfleet_queue_wait_seconds"]
         self.queue_wait = Histogram(
             "labfleet_queue_wait_seconds", doc, labels, buckets=QUEUE_WAIT_BUCKETS, registry=self.registry
@@ -602,6 +613,12 @@ class Metrics:
 
     def observe_reclaimed(self, reason: str) -> None:
         self.reclaimed.labels(reason if reason in RECLAIM_REASONS else "idle-timeout").inc()
+
+    def observe_gpu_overuse(self, action: str, resource_group: str) -> None:
+        """A session over its GPU share acted on (hub_ext.usage.enforce); one stopped is reclaimed too."""
+        self.gpu_overuse.labels(action, resource_group).inc()
+        if action == "stop":
+            self.observe_reclaimed("gpu-overuse")
 
     def observe_admission(self, seconds: float, outcome: str) -> None:
         self.admission.labels(outcome if outcome in ADMISSION_OUTCOMES else "refused").observe(seconds)

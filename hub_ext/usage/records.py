@@ -51,7 +51,7 @@ from hub_ext.core.models import (
 )
 from hub_ext.core.validate import check_bool, check_fields, check_text
 from hub_ext.usage import accrual
-from hub_ext.usage.sampler import GpuReading, Reading, Target
+from hub_ext.usage.sampler import GpuProcess, GpuReading, Reading, Target
 
 log = logging.getLogger(__name__)
 
@@ -419,6 +419,7 @@ def targets_on(db: Session, node_name: str) -> list[Target]:
 
 MAX_AGENT_READINGS = 10_000  # one heartbeat's readings
 MAX_READING_GPUS = 64
+MAX_GPU_PROCESSES = 1024  # of one session on one device
 READING_SKEW = 600.0  # seconds a reading's time may lie before the service's clock (60 after it)
 
 
@@ -436,6 +437,23 @@ def _whole(value: Any, field: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**60:
         raise InvalidInput(f"{field} must be null or a whole number of bytes")
     return value
+
+
+def _gpu_processes(raw: Any, where: str) -> tuple[GpuProcess, ...]:
+    """A reading's processes on a device (an older agent sends none)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_GPU_PROCESSES:
+        raise InvalidInput(f"{where} must be a list of at most {MAX_GPU_PROCESSES} processes")
+    out = []
+    for k, p in enumerate(raw):
+        p = check_fields(p, required=["pid"], optional=["mem_bytes", "started"], what=f"{where}[{k}]")
+        pid = p["pid"]
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2**31:
+            raise InvalidInput(f"{where}[{k}].pid must be a process id")
+        started = _number(p.get("started"), f"{where}[{k}].started", 1e11)
+        out.append(GpuProcess(pid, _whole(p.get("mem_bytes"), f"{where}[{k}].mem_bytes"), started))
+    return tuple(out)
 
 
 def parse_agent_readings(raw: Any, now: float) -> list[Reading]:
@@ -466,13 +484,17 @@ def parse_agent_readings(raw: Any, now: float) -> list[Reading]:
         gpus = []
         for j, g in enumerate(gpus_raw):
             g = check_fields(
-                g, required=["uuid"], optional=["util_percent", "mem_bytes"], what=f"{where}.gpus[{j}]"
+                g,
+                required=["uuid"],
+                optional=["util_percent", "mem_bytes", "processes"],
+                what=f"{where}.gpus[{j}]",
             )
             gpus.append(
                 GpuReading(
                     uuid=check_text(g["uuid"], f"{where}.gpus[{j}].uuid", 128),
                     util_percent=_number(g.get("util_percent"), f"{where}.gpus[{j}].util_percent", 100),
                     mem_bytes=_whole(g.get("mem_bytes"), f"{where}.gpus[{j}].mem_bytes"),
+                    processes=_gpu_processes(g.get("processes"), f"{where}.gpus[{j}].processes"),
                 )
             )
         error = r.get("error")

@@ -27,7 +27,9 @@ Per :class:`Target` (one live session on this node), one :class:`Reading`:
   A session's share of a device: the sum of its processes' ``gpu_util`` when the driver gives them;
   when it does not and the session's processes are the only ones on the device, the device's own
   ``gpu_util``; otherwise ``None`` (cannot tell).  Memory likewise, from ``mem_used``.  A session with
-  no process on a device whose processes are known uses 0 of it.
+  no process on a device whose processes are known uses 0 of it.  Each reading also lists the
+  session's processes on the device (pid, memory, start time), for the share enforcement
+  (:mod:`hub_ext.usage.overuse`).
 
 ``cpu_seconds`` is cumulative since the session started: consumers take differences between
 readings.  It can step down when a process leaves a local tree without being reaped inside it (a
@@ -96,12 +98,22 @@ class Target:
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """One of a session's processes on a device, as the driver lists it (by host pid)."""
+
+    pid: int
+    mem_bytes: int | None  # device memory it holds now
+    started: float | None  # its start (psutil's create_time, epoch seconds): tells a reused pid apart
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """A session's use of one device it holds."""
 
     uuid: str
     util_percent: float | None  # this session's share of the device's busy time, 0..100 (None: cannot tell)
     mem_bytes: int | None  # device memory its processes use now
+    processes: tuple[GpuProcess, ...] = ()  # its processes the driver lists on the device
 
 
 @dataclass(frozen=True)
@@ -507,9 +519,11 @@ def _share(dev: _Device, i: int) -> GpuReading:
     """Session ``i``'s share of one device (rules in the module's docstring)."""
     if dev.rows is None:
         return GpuReading(dev.uuid, None, None)
-    own = [(mem, util) for pid, mem, util in dev.rows if dev.owners.get(pid) == i]
-    if not own:
+    mine = [(pid, mem, util) for pid, mem, util in dev.rows if dev.owners.get(pid) == i]
+    if not mine:
         return GpuReading(dev.uuid, 0.0, 0)
+    own = [(mem, util) for _, mem, util in mine]
+    processes = tuple(GpuProcess(pid, mem, _started(pid)) for pid, mem, _ in mine)
     alone = len(own) == len(dev.rows)
     device = dev.utilization() if alone and any(m is None or u is None for m, u in own) else None
     utils = [u for _, u in own]
@@ -526,7 +540,7 @@ def _share(dev: _Device, i: int) -> GpuReading:
     else:
         whole = _number((device or {}).get("mem_used"))
         mem = int(whole) if whole is not None else None
-    return GpuReading(dev.uuid, util, mem)
+    return GpuReading(dev.uuid, util, mem, processes)
 
 
 # --- I/O helpers ----------------------------------------------------------------------------------
@@ -563,6 +577,14 @@ def _process_table() -> tuple[dict[int, psutil.Process], dict[int, list[int]]]:
         if isinstance(ppid, int):
             children.setdefault(ppid, []).append(p.pid)
     return procs, children
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (epoch seconds), None when it is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _read_cgroup(pid: int) -> str:

@@ -5,6 +5,7 @@
 import type {
   IDevice,
   IFolder,
+  IGpuShare,
   IGpuUsage,
   IIdleInfo,
   IMyUsage,
@@ -147,6 +148,19 @@ export function deviceLabel(d: Pick<IDevice, 'index' | 'model' | 'shares'>): str
     return name;
   }
   return `${formatNumber(shares)} of ${name}`;
+}
+
+/**
+ * A fraction of a device and how it holds: `0.25 of a GPU · 35.2 GiB · held by MPS`, or
+ * `… · framework caps only (advisory)` where the node runs no MPS daemon.
+ */
+export function gpuShareLabel(g: IGpuShare): string {
+  const parts = [g.shares === null ? 'a share of a GPU' : `${formatNumber(g.shares)} of a GPU`];
+  if (g.memory !== null) {
+    parts.push(formatBytes(g.memory));
+  }
+  parts.push(g.enforcement === 'mps' ? 'held by MPS' : 'framework caps only (advisory)');
+  return parts.join(' · ');
 }
 
 /** Seconds for a person: `42s`, `5m 3s`, `2h 5m`, `3d 4h`. */

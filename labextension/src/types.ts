@@ -55,6 +55,15 @@ export interface IIdleInfo {
 }
 
 /** `GET labfleet/session` */
+/** A fraction of one device (server_ext/fleet.py `gpu_share`). */
+export interface IGpuShare {
+  shares: number | null;
+  /** Bytes of the device's memory the share is; null when the device's size is unknown. */
+  memory: number | null;
+  /** `mps`: the node's MPS daemon holds the session to it; `caps`: only the frameworks' own caps. */
+  enforcement: 'mps' | 'caps' | string;
+}
+
 export interface ISessionInfo {
   id: string | null;
   name: string;
@@ -77,6 +86,8 @@ export interface ISessionInfo {
   time_left: number | null;
   /** While the session runs; null or absent otherwise (or from an older server extension). */
   idle?: IIdleInfo | null;
+  /** Its share of one device and how the node holds it to it; null for whole devices or none. */
+  gpu_share?: IGpuShare | null;
   urls: { lab?: string; base?: string };
   runner: IRunner | null;
   inference: IInference | null;

@@ -150,6 +150,19 @@ def test_node_rows_count_what_each_node_holds():
     assert "1.5 of 2" in table and "4 GiB of 64 GiB" in table and "0.5 of 2" in table
 
 
+def test_node_rows_show_the_mps_daemon_and_why():
+    failed = {
+        **node("gpu1", []),
+        "mps": {"state": "failed", "reason": "x<y is not on PATH", "pipe_dir": None},
+    }
+    on = {**node("gpu2", []), "mps": {"state": "on", "reason": None, "pipe_dir": "/run/labfleet/mps"}}
+    rows = R.node_rows([failed, on], [], NOW)
+    assert [(r["mps"], r["mps_reason"]) for r in rows] == [("failed", "x<y is not on PATH"), ("on", "")]
+    table = R.nodes_html(rows)
+    assert "<th>MPS</th>" in table and "lf-badge-bad'>failed" in table and "x&lt;y is not on PATH" in table
+    assert "lf-badge-ok'>on" in table
+
+
 # ---------------------------------------------------------------- resource groups
 
 

@@ -11,6 +11,7 @@ from spawner.docker_config import (
     ContainerConfig,
     container_config,
     gateway_environment,
+    image_environment,
     network_bridge,
     session_network_spec,
 )
@@ -132,6 +133,25 @@ def test_fraction_without_mps_uses_framework_caps_only():
     ]
 
 
+def test_a_fractions_pytorch_cap_merges_with_the_images_own_setting():
+    inspected = {
+        "Config": {"Env": ["PATH=/opt/conda/bin", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "X"]}
+    }
+    image_env = image_environment(inspected)
+    assert image_env == {"PATH": "/opt/conda/bin", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert image_environment({"Config": {"Env": None}}) == {}
+    cfg = container_config(_spec(devices=[_gpu(U0, 0, 0.25)], gpu=0.25), image_env=image_env)
+    # A container's variable replaces the image's: the image's options are kept in ours.
+    assert (
+        cfg.environment["PYTORCH_CUDA_ALLOC_CONF"]
+        == "expandable_segments:True,per_process_memory_fraction:0.25"
+    )
+    assert cfg.environment["LABFLEET_GPU_ENFORCEMENT"] == "caps" and "PATH" not in cfg.environment
+    # A whole device: no cap, the image's setting stands.
+    whole = _spec(devices=[_gpu(U0, 0, 1)], gpu=1)
+    assert container_config(whole, image_env=image_env).environment == whole.env
+
+
 def test_whole_device_with_mps_on_the_node_needs_no_pipe():
     # MPS limits only fractions; a whole device is the session's alone.
     cfg = container_config(_spec(devices=[_gpu(U0, 0, 1)], mps=True, gpu=1))
@@ -251,7 +271,15 @@ class _OrmSpawner:
 def _docker_spawner(**config):
     from spawner.docker import LabfleetDockerSpawner
 
-    return LabfleetDockerSpawner(user=_User(), orm_spawner=_OrmSpawner(), **config)
+    s = LabfleetDockerSpawner(user=_User(), orm_spawner=_OrmSpawner(), **config)
+
+    async def no_engine(method, *args, **kwargs):
+        if method == "inspect_image":  # a fraction's caps merge with the image's own environment
+            return {"Config": {"Env": []}}
+        raise AssertionError(f"no Docker engine in unit tests: {method}")
+
+    s.docker = no_engine
+    return s
 
 
 NET = sessionnet.SessionNetwork.parse("lfdock0", "10.214.0.0/16", "127.0.0.1", 8000)
@@ -346,6 +374,35 @@ async def test_backend_hands_the_containers_environment_to_the_session():
     # The MPS pipe directory the container config adds, beside the spec's own variables
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and env["LABFLEET_GPU_SHARES"] == "0.5"
+
+
+async def test_backend_merges_the_pytorch_cap_with_the_deployments_and_the_images():
+    from types import SimpleNamespace
+
+    s = _docker_spawner(network_name="host", environment={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    s.api_token = "t"
+    s.hub = SimpleNamespace(
+        public_host="", url="/hub/", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"
+    )
+    asked = []
+
+    async def engine(method, *args, **kwargs):
+        asked.append((method, args))
+        assert method == "inspect_image"
+        return {
+            "Config": {
+                "Env": ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,per_process_memory_fraction:0.1"]
+            }
+        }
+
+    s.docker = engine
+    await s.lf_prepare(_spec(devices=[_gpu(U0, 0, 0.25)], gpu=0.25))
+    assert asked == [("inspect_image", ("lab/py:1",))]
+    env = s.get_env()
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == (
+        "max_split_size_mb:64,expandable_segments:True,per_process_memory_fraction:0.1"
+    )
+    assert env["LABFLEET_GPU_ENFORCEMENT"] == "caps" and env["CUPY_GPU_MEMORY_LIMIT"] == "25%"
 
 
 # -- the sessions' network -----------------------------------------------------------------------------

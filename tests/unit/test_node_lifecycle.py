@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from hub_ext.agent.app import mock_devices_of, reading_json, target_of
 from hub_ext.compute.agents import NodeBeat, judge
-from hub_ext.usage.sampler import GpuReading, Reading, Target
+from hub_ext.core.errors import InvalidInput
+from hub_ext.usage.records import parse_agent_readings
+from hub_ext.usage.sampler import GpuProcess, GpuReading, Reading, Target
 
 NOW = datetime(2026, 11, 24, 5, 0, tzinfo=timezone.utc)
 
@@ -58,9 +61,21 @@ def test_agent_wire_format_round_trips():
     r = Reading("s1", 1.5, True, 2.0, 100, (GpuReading("GPU-1", 50.0, 10),), "x" * 2000)
     out = reading_json(r)
     assert (
-        out["gpus"] == [{"uuid": "GPU-1", "util_percent": 50.0, "mem_bytes": 10}]
+        out["gpus"] == [{"uuid": "GPU-1", "util_percent": 50.0, "mem_bytes": 10, "processes": ()}]
         and len(out["error"]) == 1000
     )
+    # Each device's processes travel too (the GPU share backstop needs them), and come back whole.
+    gpu = GpuReading("GPU-1", 50.0, 10, (GpuProcess(4242, 10, 1764200000.5), GpuProcess(7, None, None)))
+    sent = Reading("s1", 1764200001.0, True, 2.0, 100, (gpu,))
+    assert parse_agent_readings(json.loads(json.dumps([reading_json(sent)])), 1764200002.0) == [sent]
+    # An older agent's reading (no processes) is still taken
+    old = reading_json(Reading("s1", 1764200001.0, True, 2.0, 100, (GpuReading("GPU-1", 50.0, 10),)))
+    del old["gpus"][0]["processes"]
+    assert parse_agent_readings([old], 1764200002.0)[0].gpus[0].processes == ()
+    bad = json.loads(json.dumps([reading_json(sent)]))
+    bad[0]["gpus"][0]["processes"][0]["pid"] = "4242"
+    with pytest.raises(InvalidInput, match=r"processes\[0\]\.pid must be a process id"):
+        parse_agent_readings(bad, 1764200002.0)
     assert target_of({"session_id": "s1", "pid": 12, "container": None, "devices": ["GPU-1"]}) == Target(
         "s1", pid=12, devices=("GPU-1",)
     )

@@ -72,6 +72,28 @@ def test_session_summary_without_the_service_and_without_a_limit():
     assert s["inference"]["url"] == "/user/alice/labfleet/inference/" and s["service"].endswith("502")
 
 
+def test_session_summary_tells_the_share_and_how_it_is_held_from_the_spawners_environment():
+    from spawner.launch import build_launch
+    from spawner.options import parse_options
+
+    session = {"id": "s1", "project": "acme/ml", "devices": [dict(DEVICE, shares=0.25)]}
+    options = parse_options({"project": "ml", "gpu": 0.25})
+    kw = dict(now=NOW, user="alice", server_name="w", base_url="/user/alice/w/")
+    for mps, held in ((False, "caps"), (True, "mps")):
+        environ = build_launch(session, options, mps=mps).env
+        s = fleet.session_summary(SessionEnv.from_environ(environ), None, **kw)
+        assert s["gpu_share"] == {"shares": 0.25, "memory": 20 * GiB, "enforcement": held}
+    # Whole devices (or none), and an odd number, tell no share / no bytes.
+    whole = build_launch(dict(session, devices=[dict(DEVICE, shares=1)]), options).env
+    assert fleet.session_summary(SessionEnv.from_environ(whole), None, **kw)["gpu_share"] is None
+    odd = {"LABFLEET_GPU_SHARES": "0.5", "LABFLEET_GPU_ENFORCEMENT": "caps", "LABFLEET_GPU_MEMORY_LIMIT": "²"}
+    assert fleet.session_summary(SessionEnv.from_environ(odd), None, **kw)["gpu_share"] == {
+        "shares": 0.5,
+        "memory": None,
+        "enforcement": "caps",
+    }
+
+
 def test_gpu_rows_whole_shared_and_foreign_namespaces():
     reading = {"gpu_util": 90, "mem_used": 30 * GiB, "mem_total": 80 * GiB}
     procs = [

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from spawner.form import render, unavailable
-from spawner.launch import Mount, build_launch
+from spawner.launch import Mount, build_launch, merge_alloc_conf, with_caps
 from spawner.options import OptionsError, options_from_form, parse_mem, parse_options
 from spawner.sandbox import (
     SandboxSpec,
@@ -355,3 +355,99 @@ def test_a_session_gets_its_gpus_device_nodes_and_the_drivers_only(tmp_path):
     nodes = gpu_device_nodes([gpu], dev=str(tmp_path))
     assert nodes == (str(tmp_path / "nvidiactl"), str(tmp_path / "nvidia-uvm"), str(tmp_path / "nvidia1"))
     assert gpu_device_nodes([], dev=str(tmp_path)) == ()
+
+
+CAPS = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "CUPY_GPU_MEMORY_LIMIT",
+    "LABFLEET_GPU_ENFORCEMENT",
+)
+
+
+def test_a_fraction_caps_every_framework_with_or_without_mps():
+    o = parse_options({"project": "ml", "gpu": 0.5})
+    quarter = dict(SESSION, devices=[dict(SESSION["devices"][0], shares=0.25)])
+    caps = build_launch(quarter, o).env
+    assert {k: caps[k] for k in CAPS} == {
+        "PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.25",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.25",
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "CUPY_GPU_MEMORY_LIMIT": "25%",
+        "LABFLEET_GPU_ENFORCEMENT": "caps",
+    }
+    assert caps["LABFLEET_GPU_MEMORY_LIMIT"] == str(20 * GIB)
+    mps = build_launch(SESSION, o, mps=True).env
+    assert mps["LABFLEET_GPU_ENFORCEMENT"] == "mps" and mps["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert mps["PYTORCH_CUDA_ALLOC_CONF"] == "per_process_memory_fraction:0.5"
+    assert mps["CUPY_GPU_MEMORY_LIMIT"] == "50%"
+    whole = dict(SESSION, devices=[dict(SESSION["devices"][0], shares=1)])
+    for env in (build_launch(whole, o, mps=True).env, build_launch(dict(SESSION, devices=[]), o).env):
+        assert not set(CAPS) & set(env)
+
+
+@pytest.mark.parametrize(
+    "theirs, expected",
+    [
+        (None, "per_process_memory_fraction:0.25"),
+        ("", "per_process_memory_fraction:0.25"),
+        (" , ", "per_process_memory_fraction:0.25"),
+        (
+            "expandable_segments:True,max_split_size_mb:128",
+            "expandable_segments:True,max_split_size_mb:128,per_process_memory_fraction:0.25",
+        ),
+        # Theirs is larger: ours; smaller: theirs, as they wrote it.
+        (
+            "per_process_memory_fraction:0.9,expandable_segments:True",
+            "expandable_segments:True,per_process_memory_fraction:0.25",
+        ),
+        ("per_process_memory_fraction:1e-1", "per_process_memory_fraction:1e-1"),
+        # A fraction PyTorch would refuse gives way to ours; other odd items stay theirs to judge.
+        ("per_process_memory_fraction:lots", "per_process_memory_fraction:0.25"),
+        ("per_process_memory_fraction:0,junk", "junk,per_process_memory_fraction:0.25"),
+        ("per_process_memory_fraction:NaN", "per_process_memory_fraction:0.25"),
+        ("per_process_memory_fraction:", "per_process_memory_fraction:0.25"),
+        # A [...] list keeps its commas.
+        (
+            "roundup_power2_divisions:[256:1,512:2],garbage_collection_threshold:0.6",
+            "roundup_power2_divisions:[256:1,512:2],garbage_collection_threshold:0.6,"
+            "per_process_memory_fraction:0.25",
+        ),
+    ],
+)
+def test_merge_alloc_conf_keeps_theirs_under_the_smaller_fraction(theirs, expected):
+    ours = "per_process_memory_fraction:0.25"
+    assert merge_alloc_conf(theirs, ours) == expected
+    assert merge_alloc_conf(expected, ours) == expected  # merging again changes nothing
+
+
+def test_with_caps_merges_their_pytorch_setting_and_leaves_whole_devices_alone():
+    ours = {"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.5", "LABFLEET_GPU_FRACTION": "0.5"}
+    theirs = {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.2",
+    }
+    assert with_caps(theirs, ours) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,per_process_memory_fraction:0.5",
+        # PyTorch reads the newer name first: the cap goes there too (theirs is smaller).
+        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.2",
+        "LABFLEET_GPU_FRACTION": "0.5",
+    }
+    assert with_caps(theirs, {"LABFLEET_GPU_SHARES": "1"}) == {"LABFLEET_GPU_SHARES": "1"}
+
+
+def test_mps_follows_the_sessions_node_not_the_hub_host(monkeypatch, tmp_path):
+    from spawner.mixin import session_mps
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))  # the Hub host's: never looked at
+    on = {"node_mps": {"state": "on", "reason": None, "pipe_dir": "/run/labfleet/mps"}}
+    failed = {"node_mps": {"state": "failed", "reason": "died", "pipe_dir": None}}
+    assert session_mps("auto", on) == (True, "/run/labfleet/mps")
+    assert session_mps("auto", failed) == (False, None)
+    assert session_mps("auto", {"node_mps": None}) == (False, None)
+    assert session_mps("auto", {}) == (False, None)
+    assert session_mps("yes", failed) == (True, None)
+    assert session_mps("no", on) == (False, None)

@@ -105,6 +105,15 @@ def test_fraction_without_mps_caps_the_frameworks():
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in cfg.env
 
 
+def test_a_fractions_caps_reach_the_service_merged_with_the_images_setting():
+    image_env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    cfg = service_config(_spec(devices=[_gpu(U0, 0, Decimal("0.25"))]), LABELS, image_env=image_env)
+    assert cfg.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,per_process_memory_fraction:0.25"
+    assert (
+        cfg.env["LABFLEET_GPU_ENFORCEMENT"] == "caps" and cfg.env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    )
+
+
 def test_vfolder_mounts_are_binds_of_the_same_paths():
     mounts = [
         Mount("/srv/vfolders/a", "/home/jovyan/vfolders/data", "ro"),

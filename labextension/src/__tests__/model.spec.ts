@@ -9,6 +9,7 @@ import {
   formatQuotaRow,
   formatSlot,
   formatSlots,
+  gpuShareLabel,
   memInput,
   parseMem,
   quotaLevel,
@@ -54,6 +55,18 @@ describe('formatting', () => {
     expect(deviceLabel({ index: 1, model: 'A100-80GB', shares: 1 })).toBe('GPU 1 (A100-80GB)');
     expect(deviceLabel({ index: 2, model: 'H100', shares: '0.25' })).toBe('0.25 of GPU 2 (H100)');
     expect(deviceLabel({ index: 3, model: 'T4' })).toBe('GPU 3 (T4)');
+  });
+
+  it('says how a share of a GPU holds', () => {
+    expect(gpuShareLabel({ shares: 0.25, memory: 20 * GiB, enforcement: 'mps' })).toBe(
+      '0.25 of a GPU · 20 GiB · held by MPS'
+    );
+    expect(gpuShareLabel({ shares: 0.5, memory: null, enforcement: 'caps' })).toBe(
+      '0.5 of a GPU · framework caps only (advisory)'
+    );
+    expect(gpuShareLabel({ shares: null, memory: GiB, enforcement: 'caps' })).toBe(
+      'a share of a GPU · 1 GiB · framework caps only (advisory)'
+    );
   });
 
   it('formats durations', () => {

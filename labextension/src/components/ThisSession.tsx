@@ -5,7 +5,14 @@
 import { Button } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { deviceLabel, formatDuration, formatSlots, timeLeftLevel, timeLeftNow } from '../model';
+import {
+  deviceLabel,
+  formatDuration,
+  formatSlots,
+  gpuShareLabel,
+  timeLeftLevel,
+  timeLeftNow
+} from '../model';
 import type { FleetStore } from '../store';
 import { Empty, ErrorNote, Item } from './common';
 import { IdleWarning } from './IdleWarning';
@@ -58,6 +65,11 @@ export function ThisSession(props: { store: FleetStore; onStop: () => void }): J
             'no GPU'
           )}
         </Item>
+        {s.gpu_share ? (
+          <Item label="GPU share" testid="lf-this-gpu-share">
+            {gpuShareLabel(s.gpu_share)}
+          </Item>
+        ) : null}
         <Item label="Uptime" testid="lf-this-uptime">
           {uptime === null ? '–' : formatDuration(uptime)}
         </Item>

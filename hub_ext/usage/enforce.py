@@ -1,0 +1,275 @@
+"""The backstop at the edge: act on the sessions :mod:`hub_ext.usage.overuse` finds over their share
+of a device's memory, at each usage tick of the service (after the readings are accrued).
+
+Each action writes the audit entry ``session.gpu-overuse`` (``details.action``: warn, kill or stop,
+with the numbers), puts what happened in the session's ``status_reason`` (what its owner reads in
+``GET /api/sessions/<id>``, the Lab sidebar and the session's own info: ``gpu-overuse warning: ...``,
+``gpu-overuse kill: ...``, or for a stop ``gpu-overuse: ...``, the reason its end keeps) and counts it in the metric
+``labfleet_gpu_overuse_total{action, resource_group}``:
+
+- ``warn``: nothing else; the session runs on.
+- ``kill``: SIGKILL to the chosen processes, on the service's own node (a process is killed only
+  when its pid still belongs to the process the sampler read, by its start time); each one audited
+  with its pid, command line and device memory.  On a node run by an agent the service cannot kill
+  (an agent has no command channel), so it warns instead and says so (``details.wanted: kill``).
+  With no process to pick (the driver gave no per-process figures) it warns too.
+- ``stop``: TERMINATING with the reason, then the Hub is asked to stop the server (as idle
+  reclamation does; back to RUNNING when the Hub does not stop it).  Without a Hub to ask, it warns.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hub_ext.compute import sessions
+from hub_ext.core import audit
+from hub_ext.core import db as lfdb
+from hub_ext.core.authz import Actor
+from hub_ext.core.models import Allocation, ComputeSession, Device, Domain, Node, ResourceGroup, User
+from hub_ext.usage import overuse
+from hub_ext.usage.sampler import Reading
+
+AUDIT_ACTION = "session.gpu-overuse"
+NO_COMMAND_CHANNEL = "the node is run by an agent, which has no command channel to kill processes with"
+
+StopServer = Callable[[str, str], Awaitable[bool]]
+Killer = Callable[[overuse.Proc], "Killed"]
+
+
+@dataclass(frozen=True)
+class Killed:
+    pid: int
+    killed: bool
+    cmdline: str
+    mem_bytes: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Where:
+    user: str
+    server: str
+    domain: str
+    group: str
+    local: bool  # on the service's own node (not an agent's)
+
+
+def kill_process(proc: overuse.Proc) -> Killed:
+    """SIGKILL ``proc`` if its pid still belongs to the process the sampler read."""
+    try:
+        p = psutil.Process(proc.pid)
+        cmdline = " ".join(p.cmdline()) or p.name()
+        if proc.started is None or abs(p.create_time() - proc.started) > 0.01:
+            return Killed(
+                proc.pid, False, cmdline[:500], proc.mem_bytes, "its pid now belongs to another process"
+            )
+        p.send_signal(signal.SIGKILL)  # psutil checks the process is still the same one
+        return Killed(proc.pid, True, cmdline[:500], proc.mem_bytes)
+    except psutil.NoSuchProcess:
+        return Killed(proc.pid, False, "", proc.mem_bytes, "it had already exited")
+    except psutil.Error as e:
+        return Killed(proc.pid, False, "", proc.mem_bytes, f"{type(e).__name__}: {e}")
+
+
+def holdings(
+    db: Session, readings: Iterable[Reading], node_name: str
+) -> tuple[list[overuse.Holding], dict[str, _Where]]:
+    """The fractions of devices RUNNING sessions hold, with what their processes hold on them."""
+    by_sid = {r.session_id: r for r in readings if r.alive and r.gpus}
+    if not by_sid:
+        return [], {}
+    s = ComputeSession
+    rows = db.execute(
+        select(
+            s.id,
+            s.name,
+            User.username,
+            Domain.name,
+            ResourceGroup.name,
+            ResourceGroup.gpu_overuse,
+            Node.name,
+            Node.agent_token_id,
+            Allocation.device_id,
+            Allocation.shares_centi,
+            Device.uuid,
+            Device.memory_bytes,
+        )
+        .join(Allocation, Allocation.session_id == s.id)
+        .join(Device, Device.id == Allocation.device_id)
+        .join(Node, Node.id == Allocation.node_id)
+        .join(User, User.id == s.user_id)
+        .join(Domain, Domain.id == s.domain_id)
+        .join(ResourceGroup, ResourceGroup.id == s.resource_group_id)
+        .where(s.id.in_(list(by_sid)), s.status == "RUNNING")
+    ).all()
+    device_ids = {r[8] for r in rows}
+    holders: dict[int, int] = {
+        device_id: n
+        for device_id, n in db.execute(
+            select(Allocation.device_id, func.count(func.distinct(Allocation.session_id)))
+            .where(Allocation.device_id.in_(device_ids))
+            .group_by(Allocation.device_id)
+        )
+        if device_id is not None
+    }
+    shares: dict[tuple[str, str], int] = defaultdict(int)
+    facts: dict[tuple[str, str], tuple[Any, ...]] = {}
+    where: dict[str, _Where] = {}
+    for sid, server, user, domain, group, policy, node, agent, device_id, centi, uuid, memory in rows:
+        shares[(sid, uuid)] += int(centi or 0)
+        facts[(sid, uuid)] = (policy, holders.get(device_id or 0, 1) > 1, int(memory or 0))
+        where[sid] = _Where(user, server, domain, group, node == node_name and agent is None)
+    out = []
+    for (sid, uuid), centi in shares.items():
+        g = next((g for g in by_sid[sid].gpus if g.uuid == uuid), None)
+        if g is None:
+            continue
+        policy, shared, memory = facts[(sid, uuid)]
+        procs = tuple(overuse.Proc(p.pid, p.mem_bytes or 0, p.started) for p in g.processes)
+        out.append(
+            overuse.Holding(sid, uuid, centi / 100, memory, policy or "auto", shared, g.mem_bytes, procs)
+        )
+    return out, where
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def describe(d: overuse.Decision) -> str:
+    """Why the session is acted on, in the words its owner reads."""
+    h, a = d.holding, d.allowance
+    return (
+        f"its processes held {_gib(h.used_bytes or 0)} of GPU {h.uuid} at {d.ticks} samples in a row, "
+        f"over its share of {h.share:g} of the device ({_gib(a.share_bytes)}, tolerance {_gib(a.tolerance)})"
+    )
+
+
+def _details(d: overuse.Decision, action: str, w: _Where) -> dict[str, Any]:
+    h, a = d.holding, d.allowance
+    return {
+        "action": action,
+        "policy": h.policy,
+        "device": h.uuid,
+        "share": h.share,
+        "share_bytes": a.share_bytes,
+        "tolerance_bytes": a.tolerance,
+        "used_bytes": h.used_bytes,
+        "ticks": d.ticks,
+        "shared_device": h.shared,
+        "processes": [{"pid": p.pid, "mem_bytes": p.mem_bytes} for p in h.processes],
+        "user": w.user,
+        "server": w.server,
+        "resource_group": w.group,
+    }
+
+
+def _note(
+    session_factory: sessionmaker[Session], d: overuse.Decision, w: _Where, reason: str, details: dict
+) -> None:
+    """Audit the action and tell the session (its status reason), in one transaction."""
+    with lfdb.session_scope(session_factory) as db:
+        s = db.get(ComputeSession, d.holding.session_id)
+        if s is not None and s.status == "RUNNING":
+            s.status_reason = reason[:1000]
+        audit.record(
+            db, Actor.cli(), AUDIT_ACTION, d.holding.session_id, target_domain=w.domain, details=details
+        )
+
+
+async def act(
+    session_factory: sessionmaker[Session],
+    d: overuse.Decision,
+    w: _Where,
+    *,
+    stop_server: StopServer | None,
+    log: logging.Logger,
+    kill: Killer = kill_process,
+) -> str | None:
+    """Carry out one decision; returns the action taken (warn, kill or stop; None: it ended meanwhile)."""
+    action, why = d.action, describe(d)
+    details = _details(d, action, w)
+    if action == "kill" and (not w.local or not d.victims):
+        details["wanted"] = "kill"
+        details["why_not"] = NO_COMMAND_CHANNEL if not w.local else "the driver lists none of its processes"
+        action = details["action"] = "warn"
+    if action == "stop" and stop_server is None:
+        details["wanted"], details["why_not"] = "stop", "the service has no Hub to stop servers through"
+        action = details["action"] = "warn"
+    sid = d.holding.session_id
+    if action == "warn":
+        _note(session_factory, d, w, f"gpu-overuse warning: {why}; free device memory", details)
+    elif action == "kill":
+        done = [kill(p) for p in d.victims]
+        details["killed"] = [
+            {"pid": k.pid, "cmdline": k.cmdline, "mem_bytes": k.mem_bytes} for k in done if k.killed
+        ]
+        details["not_killed"] = [
+            {"pid": k.pid, "cmdline": k.cmdline, "error": k.error} for k in done if not k.killed
+        ]
+        which = ", ".join(f"{k.pid} ({k.cmdline[:80]}, {_gib(k.mem_bytes)})" for k in done if k.killed)
+        reason = (
+            f"gpu-overuse kill: {why}; killed the processes it started last: {which or 'none (all gone)'}"
+        )
+        _note(session_factory, d, w, reason, details)
+    else:
+        reason = f"gpu-overuse: {why}; stopped"[:1000]
+        with lfdb.session_scope(session_factory) as db:
+            s = db.get(ComputeSession, sid)
+            if s is None or s.status != "RUNNING":
+                return None
+            sessions.lock_current(db, s)
+            if s.status != "RUNNING":
+                return None
+            sessions.set_status(s, "TERMINATING", reason)
+            audit.record(db, Actor.cli(), AUDIT_ACTION, sid, target_domain=w.domain, details=details)
+        assert stop_server is not None
+        if not await stop_server(w.user, w.server):
+            log.warning("Session %s is over its GPU share, but the Hub did not stop it", sid)
+            with lfdb.session_scope(session_factory) as db:
+                s = db.get(ComputeSession, sid)
+                if s is not None and s.status == "TERMINATING" and s.status_reason == reason:
+                    sessions.set_status(
+                        s, "RUNNING", "the Hub did not stop it when it was over its GPU share"
+                    )
+    log.warning("Session %s (%s/%s): gpu-overuse, %s: %s", sid, w.user, w.server, action, why)
+    return action
+
+
+async def enforce(
+    session_factory: sessionmaker[Session],
+    readings: Sequence[Reading],
+    watch: overuse.Watch,
+    *,
+    node_name: str,
+    stop_server: StopServer | None,
+    log: logging.Logger,
+    observe: Callable[[str, str], None] | None = None,
+    kill: Killer = kill_process,
+) -> list[tuple[str, str]]:
+    """One tick of the backstop over this tick's readings: (session id, action taken) of each act."""
+    with lfdb.session_scope(session_factory) as db:
+        found, where = holdings(db, readings, node_name)
+    done = []
+    for d in overuse.judge(found, watch):
+        w = where[d.holding.session_id]
+        try:
+            action = await act(session_factory, d, w, stop_server=stop_server, log=log, kill=kill)
+        except Exception:  # one session's failure must not stop the others'
+            log.exception("gpu-overuse: acting on session %s failed", d.holding.session_id)
+            continue
+        if action is None:
+            continue
+        if observe is not None:
+            observe(action, w.group)
+        done.append((d.holding.session_id, action))
+    return done
