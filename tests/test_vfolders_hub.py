@@ -520,6 +520,13 @@ def test_resumed_upload_after_a_dropped_connection(world):
     assert list(w.uploads_dir(fid).iterdir()) == []
     assert not (w.data_dir(fid) / "small.bin").exists()
     assert w.my_scope("frank")["reserved"] == 0
+    # A body with a method its path does not take is never streamed into an upload: 405, nothing held.
+    assert w.status("frank", "PATCH", f"/vfolders/{fid}/files/p.bin", data=b"abc") == 405
+    up = w.ok("frank", "POST", f"/vfolders/{fid}/uploads", 201, json={"path": "q.bin", "size": 3})
+    assert w.status("frank", "PUT", f"/vfolders/{fid}/uploads/{up['id']}", data=b"abc") == 405
+    w.ok("frank", "DELETE", f"/vfolders/{fid}/uploads/{up['id']}", 200)
+    assert not (w.data_dir(fid) / "p.bin").exists() and list(w.uploads_dir(fid).iterdir()) == []
+    assert w.my_scope("frank")["reserved"] == 0
 
 
 # ---------------------------------------------------------------- 6. directories as tar

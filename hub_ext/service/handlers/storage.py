@@ -201,6 +201,9 @@ class _StreamingHandler(VFolderAPIHandler):
     """Streams a PUT or PATCH body into an upload (hub_ext.storage.uploads) as it arrives."""
 
     upload: uploads.Body | None = None
+    # The method whose body is the upload's; any other is answered by its own handler (405 where
+    # the handler has none), its body never streamed into an upload.
+    body_method = "PUT"
     # A refusal decided while the body arrived (more bytes than said, the disk): sent once it is in.
     # One decided from the headers (rights, quota, Content-Length) is sent at once, before the body
     # is read, saying Connection: close (see APIHandler._close_if_body_unread).
@@ -210,7 +213,7 @@ class _StreamingHandler(VFolderAPIHandler):
         self.actor = await self.authenticate()
         # Bodies of any size, for callers who may upload; others keep tornado's limit.
         self.request.connection.set_max_body_size(uploads.MAX_UPLOAD)  # type: ignore[union-attr]
-        if self.request.method in ("PUT", "PATCH"):
+        if self.request.method == self.body_method:
             self.upload = self.begin_body()
 
     def refuse_late(self) -> bool:
@@ -401,6 +404,8 @@ class UploadHandler(_StreamingHandler):
     """GET: where an upload stands; PATCH with Upload-Offset: the next chunk; DELETE: cancel.
 
     A dropped PATCH keeps what arrived: GET tells the offset to resume from."""
+
+    body_method = "PATCH"
 
     def begin_body(self) -> uploads.Body:
         folder_id, upload_id = self.path_args
