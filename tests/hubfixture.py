@@ -236,6 +236,15 @@ class Hub:
         s.login_status = r.status_code  # 302 on success, 403 on failure
         return s
 
+    def wait_ready(self) -> None:
+        """Wait until the Hub and the labfleet service answer (stopping the Hub if it never does)."""
+        try:
+            wait_for(f"{self.url}/hub/api", self.proc, self.log_path)
+            wait_for(f"{self.api_url}/openapi.yaml", self.proc, self.log_path)
+        except Exception:
+            self.stop()
+            raise
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -275,6 +284,7 @@ def start_hub(
     venv: Path | None = None,
     ip: str = "127.0.0.1",
     console: bool = False,
+    wait: bool = True,
 ) -> Hub:
     """Start the Hub; ``ports`` from an earlier Hub restarts it where running servers expect it; ``env``
     adds to the Hub's environment (and the service's, for the variables the service is passed).
@@ -283,7 +293,10 @@ def start_hub(
     environment (the venv on PATH; no PYTHONPATH, no LABFLEET_* variables but the Hub's own).
     ``ip``: where the Hub's proxy listens (another node's sessions reach it there).
     ``console``: with the admin console (``labfleet-admin``), for the tests that use it; without, the
-    Hub starts about 6 s sooner (it waits for every managed service before it answers)."""
+    Hub starts about 6 s sooner (it waits for every managed service before it answers).
+    ``wait``: False returns once the Hub is started, before it answers: call ``hub.wait_ready()``
+    (to start several Hubs side by side; each start sets this process's secret key file, so
+    start them one after the other and then wait for them)."""
     if not shutil.which("configurable-http-proxy"):
         raise RuntimeError("configurable-http-proxy is not on PATH: run `bash scripts/setup.sh --test`")
     state.mkdir(parents=True, exist_ok=True)
@@ -340,12 +353,8 @@ def start_hub(
     )
     url = f"http://{ip}:{port}"
     hub = Hub(url, state, db_url, admin_token, service_token, proc, log_path, env, ports)
-    try:
-        wait_for(f"{url}/hub/api", proc, log_path)
-        wait_for(f"{url}/services/labfleet/api/openapi.yaml", proc, log_path)
-    except Exception:
-        hub.stop()
-        raise
+    if wait:
+        hub.wait_ready()
     return hub
 
 

@@ -1,21 +1,36 @@
-"""The real ``labfleet`` command, run as a subprocess (``python -m hub_ext.cli``).
+"""The ``labfleet`` command (``hub_ext.cli``), run the way a shell runs it.
 
 Each test has its own SQLite database and secret key file in its tmp dir.  A database
 initialized with a few tenants is made once per module and copied into each test's dir, so
-only the tests about ``init`` and ``demo`` pay for creating one.  Every command is a new
-Python process (~0.4 s): the tests run as few as they need.
+only the tests about ``init`` and ``demo`` pay for creating one.
+
+Commands run in this process (``Cli.run``): ``main(argv)`` with the environment, working
+directory, stdin (not a terminal), stdout, stderr, logging, warnings, signal handlers and argv of
+a process of their own, its exit status from ``SystemExit``, and after it everything it leaves
+behind undone (its database engines disposed, traitlets singletons, logging, the environment and
+the rest as they were), so no command sees another's state.  A new Python process costs ~0.5 s a
+command; this costs what the command does.  ``test_the_real_command`` and the terminal test run
+the real ``python -m hub_ext.cli`` as a subprocess, and check that it answers as ``Cli.run``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import stat
 import subprocess
 import sys
+import threading
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOGIN_URL = "http://127.0.0.1:8000/hub/login"
 DB_FILE = "labfleet.sqlite"
 KEY_FILE = "labfleet_secret.key"
+ENTRY_POINT = [sys.executable, "-m", "hub_ext.cli"]
 
 
 class Cli:
@@ -43,8 +59,13 @@ class Cli:
         self.env = env
 
     def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """``labfleet ARGS``, in this process as in a process of its own (see the module's doc)."""
+        return run_in_process(list(args), env or self.env, self.dir)
+
+    def run_process(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """``labfleet ARGS`` as a new process: the real entry point, ``python -m hub_ext.cli``."""
         return subprocess.run(
-            [sys.executable, "-m", "hub_ext.cli", *args],
+            [*ENTRY_POINT, *args],
             cwd=self.dir,
             env=env or self.env,
             stdin=subprocess.DEVNULL,  # not a TTY: nothing may prompt
@@ -54,9 +75,8 @@ class Cli:
         )
 
     def run_many(self, commands: list[list[str]]) -> list[subprocess.CompletedProcess]:
-        """Run independent commands side by side (each is a process of its own)."""
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            return list(pool.map(lambda args: self.run(*args), commands))
+        """Run independent commands, one after the other."""
+        return [self.run(*args) for args in commands]
 
     def __call__(self, *args: str) -> str:
         p = self.run(*args)
@@ -89,11 +109,7 @@ class Cli:
 
     def snapshot(self) -> dict:
         """What ``list --json`` shows of everything, and every row of every table."""
-        lists = ["domain", "project", "user"]
-        done = self.run_many([[what, "list", "--json"] for what in lists])
-        for p in done:
-            assert p.returncode == 0, p.stderr
-        snap = {what: json.loads(p.stdout) for what, p in zip(lists, done, strict=True)}
+        snap = {what: self.json(what, "list") for what in ("domain", "project", "user")}
         snap["dump"] = self.dump()
         return snap
 
@@ -108,6 +124,158 @@ class Cli:
     def password_hash(self, username: str) -> str | None:
         rows = self.sql("SELECT password_hash FROM users WHERE username = ?", username)
         return rows[0][0] if rows else None
+
+
+# ---------------------------------------------------------------- in this process, as a process
+
+_ONE_AT_A_TIME = threading.Lock()  # a command owns the process's environment, directory and streams
+
+# The warning filters of a Python started without -W or PYTHONWARNINGS, the first that matches wins.
+_PYTHON_WARNING_FILTERS = (
+    ("default", DeprecationWarning, "__main__"),
+    ("ignore", DeprecationWarning, ""),
+    ("ignore", PendingDeprecationWarning, ""),
+    ("ignore", ImportWarning, ""),
+    ("ignore", ResourceWarning, ""),
+)
+
+
+def run_in_process(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m hub_ext.cli ARGS`` with ``env`` in ``cwd``, stdin not a terminal, run here."""
+    from hub_ext.cli import main
+
+    # A process's stdout and stderr, when pipes: UTF-8 text over bytes (stderr never fails to encode).
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace", write_through=True)
+    with _ONE_AT_A_TIME, _as_its_own_process(args, env, cwd, out, err):
+        try:
+            main(args)
+            code = 0
+        except SystemExit as e:  # as the interpreter turns it into an exit status
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code & 0xFF
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except Exception:  # uncaught: the traceback on stderr, exit status 1
+            traceback.print_exc()
+            code = 1
+    return subprocess.CompletedProcess([*ENTRY_POINT, *args], code, _read(out), _read(err))
+
+
+def _read(pipe: io.TextIOWrapper) -> str:
+    """What ``subprocess.run(text=True)`` reads from a pipe: decoded, with universal newlines."""
+    return pipe.buffer.getvalue().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
+@contextlib.contextmanager
+def _as_its_own_process(
+    args: Sequence[str], env: dict[str, str], cwd: Path, out: io.TextIOWrapper, err: io.TextIOWrapper
+) -> Iterator[None]:
+    """What a command sees of its process is its own while it runs, and left as it was after."""
+    import hub_ext.cli
+    from hub_ext.core import db as lfdb
+
+    engines = []
+    make_engine = lfdb.make_engine
+
+    def make_and_keep_engine(*a, **kw):
+        engine = make_engine(*a, **kw)
+        engines.append(engine)
+        return engine
+
+    saved_env = dict(os.environ)
+    saved_cwd = os.getcwd()
+    saved_streams = sys.stdin, sys.stdout, sys.stderr
+    saved_argv = sys.argv
+    saved_umask = os.umask(0)
+    os.umask(saved_umask)
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    saved_logging = _logging_state()
+    singletons = _traitlets_singletons()
+    stdin = open(os.devnull)
+    try:
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            for action, category, module in reversed(_PYTHON_WARNING_FILTERS):  # each goes first
+                warnings.filterwarnings(action, category=category, module=module)
+            warnings.showwarning = _show_warning_on_stderr
+            os.environ.clear()
+            os.environ.update(env)
+            os.chdir(cwd)
+            sys.stdin, sys.stdout, sys.stderr = stdin, out, err
+            sys.argv = [str(Path(hub_ext.cli.__file__).with_name("__main__.py")), *args]  # as with -m
+            lfdb.make_engine = make_and_keep_engine
+            yield
+    finally:
+        lfdb.make_engine = make_engine
+        for engine in engines:  # as the process's exit would: every connection closed
+            engine.dispose()
+        for cls, instance in _traitlets_singletons().items():
+            if instance is not singletons.get(cls):
+                cls._instance = singletons.get(cls)
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        stdin.close()
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.umask(saved_umask)
+        for s, handler in saved_signals.items():
+            if signal.getsignal(s) is not handler:
+                signal.signal(s, handler)
+        _restore_logging(saved_logging)
+
+
+def _show_warning_on_stderr(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def _traitlets_singletons() -> dict[type, object]:
+    """Each traitlets singleton class that holds an instance now, with it (none: traitlets not loaded)."""
+    configurable = sys.modules.get("traitlets.config.configurable")
+    if configurable is None:
+        return {}
+    held, todo = {}, [configurable.SingletonConfigurable]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__dict__.get("_instance") is not None:
+            held[cls] = cls.__dict__["_instance"]
+    return held
+
+
+def _loggers() -> list[logging.Logger]:
+    return [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+
+
+def _logging_state() -> tuple[int, dict]:
+    """The level logging is disabled at, and each logger's handlers, level, propagate and disabled."""
+    return logging.root.manager.disable, {
+        lg: (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in _loggers()
+    }
+
+
+def _restore_logging(saved: tuple[int, dict]) -> None:
+    """Logging as it was: what a command configured is undone (a new logger: as a new one is)."""
+    disable, loggers = saved
+    if logging.root.manager.disable != disable:
+        logging.disable(disable)
+    for lg in _loggers():
+        state = loggers.get(lg, ([], logging.NOTSET, True, False))
+        if (lg.handlers, lg.level, lg.propagate, lg.disabled) == state:
+            continue
+        handlers, level, propagate, disabled = state
+        for handler in lg.handlers:
+            if handler not in handlers:
+                handler.close()
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate, lg.disabled = propagate, disabled
 
 
 def _generated_password(output: str) -> str:
@@ -477,7 +645,7 @@ BAD = [
 def test_bad_input_gives_one_error_line_and_changes_nothing(cli):
     before = cli.snapshot()
     problems = []
-    # None of them may write, so they can run side by side; the snapshot catches any that did.
+    # None of them may write; the snapshot catches any that did.
     for (args, code, piece), p in zip(BAD, cli.run_many([args for args, _, _ in BAD]), strict=True):
         lines = p.stderr.splitlines()
         if (
@@ -502,6 +670,49 @@ def test_help_and_version(cli):
     assert "Usage: labfleet domain create NAME" in out and "--slots" in out
     assert cli("help", "user", "create").startswith("Usage: labfleet user create NAME")
     assert re.match(r"^\d+\.\d+", cli("--version"))
+
+
+# ---------------------------------------------------------------- the real command
+
+REAL = [
+    # (arguments, exit status): what the real command answers, and Cli.run the same
+    (["--version"], 0),
+    (["domain", "list", "--json"], 0),
+    (["domain", "create", "acme"], 1),  # refused: it exists
+    (["frobnicate"], 2),  # bad usage
+    (["user", "passwd", "alice", "--password"], 2),  # it would ask: stdin is no terminal
+    (["user", "create", "zed", "--domain", "acme"], 2),  # no password given, none to ask on
+]
+
+
+def test_the_real_command(cli, tmp_path):
+    """``python -m hub_ext.cli`` as a process of its own (stdin not a terminal): its exit statuses,
+    its one error line, no prompt; and ``Cli.run`` answers each exactly as it does."""
+    (tmp_path / "none").mkdir()
+    fresh = Cli(tmp_path / "none")
+    before = cli.dump()
+    with ThreadPoolExecutor(max_workers=8) as pool:  # none of them writes: side by side
+        uninitialized = pool.submit(fresh.run_process, "domain", "list")
+        real = list(pool.map(lambda command: cli.run_process(*command[0]), REAL))
+    problems = []
+    for (args, code), p in zip(REAL, real, strict=True):
+        lines = p.stderr.splitlines()
+        if p.returncode != code or (
+            code and (len(lines) != 1 or not lines[0].startswith("labfleet: error: "))
+        ):
+            problems.append(
+                f"labfleet {' '.join(args)}: exit {p.returncode} (want {code}), stderr {p.stderr!r}"
+            )
+        here = cli.run(*args)
+        if (here.returncode, here.stdout, here.stderr) != (p.returncode, p.stdout, p.stderr):
+            problems.append(f"labfleet {' '.join(args)}: in this process {here}, as a process {p}")
+    assert not problems, "\n".join(problems)
+    assert re.match(r"^\d+\.\d+", real[0].stdout) and json.loads(real[1].stdout)
+    assert cli.dump() == before
+    # No database: one line saying what to do, exit 1, and no file made by asking.
+    p = uninitialized.result()
+    assert p.returncode == 1 and "labfleet init" in p.stderr and len(p.stderr.splitlines()) == 1, p
+    assert not fresh.db.exists()
 
 
 # ---------------------------------------------------------------- images

@@ -2,16 +2,22 @@
 generated valid and invalid requests, all checks, as a plain user and as a superadmin.
 
 It fails on any 5xx, any answer that does not match its schema (status, content type, body), and
-any invalid request the service accepts.  Requests go only to the Hub started here, on 127.0.0.1.
+any invalid request the service accepts.  Requests go only to the Hubs started here, on 127.0.0.1.
+Each generated request is sent as both callers, side by side, each to a Hub of its own made alike
+(see `worlds`): generated once (the two callers' runs generated the same requests anyway, from one
+seed), and one caller's answer is awaited while the other's is checked.
 Run it alone with ``pytest -p no:cacheprovider tests/test_fuzz_service.py -s`` to see the counts.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 import pytest
@@ -27,8 +33,8 @@ from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
 
-# Generated cases per operation and caller in the fuzzing phase (the examples and coverage phases add
-# their own, a number fixed by the schema).  Keeps the whole test under ~5 minutes on 2 busy cores.
+# Generated cases per operation in the fuzzing phase, each sent as every caller (the examples and
+# coverage phases add their own, a number fixed by the schema).  About 4 minutes on 2 busy cores.
 MAX_EXAMPLES = int(os.environ.get("LABFLEET_FUZZ_EXAMPLES", "40"))
 SEED = 20261123
 MAX_SERVERS = 2  # Hub servers per user that accepted POST /sessions may start (the Hub refuses more: 400)
@@ -173,9 +179,12 @@ SEEN_DEFECTS: Counter = Counter()
 CALLS: Counter = Counter()
 STARTED = time.monotonic()
 
+# Who sends every generated request, each to a Hub of its own (see `worlds`).
+CALLERS = ("user", "superadmin")
+
 
 class World:
-    """The Hub, the callers' tokens and what the fuzzer may find there."""
+    """One caller's Hub, the callers' tokens there and what the fuzzer may find there."""
 
     def __init__(self, hub):
         self.hub = hub
@@ -187,54 +196,91 @@ class World:
         self.random = random.Random(SEED)
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    # A valid POST /sessions from a user starts a real Hub server (a JupyterLab process): a few at most.
-    hub = start_hub(
-        tmp_path_factory.mktemp("fuzz"),
-        extra_config=f"c.JupyterHub.named_server_limit_per_user = {MAX_SERVERS}\n",
-    )
+def _build_world(hub) -> World:
+    """Wait for ``hub``, then make the small world the fuzzer finds there."""
+    hub.wait_ready()
     w = World(hub)
+    root = hub.wait_token("root")
+
+    def ok(method, path, body=None, token=root):
+        r = hub.api(method, path, token, json=body)
+        assert r.status_code in (200, 201), (method, path, r.text)
+        return r.json()
+
+    # A small world for the fuzzer to find: a domain, a project, a plain user in it with a folder.
+    ok("POST", "/domains", {"name": "fz"})
+    ok("POST", "/projects", {"domain": "fz", "name": "lab"})
+    ok("POST", "/users", {"username": "fuzzer", "domain": "fz", "projects": ["lab"]})
+    ok("POST", "/users", {"username": "mate", "domain": "fz", "projects": ["lab"]})
+    user = hub.wait_token("fuzzer")
+    w.tokens = {"user": user, "superadmin": root}
+    # Many requests in a few minutes: lift both callers' rate limits.
+    for name in ("root", "fuzzer"):
+        keys = {kp["access_key"] for kp in ok("GET", f"/keypairs?username={name}")}
+        w.keys[name] = keys
+        for key in keys:
+            ok("PATCH", f"/keypairs/{key}", {"rate_limit": 10_000_000})
+    # Folders to find: the user's own (with a file and a directory), a project folder.
+    mine = ok("POST", "/vfolders", {"name": "data"}, token=user)["id"]
+    r = hub.api("PUT", f"/vfolders/{mine}/files/a.txt", user, data=b"hello")
+    assert r.status_code == 201, r.text
+    ok("POST", f"/vfolders/{mine}/mkdir", {"path": "dir"}, token=user)
+    team = ok("POST", "/vfolders", {"name": "team", "project": "fz/lab"})["id"]
+    w.folder_ids = [mine, team]
+    for role in w.tokens:
+        s = requests.Session()  # keep-alive: one connection per caller for the whole run
+        s.trust_env = False  # no proxy from the environment: straight to 127.0.0.1
+        w.sessions[role] = s
+    return w
+
+
+class Worlds(NamedTuple):
+    by_caller: dict[str, World]
+    pool: ThreadPoolExecutor  # where the callers after the first send theirs
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    """A Hub for each caller, both made alike and run side by side: every generated request goes to
+    both, as the plain user to the user's Hub and as the superadmin to the superadmin's.  Neither
+    caller changes what the other finds (the superadmin may deactivate, demote or delete the plain
+    user, its domain or project), as when the user's run came first and the superadmin's after."""
+    hubs = {}
+    pool = ThreadPoolExecutor(max_workers=len(CALLERS), thread_name_prefix="fuzz")
     try:
-        root = hub.wait_token("root")
-
-        def ok(method, path, body=None, token=root):
-            r = hub.api(method, path, token, json=body)
-            assert r.status_code in (200, 201), (method, path, r.text)
-            return r.json()
-
-        # A small world for the fuzzer to find: a domain, a project, a plain user in it with a folder.
-        ok("POST", "/domains", {"name": "fz"})
-        ok("POST", "/projects", {"domain": "fz", "name": "lab"})
-        ok("POST", "/users", {"username": "fuzzer", "domain": "fz", "projects": ["lab"]})
-        ok("POST", "/users", {"username": "mate", "domain": "fz", "projects": ["lab"]})
-        user = hub.wait_token("fuzzer")
-        w.tokens = {"user": user, "superadmin": root}
-        # Many requests in a few minutes: lift both callers' rate limits.
-        for name in ("root", "fuzzer"):
-            keys = {kp["access_key"] for kp in ok("GET", f"/keypairs?username={name}")}
-            w.keys[name] = keys
-            for key in keys:
-                ok("PATCH", f"/keypairs/{key}", {"rate_limit": 10_000_000})
-        # Folders to find: the user's own (with a file and a directory), a project folder.
-        mine = ok("POST", "/vfolders", {"name": "data"}, token=user)["id"]
-        r = hub.api("PUT", f"/vfolders/{mine}/files/a.txt", user, data=b"hello")
-        assert r.status_code == 201, r.text
-        ok("POST", f"/vfolders/{mine}/mkdir", {"path": "dir"}, token=user)
-        team = ok("POST", "/vfolders", {"name": "team", "project": "fz/lab"})["id"]
-        w.folder_ids = [mine, team]
-        for role in w.tokens:
-            s = requests.Session()
-            s.trust_env = False  # no proxy from the environment: straight to 127.0.0.1
-            w.sessions[role] = s
-        yield w
+        # One after the other: each start sets this process's secret key file; they boot side by side.
+        for role in CALLERS:
+            hubs[role] = start_hub(
+                tmp_path_factory.mktemp(f"fuzz-{role}"),
+                # A valid POST /sessions starts a real Hub server (a JupyterLab process): a few at most.
+                extra_config=f"c.JupyterHub.named_server_limit_per_user = {MAX_SERVERS}\n",
+                wait=False,
+            )
+        built = {role: pool.submit(_build_world, hubs[role]) for role in CALLERS}
+        yield Worlds({role: f.result() for role, f in built.items()}, pool)
     finally:
-        hub.stop()
+        pool.shutdown(wait=True)
+        for hub in hubs.values():
+            if hub.proc.poll() is None:
+                hub.proc.terminate()  # all at once; stop() then waits for each
+        for hub in hubs.values():
+            hub.stop()
         operations = sum(1 for _ in schema.get_all_operations())
         print(
             f"\nschemathesis: {operations} operations, {sum(CALLS.values())} requests in "
             f"{time.monotonic() - STARTED:.0f} s: {dict(sorted(CALLS.items()))}"
         )
+
+
+def _twin(case):
+    """A copy of the generated ``case`` that one caller may adjust and send: its own containers and
+    metadata (sending a case marks it sent, and the adjustments below edit it in place)."""
+    twin = case.derive(keep_auth=True)
+    object.__setattr__(twin, "id", case.id)
+    object.__setattr__(twin, "body", copy.deepcopy(case.body))
+    object.__setattr__(twin, "query", copy.deepcopy(case.query))
+    object.__setattr__(twin, "_meta", copy.deepcopy(case._meta))
+    return twin
 
 
 def _use_real_folder(w: World, case) -> None:
@@ -282,6 +328,7 @@ def _base_url(w: World, path: str) -> str:
 
 
 def _call(w: World, role: str, case) -> None:
+    """Send ``case`` as ``role`` to its Hub and check the answer (every check, as configured)."""
     base_url = _base_url(w, case.path)
     assert urlparse(base_url).hostname == "127.0.0.1", base_url  # never spray the world
     _confine_host_paths(w, case)
@@ -294,11 +341,64 @@ def _call(w: World, role: str, case) -> None:
         "session": w.sessions[role],
         "headers": {"Authorization": f"token {w.tokens[role]}"},
     }
-    response = case.call(**transport)
-    if response.status_code >= 500 and (case.method, case.path) in KNOWN_DEFECTS:
-        SEEN_DEFECTS[(case.method, case.path)] += 1
-        return
-    case.validate_response(response, headers=transport["headers"], transport_kwargs=transport)
+    try:
+        response = case.call(**transport)
+        if response.status_code >= 500 and (case.method, case.path) in KNOWN_DEFECTS:
+            SEEN_DEFECTS[(case.method, case.path)] += 1
+            return
+        case.validate_response(response, headers=transport["headers"], transport_kwargs=transport)
+    except BaseException as e:  # schemathesis's FailureGroup is no Exception
+        e.add_note(f"(sent as the {role}, to its Hub at {w.hub.url})")
+        raise
+
+
+def _call_as_every_caller(worlds: Worlds, case) -> None:
+    """Send ``case`` as each caller, side by side (each to its own Hub); every failure is reported."""
+    first, *others = CALLERS
+    twins = {first: case, **{role: _twin(case) for role in others}}  # copied before any is sent
+    pending = {role: worlds.pool.submit(_call, worlds.by_caller[role], role, twins[role]) for role in others}
+    errors: list[BaseException] = []  # schemathesis's FailureGroup is no Exception
+    try:
+        _call(worlds.by_caller[first], first, twins[first])
+    except BaseException as e:
+        errors.append(e)
+    for role in others:  # always awaited: a caller's requests go one after the other
+        try:
+            pending[role].result()
+        except BaseException as e:
+            errors.append(e)
+    if errors:
+        for other in errors[1:]:
+            errors[0].add_note(f"\nAnd as the other caller: {type(other).__name__}: {other}")
+            errors[0].add_note("".join(getattr(other, "__notes__", [])))
+        raise errors[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _configuration_resolved_once():
+    """schemathesis works out an operation's configuration (its checks, its generation settings:
+    the run's, merged with every `operations` entry that matches it) anew for each generated case
+    and each answer it checks: over a tenth of this process's time.  CONFIG does not change during
+    the run, so each (operation, phase) is worked out once, by schemathesis, and kept."""
+    config = schema.config
+    cls = type(config)
+    patch = pytest.MonkeyPatch()
+    for name in ("checks_config_for", "generation_for", "phases_for"):
+        original = getattr(cls, name)
+        kept: dict = {}
+
+        def resolved(self, *, operation=None, _original=original, _kept=kept, **phase):
+            if self is not config:
+                return _original(self, operation=operation, **phase)
+            key = (id(operation), tuple(phase.items()))
+            hit = _kept.get(key)
+            if hit is None or hit[0] is not operation:  # the operation itself is kept: ids stay unique
+                hit = _kept[key] = (operation, _original(self, operation=operation, **phase))
+            return hit[1]
+
+        patch.setattr(cls, name, resolved)
+    yield
+    patch.undo()
 
 
 # ASCII paths under a folder (see CONFIG) leave hypothesis filtering many generated paths: that is
@@ -308,17 +408,12 @@ FUZZ_SETTINGS = settings(suppress_health_check=[HealthCheck.filter_too_much, Hea
 
 @schema.parametrize()
 @FUZZ_SETTINGS
-def test_fuzz_as_user(case, world):
-    _call(world, "user", case)
+def test_fuzz(case, worlds):
+    """Every generated request of every operation, as the plain user and as the superadmin."""
+    _call_as_every_caller(worlds, case)
 
 
-@schema.parametrize()
-@FUZZ_SETTINGS
-def test_fuzz_as_superadmin(case, world):
-    _call(world, "superadmin", case)
-
-
-def test_known_defects(world):
+def test_known_defects(worlds):
     """Last: the known 5xx the fuzzing met (see KNOWN_DEFECTS), as an expected failure while they last."""
     if SEEN_DEFECTS:
         pytest.xfail(
