@@ -34,6 +34,9 @@ from traitlets.config import Application, catch_config_error
 
 from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
 from hub_ext.compute.devices.mps import (
+    CONTROL_BINARY,
+    DEFAULT_LOG_DIR,
+    DEFAULT_PIPE_DIR,
     MPS_MODES,
     MpsStatus,
     MpsSupervisor,
@@ -194,7 +197,7 @@ class LabfleetAgent(Application):
         return _env("LABFLEET_AGENT_MPS", "auto")
 
     mps_binary = Unicode(
-        "nvidia-cuda-mps-control",
+        CONTROL_BINARY,
         help="The MPS control binary: a name looked up on PATH, or a path.",
     ).tag(config=True)
 
@@ -206,7 +209,7 @@ class LabfleetAgent(Application):
 
     @default("mps_pipe_dir")
     def _mps_pipe_dir(self):
-        return _env("LABFLEET_AGENT_MPS_PIPE_DIR", "/run/labfleet/mps")
+        return _env("LABFLEET_AGENT_MPS_PIPE_DIR", DEFAULT_PIPE_DIR)
 
     mps_log_dir = Unicode(
         help="""The MPS daemon's own log directory ($CUDA_MPS_LOG_DIRECTORY). Default:
@@ -215,7 +218,7 @@ class LabfleetAgent(Application):
 
     @default("mps_log_dir")
     def _mps_log_dir(self):
-        return _env("LABFLEET_AGENT_MPS_LOG_DIR", "/var/log/labfleet/mps")
+        return _env("LABFLEET_AGENT_MPS_LOG_DIR", DEFAULT_LOG_DIR)
 
     heartbeat = Float(10.0, help="Seconds between heartbeats until the service's answer says otherwise.").tag(
         config=True

@@ -33,6 +33,9 @@ from traitlets.config import Application, catch_config_error
 from hub_ext.compute import agents, images, nodes, reconcile, sessions
 from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
 from hub_ext.compute.devices.mps import (
+    CONTROL_BINARY,
+    DEFAULT_LOG_DIR,
+    DEFAULT_PIPE_DIR,
     MPS_MODES,
     MpsStatus,
     MpsSupervisor,
@@ -237,7 +240,7 @@ class LabfleetService(Application):
             raise TraitError(str(e)) from None
 
     mps_binary = Unicode(
-        "nvidia-cuda-mps-control", help="The MPS control binary: a name looked up on PATH, or a path."
+        CONTROL_BINARY, help="The MPS control binary: a name looked up on PATH, or a path."
     ).tag(config=True)
 
     mps_pipe_dir = Unicode(
@@ -247,7 +250,7 @@ class LabfleetService(Application):
 
     @default("mps_pipe_dir")
     def _mps_pipe_dir(self):
-        return os.environ.get("LABFLEET_MPS_PIPE_DIR") or "/run/labfleet/mps"
+        return os.environ.get("LABFLEET_MPS_PIPE_DIR") or DEFAULT_PIPE_DIR
 
     mps_log_dir = Unicode(
         help="""This node's MPS daemon's own log directory (its $CUDA_MPS_LOG_DIRECTORY). Default:
@@ -256,7 +259,7 @@ class LabfleetService(Application):
 
     @default("mps_log_dir")
     def _mps_log_dir(self):
-        return os.environ.get("LABFLEET_MPS_LOG_DIR") or "/var/log/labfleet/mps"
+        return os.environ.get("LABFLEET_MPS_LOG_DIR") or DEFAULT_LOG_DIR
 
     mps_check_interval = Float(
         10.0, help="Seconds between checks of this node's MPS daemon (a dead one restarts with backoff)."

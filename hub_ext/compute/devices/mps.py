@@ -45,6 +45,9 @@ CONTROL_BINARY = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+# Where a node's daemon keeps its pipes and logs unless the node's options say otherwise.
+DEFAULT_PIPE_DIR = "/run/labfleet/mps"
+DEFAULT_LOG_DIR = "/var/log/labfleet/mps"
 MAX_REASON = 500
 
 
