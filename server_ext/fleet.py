@@ -34,15 +34,23 @@ def server_url(hub_prefix: str, user: str, name: str) -> str:
 def gpu_share(env: SessionEnv) -> dict[str, Any] | None:
     """The session's share of one device as its spawner set it: ``shares``, ``memory`` (bytes; None when
     the device's size is unknown) and ``enforcement`` (``mps``: the node's MPS daemon holds it; ``caps``:
-    only the frameworks' own memory caps, which code in the session can change).  None for whole devices
-    or none (and for a spawner from before enforcement was told)."""
+    only the frameworks' own memory caps, which code in the session can change), and ``mps_withheld``
+    where the backend withheld its node's MPS from the session: why.  None for whole devices or none
+    (and for a spawner from before enforcement was told)."""
     if not env.gpu_enforcement:
         return None
     try:
         shares: float | None = float(env.gpu_shares)
     except ValueError:
         shares = None
-    return {"shares": shares, "memory": env.gpu_memory_limit, "enforcement": env.gpu_enforcement}
+    out: dict[str, Any] = {
+        "shares": shares,
+        "memory": env.gpu_memory_limit,
+        "enforcement": env.gpu_enforcement,
+    }
+    if env.gpu_mps_withheld:
+        out["mps_withheld"] = env.gpu_mps_withheld
+    return out
 
 
 def session_summary(

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from spawner.launch import GPU_ENFORCEMENT_ENV, GPU_MEMORY_LIMIT_ENV
+from spawner.launch import GPU_ENFORCEMENT_ENV, GPU_MEMORY_LIMIT_ENV, GPU_MPS_WITHHELD_ENV
 
 from .front import ReplicaFront, credential_source
 
@@ -138,6 +138,7 @@ class SessionEnv:
     # devices or none).
     gpu_memory_limit: int | None = None
     gpu_enforcement: str = ""
+    gpu_mps_withheld: str = ""  # why the backend gave the session no MPS where its node runs it
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> SessionEnv:
@@ -165,6 +166,7 @@ class SessionEnv:
             inference_host=env.get("LABFLEET_INFERENCE_HOST", "").strip() or "0.0.0.0",
             gpu_memory_limit=_bytes(env.get(GPU_MEMORY_LIMIT_ENV, "")),
             gpu_enforcement=env.get(GPU_ENFORCEMENT_ENV, "").strip(),
+            gpu_mps_withheld=env.get(GPU_MPS_WITHHELD_ENV, "").strip(),
         )
 
 

@@ -56,7 +56,7 @@ from .docker_config import (
     session_network_spec,
 )
 from .dockerlogs import follow_logs
-from .launch import LaunchSpec, Mount, with_caps
+from .launch import LaunchSpec, Mount, mps_withheld_for, with_caps
 from .mixin import LabfleetSpawnerMixin
 
 MOCK_UUID_PREFIX = "GPU-mock-"
@@ -107,9 +107,13 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
 
     container_user = Unicode(
         "1000:1000",
-        help="""`uid:gid` the session's server runs as (`docker run --user`). Sessions run with every
-        capability dropped and no-new-privileges, so the server should be an unprivileged user; the
-        labfleet images use jovyan (1000). Empty: the image's own USER.""",
+        help="""`uid:gid` the session's server runs as (`docker run --user`; it wins over a `user` in
+        `extra_create_kwargs`). Sessions run with every capability dropped and no-new-privileges, so
+        the server should be an unprivileged user; the labfleet images use jovyan (1000). Empty: the
+        image's own USER. Only a numeric uid other than 0 gets MPS: a node's MPS daemon serves one uid
+        at a time and root could change its limits, so with an empty value, root or a user name
+        (which each image maps to its own uid) a fraction holds by the framework caps alone, and the
+        Hub's log and the session say why.""",
     ).tag(config=True)
 
     container_home = Unicode(
@@ -191,6 +195,10 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
 
     def lf_session_home(self) -> str:
         return self.container_home
+
+    def lf_mps_withheld(self) -> str | None:
+        # The container runs as container_user (labfleet's wins over the deployment's create kwargs).
+        return mps_withheld_for(self.container_user or None)
 
     def lf_mounts(self, options) -> tuple[Mount, ...]:
         out = list(super().lf_mounts(options))

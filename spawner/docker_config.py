@@ -7,9 +7,10 @@ daemon, no I/O: the Docker backend (:mod:`spawner.docker`) applies the result.
 Hardening that every session gets: all capabilities dropped, ``no-new-privileges``, a pids limit,
 an init process (reaps the orphans of batch commands).  The server runs as an unprivileged user,
 so it needs no capability back.  Devices are requested by UUID: Docker does not choose devices,
-the placement does.  A fraction of a device is limited through MPS when ``mps_pipe_dir`` is
-given (the client talks to the node's MPS daemon through its pipe directory and the host IPC
-namespace), else by the framework caps already in the spec's environment.
+the placement does.  A fraction of a device is limited through MPS when the spec says so (the
+client talks to the node's MPS daemon through its pipe directory and the host IPC namespace, and
+runs as the one numeric non-root uid the node's sessions share: never as root, never as the image's
+own user), else by the framework caps already in the spec's environment.
 
 Networking: a session joins ``network_name``.  ``host`` shares the host's network, its loopback
 included (the Hub's API, the labfleet service): an operator's explicit choice.  Any other name is
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from .launch import LaunchSpec, with_caps
+from .launch import LaunchSpec, mps_withheld_for, with_caps
 
 LABEL_SESSION_ID = "ai.labfleet.session-id"
 LABEL_USER = "ai.labfleet.user"
@@ -94,7 +95,8 @@ def container_config(
       device with MPS (``spec.mps``).
     - ``gpu_driver``: the device driver to ask Docker for (``nvidia``); None requests no device
       (devices Docker cannot give, such as mock devices: only the environment names them then).
-    - ``user``: ``uid:gid`` to run as; None keeps the image's user.
+    - ``user``: ``uid:gid`` to run as; None keeps the image's user.  A fraction limited with MPS
+      needs a numeric non-root uid (:func:`~spawner.launch.mps_withheld_for`).
     - ``image_env``: the image's own environment (:func:`image_environment`): a container's variable
       replaces the image's, so PyTorch's allocator setting of the image is merged under the cap here.
 
@@ -121,6 +123,10 @@ def container_config(
         raise ValueError("the spec limits a device fraction with MPS, but no MPS pipe directory is given")
     if mps_pipe_dir is not None and not mps_pipe_dir.startswith("/"):
         raise ValueError(f"the MPS pipe directory must be an absolute path, not {mps_pipe_dir!r}")
+    withheld = mps_withheld_for(user) if use_mps else None
+    if withheld:
+        # The spawner withholds MPS from such a session (LabfleetSpawnerMixin.lf_mps_withheld).
+        raise ValueError(f"the spec limits a device fraction with MPS, but {withheld}")
 
     environment = with_caps(image_env or {}, {str(k): str(v) for k, v in spec.env.items()})
     volumes: dict[str, dict[str, str]] = {}

@@ -12,6 +12,7 @@ session into Mounts under the session's home.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -31,11 +32,16 @@ GPU_MEMORY_LIMIT_ENV = "LABFLEET_GPU_MEMORY_LIMIT"
 GPU_ENFORCEMENT_ENV = "LABFLEET_GPU_ENFORCEMENT"
 ENFORCED_BY_MPS = "mps"  # the node's MPS daemon limits the session's memory and SMs
 ENFORCED_BY_CAPS = "caps"  # only the frameworks' own caps (advisory: the session may change its env)
+# Why a fraction holds by the caps alone where its node runs MPS: the backend withheld MPS from it
+# (:func:`mps_withheld_for`); read by server_ext.fleet, shown in the session's sidebar.
+GPU_MPS_WITHHELD_ENV = "LABFLEET_GPU_MPS_WITHHELD"
 # PyTorch's caching allocator settings: comma-separated ``option:value`` items.  PyTorch 2.9 and later
 # read PYTORCH_ALLOC_CONF first and the older name only when that is unset.
 TORCH_ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 TORCH_ALLOC_CONF_NEW_ENV = "PYTORCH_ALLOC_CONF"
 TORCH_FRACTION_OPTION = "per_process_memory_fraction"
+# One part of Docker's ``--user uid[:gid]``: a number or a user / group name.
+_USER_PART = re.compile(r"[0-9]{1,10}|[a-z_][a-z0-9_.-]{0,31}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class LaunchSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     pids_limit: int = DEFAULT_PIDS_LIMIT
     mps: bool = False
+    # Why the backend withheld its node's MPS from this fraction (None: it did not, or no fraction).
+    mps_withheld: str | None = None
 
     @property
     def gpu_uuids(self) -> list[str]:
@@ -146,7 +154,31 @@ def framework_caps(fraction: Decimal) -> dict[str, str]:
     }
 
 
-def gpu_env(gpus: tuple[GPUAssignment, ...], *, mps: bool, in_container: bool) -> dict[str, str]:
+def mps_withheld_for(user: str | None) -> str | None:
+    """Why a session that runs as ``user`` (Docker's ``uid[:gid]``; None or empty: the image's own
+    USER) may not be a client of its node's MPS daemon, or None when it may.
+
+    The daemon serves one uid at a time (another uid's clients wait until the first uid's are gone),
+    and root may change its settings, the limits of other sessions among them (measured on an H200).
+    So every session that reaches the pipe runs as one numeric uid that is not 0: the image's own
+    USER may be root, or another uid in each image; a name (``jovyan``) is looked up in each image's
+    own ``/etc/passwd``, so its uid is unknown here and may be 0.  The group does not matter to MPS.
+    """
+    if not user:
+        return "the session runs as its image's own user, which may be root or differ between images"
+    uid, sep, gid = user.partition(":")
+    if not _USER_PART.fullmatch(uid) or (sep and not _USER_PART.fullmatch(gid)):
+        return f"the session's user {user[:40]!r} is not uid[:gid]"
+    if uid == "root" or (uid.isdigit() and int(uid) == 0):
+        return f"the session runs as root ({user!r}), who could change the node's MPS limits"
+    if not uid.isdigit():
+        return f"the session's user {uid!r} is a name each image maps to a uid of its own, possibly root"
+    return None
+
+
+def gpu_env(
+    gpus: tuple[GPUAssignment, ...], *, mps: bool, in_container: bool, mps_withheld: str | None = None
+) -> dict[str, str]:
     """The environment that pins and limits the session's GPUs.
 
     Local processes see the node's devices, so CUDA_VISIBLE_DEVICES names them by UUID (CUDA
@@ -154,8 +186,12 @@ def gpu_env(gpus: tuple[GPUAssignment, ...], *, mps: bool, in_container: bool) -
     ``LABFLEET_GPU_SHARES`` is always set, so code in the session (and the server extension)
     knows its share even where nothing enforces it.  A fraction of a device gets the frameworks'
     caps (:func:`framework_caps`) with or without MPS, and ``LABFLEET_GPU_ENFORCEMENT`` says which
-    holds the share: ``mps`` or ``caps``.  Whole devices get no cap.
+    holds the share: ``mps`` or ``caps``.  Whole devices get no cap.  ``mps_withheld``: why the
+    backend gives this session no MPS (``mps`` is then ignored); a fraction's environment says why in
+    ``LABFLEET_GPU_MPS_WITHHELD``.
     """
+    if mps_withheld:
+        mps = False
     env: dict[str, str] = {}
     total = sum((g.shares for g in gpus), Decimal(0))
     env["LABFLEET_GPU_SHARES"] = _fmt(total)
@@ -184,6 +220,8 @@ def gpu_env(gpus: tuple[GPUAssignment, ...], *, mps: bool, in_container: bool) -
         else:
             # No MPS daemon: the frameworks' caps alone (advisory: the session can change its env).
             env[GPU_ENFORCEMENT_ENV] = ENFORCED_BY_CAPS
+            if mps_withheld:
+                env[GPU_MPS_WITHHELD_ENV] = mps_withheld
     return env
 
 
@@ -310,10 +348,15 @@ def build_launch(
     *,
     mounts: tuple[Mount, ...] = (),
     mps: bool = False,
+    mps_withheld: str | None = None,
     in_container: bool = False,
     pids_limit: int = DEFAULT_PIDS_LIMIT,
 ) -> LaunchSpec:
-    """From the service's session view (placement included) and the options to a LaunchSpec."""
+    """From the service's session view (placement included) and the options to a LaunchSpec.
+
+    ``mps``: a fraction is limited by its node's MPS daemon; ``mps_withheld``: why the backend may
+    not let this session reach that daemon (:func:`mps_withheld_for`): the fraction then holds by the
+    framework caps alone, and its environment and ``LaunchSpec.mps_withheld`` say why."""
     slots = session.get("slots") or {}
     gpus = _gpus(session.get("devices") or [])
     cpu = _amount(slots.get("cpu"))
@@ -341,7 +384,9 @@ def build_launch(
         env["OMP_NUM_THREADS"] = str(max(1, int(cpu)))
     if mem is not None:
         env["LABFLEET_MEM_LIMIT"] = str(mem)
-    env.update(gpu_env(gpus, mps=mps, in_container=in_container))
+    if mps_withheld:
+        mps = False
+    env.update(gpu_env(gpus, mps=mps, in_container=in_container, mps_withheld=mps_withheld))
     return LaunchSpec(
         session_id=str(session["id"]),
         user=str(session.get("user", "")),
@@ -358,4 +403,5 @@ def build_launch(
         env=env,
         pids_limit=pids_limit,
         mps=mps,
+        mps_withheld=mps_withheld if env.get(GPU_MPS_WITHHELD_ENV) else None,
     )

@@ -36,7 +36,7 @@ from traitlets import Bool, Float, Integer, List, Unicode
 
 from . import sessionnet
 from .cgroups import SessionGroup, cgroup_version, startup_cpu
-from .launch import LaunchSpec, Mount
+from .launch import LaunchSpec, Mount, mps_withheld_for
 from .mixin import LabfleetSpawnerMixin
 from .sandbox import (
     DEFAULT_TMP_SIZE,
@@ -234,6 +234,17 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 reason="labfleet-sandbox",
             )
         return entry.pw_uid, entry.pw_gid
+
+    def lf_mps_withheld(self) -> str | None:
+        """Sessions run as the session account (a Hub that is root) or as the Hub's own user: one
+        non-root uid, unless a root Hub runs them as root (`allow_privileged_sessions`)."""
+        if not self.lf_root:
+            return mps_withheld_for(str(os.geteuid()))
+        try:
+            account = self._account()
+        except SpawnException:
+            return None  # the spawn fails in lf_prepare, with its reason
+        return mps_withheld_for(f"{account[0]}:{account[1]}" if account else "0")
 
     def _network(self) -> sessionnet.SessionNetwork | None:
         """The sessions' network, when they get one of their own (root, `isolated`)."""

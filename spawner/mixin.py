@@ -17,7 +17,9 @@ LocalProcessSpawner)``).  It
 
 Backends implement ``lf_prepare`` (apply the LaunchSpec to themselves) and
 ``lf_session_home`` (where the session's virtual folders go: ``<home>/vfolders/<name>``), and may
-override ``lf_mounts`` (their own mounts), ``lf_exit_code`` and ``lf_in_container``.
+override ``lf_mounts`` (their own mounts), ``lf_exit_code``, ``lf_in_container`` and
+``lf_mps_withheld`` (why their sessions may not reach the node's MPS daemon: they do not run as one
+non-root uid).
 """
 
 from __future__ import annotations
@@ -155,7 +157,11 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         daemon (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) or with
         framework memory caps: `yes` (always MPS), `no` (always caps), or `auto` (MPS where the node
         the session was placed on reports its MPS daemon on; the node reports its pipe directory too).
-        Nodes run their daemon themselves: `labfleet agent --mps`, the service's `mps` for its own node.""",
+        Nodes run their daemon themselves: `labfleet agent --mps`, the service's `mps` for its own node.
+        Only sessions that run as a numeric uid other than root get MPS (the daemon serves one uid at a
+        time; root could change its limits): the Docker and Swarm backends' `container_user`, the local
+        backend's session account. Others are held by the caps alone, and the Hub's log, the session's
+        status reason, its environment (LABFLEET_GPU_MPS_WITHHELD) and its sidebar say why.""",
     ).tag(config=True)
 
     @default("start_timeout")
@@ -266,6 +272,39 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         use, self.lf_mps_pipe_dir = session_mps(self.mps, session)
         return use
 
+    def lf_mps_withheld(self) -> str | None:
+        """Why this backend's sessions may not reach their node's MPS daemon, None when they may.
+
+        A client of the daemon must run as the one non-root uid the node's sessions share: the daemon
+        serves one uid at a time, and root could change its limits (:func:`spawner.launch.mps_withheld_for`).
+        A backend that cannot promise that for a session withholds MPS from it: its fraction holds by
+        the framework caps alone, and the session says why."""
+        return None
+
+    def lf_build_launch(
+        self, session: dict[str, Any], options: SessionOptions, mounts: tuple[Mount, ...]
+    ) -> LaunchSpec:
+        """The placed session's LaunchSpec, with MPS where its node runs it and the backend may give it."""
+        mps = self.lf_mps(session)
+        withheld = self.lf_mps_withheld() if mps else None
+        launch = build_launch(
+            session,
+            options,
+            mounts=mounts,
+            mps=mps,
+            mps_withheld=withheld,
+            in_container=self.lf_in_container,
+        )
+        if launch.mps_withheld:
+            self.lf_mps_pipe_dir = None
+            self.log.warning(  # type: ignore[attr-defined]
+                "labfleet: %s gets no MPS on node %s, only the framework caps: %s",
+                self._log_name,  # type: ignore[attr-defined]
+                launch.node,
+                launch.mps_withheld,
+            )
+        return launch
+
     @property
     def session_log_path(self) -> Path | None:
         """This session's log file (backends write their output there)."""
@@ -341,13 +380,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
                 self.lf_options = options
             mounts = self.lf_session_mounts(session, options)
             await self._lf_report("PREPARING", "starting the server")
-            self.lf_launch = build_launch(
-                session,
-                options,
-                mounts=mounts,
-                mps=self.lf_mps(session),
-                in_container=self.lf_in_container,
-            )
+            self.lf_launch = self.lf_build_launch(session, options, mounts)
             if options.type != "interactive":
                 self.poll_interval = self.batch_poll_interval  # type: ignore[attr-defined]
             if self.session_log_path is not None:
@@ -366,7 +399,10 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             await self._lf_release("ERROR", f"the server did not start: {e}"[:900])
             raise
         t_started = time.perf_counter()
-        await self._lf_report("RUNNING", "server started", runtime=self.lf_runtime())
+        started = "server started"
+        if self.lf_launch is not None and self.lf_launch.mps_withheld:
+            started += f"; MPS withheld, framework caps only: {self.lf_launch.mps_withheld}"
+        await self._lf_report("RUNNING", started, runtime=self.lf_runtime())
         # What labfleet adds to a spawn (queue wait and the backend's own start excluded);
         # benchmarks/spawn_overhead.py reads this line.
         self.lf_overhead_ms = 1000 * (

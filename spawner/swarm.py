@@ -51,6 +51,11 @@ from .mixin import LabfleetSpawnerMixin
 from .options import SessionOptions
 from .swarm_config import SERVER_PORT, ServiceConfig, published_port, service_config
 
+SWARM_NO_MPS = (
+    "the swarm backend cannot share the node's IPC namespace with its MPS daemon "
+    "(not a service option before Docker API 1.44)"
+)
+
 NETWORK_ENV = "LABFLEET_SWARM_NETWORK"  # the default of network_name ("host": the nodes' own)
 RUNNING = {"running"}
 WAITING = {"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting"}
@@ -81,9 +86,12 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
 
     container_user = Unicode(
         "1000:1000",
-        help="""`uid:gid` the session's server runs as. Sessions run with every capability dropped, so the
-        server should be an unprivileged user; the labfleet images use jovyan (1000). Empty: the image's
-        own USER.""",
+        help="""`uid:gid` the session's server runs as (it wins over a `user` in `extra_container_spec`).
+        Sessions run with every capability dropped, so the server should be an unprivileged user; the
+        labfleet images use jovyan (1000). Empty: the image's own USER. Only a numeric uid other than 0
+        gets MPS: a node's MPS daemon serves one uid at a time and root could change its limits, so
+        with an empty value, root or a user name (which each image maps to its own uid) a fraction
+        holds by the framework caps alone, and the Hub's log and the session say why.""",
     ).tag(config=True)
 
     container_home = Unicode(
@@ -171,6 +179,12 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
 
     def lf_session_home(self) -> str:
         return self.container_home
+
+    def lf_mps_withheld(self) -> str | None:
+        # MPS clients reach the daemon through the host's IPC namespace, which a service cannot
+        # share on the engines labfleet supports (swarm_config.UNSUPPORTED): a client would wait on a
+        # daemon it cannot reach.  Then the same rule on the user as Docker's.
+        return SWARM_NO_MPS
 
     def lf_mounts(self, options: SessionOptions) -> tuple[LaunchMount, ...]:
         out = list(super().lf_mounts(options))
@@ -305,6 +319,9 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
             **cfg.container_spec,
         }
         container_kwargs.update(self.extra_container_spec)
+        if "user" in cfg.container_spec:
+            # The user labfleet judged (an MPS client's uid among them) is the one that runs.
+            container_kwargs["user"] = cfg.container_spec["user"]
         task = TaskTemplate(
             container_spec=ContainerSpec(**container_kwargs),
             resources=dict(cfg.resources),

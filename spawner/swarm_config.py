@@ -135,7 +135,8 @@ def service_config(
     """The Swarm service for ``spec`` on the node whose labfleet labels are ``node_labels``.
 
     ``network_name``: ``host`` or the sessions' Swarm network; ``mps_pipe_dir``: the
-    nodes' MPS pipe directory (a fraction limited with MPS needs it); ``user``: ``uid:gid``;
+    nodes' MPS pipe directory (a fraction limited with MPS needs it); ``user``: ``uid:gid`` (a
+    fraction limited with MPS needs a numeric uid other than 0, as in the Docker backend);
     ``reserve``: also reserve the CPU and memory (Swarm's scheduler then refuses to overcommit).
     Raises ValueError for a spec or node a service cannot express.
     """

@@ -114,6 +114,9 @@ def env(engine, tmp_path_factory):
     for p in (state, base, base.parent):
         # The session user (uid 1000) must reach the mounts: pytest's tmp dirs are 0700.
         os.chmod(p, p.stat().st_mode | 0o011)
+    # The node's MPS pipe folder for the sessions the test gives MPS (the mock node runs no daemon).
+    mps_pipe = state / "mps-pipe"
+    mps_pipe.mkdir()
     prefix = "lftest" + secrets.token_hex(3)
     hub_port = free_port()
     # Sessions join the default: the sessions' network, here this test process's own
@@ -131,6 +134,14 @@ c.LabfleetDockerSpawner.extra_mounts = [
     {{"source": {str(ro)!r}, "target": "ro-data", "mode": "ro"}},
     {{"source": {str(rw)!r}, "target": "/home/jovyan/rw-data", "mode": "rw"}},
 ]
+# Servers "m" and "n" limit their fraction with MPS (the mock node runs no daemon: its pipe folder
+# is the test's); "n" runs as its image's own user, from whom MPS is withheld.
+def _mps_servers(spawner):
+    if spawner.name in ("m", "n"):
+        spawner.mps = "yes"
+        spawner.mps_pipe_dir = {str(mps_pipe)!r}
+        spawner.container_user = "" if spawner.name == "n" else "1000:1000"
+c.Spawner.pre_spawn_hook = _mps_servers
 """
     hub = _start_docker_hub(state, extra)
     box = {"hub": hub, "extra": extra, "state": state, "hub_port": hub_port}
@@ -146,11 +157,11 @@ c.LabfleetDockerSpawner.extra_mounts = [
         ]:
             r = hub.api(method, path, root, json=body)
             assert r.status_code == 201, (path, r.text)
-        box.update(root=root, alice=hub.wait_token("alice"), ro=ro, rw=rw, prefix=prefix)
+        box.update(root=root, alice=hub.wait_token("alice"), ro=ro, rw=rw, prefix=prefix, mps_pipe=mps_pipe)
         yield box
     finally:
         hub = box["hub"]  # a test may have restarted it
-        for server in ("a", "b", "r"):
+        for server in ("a", "b", "r", "m", "n"):
             hub.hub_api("DELETE", f"/users/alice/servers/{server}")
         hub.stop()
         for c in engine.containers.list(all=True, filters={"name": prefix}):
@@ -488,6 +499,64 @@ def test_interactive_session_limits_hardening_mounts_and_stop(env, engine):
     while engine.containers.list(all=True, filters={"label": f"ai.labfleet.session-id={s['id']}"}):
         assert time.monotonic() < deadline, "the stopped session's container was not removed"
         time.sleep(0.3)
+
+
+def test_mps_only_for_sessions_that_run_as_the_unprivileged_user(env, engine):
+    """A fraction limited with MPS runs as the unprivileged uid (1000) and reaches the node's pipe;
+    a session that would run as its image's own user gets the framework caps alone, and says why."""
+    hub, alice = env["hub"], env["alice"]
+    _register_image(env)
+    pipe = str(env["mps_pipe"])
+    options = {"project": "ml", "image": IMAGE, "cpu": 0.5, "mem": "512m", "gpu": 0.25}
+    for server in ("m", "n"):
+        assert _spawn(hub, server, options).status_code in (201, 202)
+    for server in ("m", "n"):
+        _wait_ready(hub, server)
+
+    # MPS: uid 1000 inside, the node's pipe folder mounted and named, the host's IPC namespace.
+    m = _session(hub, alice, "m")
+    c = _container(engine, m["id"])
+    info = engine.api.inspect_container(c.id)
+    assert info["Config"]["User"] == "1000:1000"
+    code, out = _exec(c, "id -u; id -g")
+    assert code == 0 and out.split() == ["1000", "1000"], out
+    env_ = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env_["LABFLEET_GPU_ENFORCEMENT"] == "mps" and env_["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    assert env_["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25" and "LABFLEET_GPU_MPS_WITHHELD" not in env_
+    assert info["HostConfig"]["IpcMode"] == "host"
+    assert [x for x in info["Mounts"] if x["Source"] == pipe and x["Destination"] == pipe and x["RW"]]
+    assert m["status_reason"] == "server started"
+
+    # The image's own user: no MPS, no pipe, and the session, its status and the Hub's log say why.
+    n = _session(hub, alice, "n")
+    c = _container(engine, n["id"])
+    info = engine.api.inspect_container(c.id)
+    assert info["Config"]["User"] == "1000:1000"  # the test image's USER, which the Hub cannot vouch for
+    env_ = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env_["LABFLEET_GPU_ENFORCEMENT"] == "caps"
+    reason = env_["LABFLEET_GPU_MPS_WITHHELD"]
+    assert "image's own user" in reason, reason
+    assert env_["PYTORCH_CUDA_ALLOC_CONF"] == "per_process_memory_fraction:0.25"
+    assert not any(k.startswith("CUDA_MPS_") for k in env_), env_
+    assert info["HostConfig"]["IpcMode"] != "host"
+    assert not [x for x in info["Mounts"] if x["Source"] == pipe]
+    assert n["status_reason"] == f"server started; MPS withheld, framework caps only: {reason}"
+    assert f"gets no MPS on node {n['node']}, only the framework caps: {reason}" in hub.log_text()
+    # The session's sidebar (server_ext in the image) tells it too.
+    info = requests.get(
+        f"{hub.url}/user/alice/n/labfleet/session", headers={"Authorization": f"token {alice}"}, timeout=30
+    )
+    assert info.status_code == 200, info.text
+    assert info.json()["gpu_share"] == {
+        "shares": 0.25,
+        "memory": int(env_["LABFLEET_GPU_MEMORY_LIMIT"]),
+        "enforcement": "caps",
+        "mps_withheld": reason,
+    }
+    for server in ("m", "n"):
+        assert hub.hub_api("DELETE", f"/users/alice/servers/{server}").status_code in (202, 204)
+    for s in (m, n):
+        _wait_status(hub, alice, s["id"], ("TERMINATED",))
 
 
 def test_batch_session_ends_with_its_exit_code_and_keeps_its_logs(env, engine):

@@ -152,14 +152,21 @@ export function deviceLabel(d: Pick<IDevice, 'index' | 'model' | 'shares'>): str
 
 /**
  * A fraction of a device and how it holds: `0.25 of a GPU · 35.2 GiB · held by MPS`, or
- * `… · framework caps only (advisory)` where the node runs no MPS daemon.
+ * `… · framework caps only (advisory)` where the node runs no MPS daemon, or
+ * `… · framework caps only (advisory; MPS withheld: why)` where the backend withheld it.
  */
 export function gpuShareLabel(g: IGpuShare): string {
   const parts = [g.shares === null ? 'a share of a GPU' : `${formatNumber(g.shares)} of a GPU`];
   if (g.memory !== null) {
     parts.push(formatBytes(g.memory));
   }
-  parts.push(g.enforcement === 'mps' ? 'held by MPS' : 'framework caps only (advisory)');
+  if (g.enforcement === 'mps') {
+    parts.push('held by MPS');
+  } else if (g.mps_withheld) {
+    parts.push(`framework caps only (advisory; MPS withheld: ${g.mps_withheld})`);
+  } else {
+    parts.push('framework caps only (advisory)');
+  }
   return parts.join(' · ');
 }
 

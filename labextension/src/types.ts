@@ -62,6 +62,8 @@ export interface IGpuShare {
   memory: number | null;
   /** `mps`: the node's MPS daemon holds the session to it; `caps`: only the frameworks' own caps. */
   enforcement: 'mps' | 'caps' | string;
+  /** Why the backend gave the session no MPS where its node runs it (absent: it did not withhold it). */
+  mps_withheld?: string;
 }
 
 export interface ISessionInfo {

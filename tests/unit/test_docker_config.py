@@ -15,7 +15,7 @@ from spawner.docker_config import (
     network_bridge,
     session_network_spec,
 )
-from spawner.launch import LaunchSpec, Mount, build_launch
+from spawner.launch import LaunchSpec, Mount, build_launch, mps_withheld_for
 from spawner.options import parse_options
 
 U0 = "GPU-11111111-2222-3333-4444-555555555555"
@@ -35,7 +35,7 @@ LABELS = {
 }
 
 
-def _spec(devices=(), slots=None, mounts=(), mps=False, **options) -> LaunchSpec:
+def _spec(devices=(), slots=None, mounts=(), mps=False, mps_withheld=None, **options) -> LaunchSpec:
     session = {
         "id": "s-1",
         "name": "gpu",
@@ -47,7 +47,9 @@ def _spec(devices=(), slots=None, mounts=(), mps=False, **options) -> LaunchSpec
         "devices": list(devices),
     }
     opts = parse_options({"project": "acme/ml", "image": "lab/py:1", **options})
-    return build_launch(session, opts, mounts=tuple(mounts), mps=mps, in_container=True)
+    return build_launch(
+        session, opts, mounts=tuple(mounts), mps=mps, mps_withheld=mps_withheld, in_container=True
+    )
 
 
 def _gpu(uuid, index, shares):
@@ -100,7 +102,8 @@ def test_whole_devices_are_requested_by_uuid():
 
 def test_fraction_with_mps_binds_the_pipe_dir_and_shares_ipc():
     spec = _spec(devices=[_gpu(U1, 1, 0.5)], mps=True, gpu=0.5)
-    cfg = container_config(spec, mps_pipe_dir="/run/nvidia-mps")
+    cfg = container_config(spec, mps_pipe_dir="/run/nvidia-mps", user="1000:1000")
+    assert cfg.extra_create_kwargs["user"] == "1000:1000"  # the one non-root uid of the node's clients
     assert cfg.extra_host_config == {
         **HARDENING,
         "network_mode": "host",
@@ -167,6 +170,68 @@ def test_mps_fraction_without_a_pipe_dir_is_refused():
         container_config(spec, mps_pipe_dir="nvidia-mps")
 
 
+@pytest.mark.parametrize(
+    "user, words",
+    [
+        (None, "image's own user"),
+        ("", "image's own user"),
+        ("0", "root"),
+        ("0:0", "root"),
+        ("00:1000", "root"),
+        ("root", "root"),
+        ("root:users", "root"),
+        ("jovyan", "is a name"),
+        ("jovyan:1000", "is a name"),
+        ("1000:", "not uid[:gid]"),
+        (":1000", "not uid[:gid]"),
+        ("1000:1000:1", "not uid[:gid]"),
+        ("-1", "not uid[:gid]"),
+        (" 1000", "not uid[:gid]"),
+        ("1000\n", "not uid[:gid]"),
+    ],
+)
+def test_mps_is_withheld_unless_the_session_runs_as_a_numeric_non_root_uid(user, words):
+    reason = mps_withheld_for(user)
+    assert reason and words in reason, reason
+    # The builder refuses such a container for a fraction limited with MPS (the spawner withholds
+    # MPS first); a whole device, or a fraction on caps, runs as that user.
+    spec = _spec(devices=[_gpu(U0, 0, 0.5)], mps=True, gpu=0.5)
+    with pytest.raises(ValueError, match="with MPS, but"):
+        container_config(spec, mps_pipe_dir="/run/nvidia-mps", user=user)
+    caps = _spec(devices=[_gpu(U0, 0, 0.5)], gpu=0.5)
+    assert container_config(caps, mps_pipe_dir="/run/nvidia-mps", user=user).volumes == {}
+    whole = _spec(devices=[_gpu(U0, 0, 1)], mps=True, gpu=1)
+    assert container_config(whole, mps_pipe_dir="/run/nvidia-mps", user=user).volumes == {}
+
+
+@pytest.mark.parametrize("user", ["1000", "1000:1000", "1000:users", "65534:65534"])
+def test_mps_is_given_to_a_numeric_non_root_uid(user):
+    assert mps_withheld_for(user) is None
+    spec = _spec(devices=[_gpu(U0, 0, 0.5)], mps=True, gpu=0.5)
+    cfg = container_config(spec, mps_pipe_dir="/run/nvidia-mps", user=user)
+    assert cfg.extra_create_kwargs["user"] == user and cfg.extra_host_config["ipc_mode"] == "host"
+
+
+def test_a_withheld_fraction_holds_by_the_caps_and_says_why():
+    reason = mps_withheld_for("0:0")
+    spec = _spec(devices=[_gpu(U0, 0, 0.5)], mps=True, gpu=0.5, mps_withheld=reason)
+    assert not spec.mps and spec.mps_withheld == reason
+    cfg = container_config(spec, mps_pipe_dir="/run/nvidia-mps", user="0:0")
+    assert cfg.volumes == {} and "ipc_mode" not in cfg.extra_host_config
+    assert cfg.environment["LABFLEET_GPU_ENFORCEMENT"] == "caps"
+    assert cfg.environment["LABFLEET_GPU_MPS_WITHHELD"] == reason
+    assert cfg.environment["PYTORCH_CUDA_ALLOC_CONF"] == "per_process_memory_fraction:0.5"
+    for name in (
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    ):
+        assert name not in cfg.environment
+    # A whole device needs no MPS: nothing is withheld from it, nothing said.
+    whole = _spec(devices=[_gpu(U0, 0, 1)], mps=True, gpu=1, mps_withheld=reason)
+    assert whole.mps_withheld is None and "LABFLEET_GPU_MPS_WITHHELD" not in whole.env
+
+
 def test_no_gpu_driver_requests_no_device():
     cfg = container_config(_spec(devices=[_gpu(U0, 0, 0.5)], gpu=0.5), gpu_driver=None)
     assert "device_requests" not in cfg.extra_host_config
@@ -194,7 +259,7 @@ def test_mounts_docker_cannot_express():
         container_config(_spec(mounts=[Mount("/srv/a", "/x/a", "ro"), Mount("/srv/b", "/x/a", "rw")]))
     spec = _spec(devices=[_gpu(U0, 0, 0.5)], mps=True, gpu=0.5, mounts=[Mount("/run/mps", "/data", "ro")])
     with pytest.raises(ValueError, match="mounted twice"):
-        container_config(spec, mps_pipe_dir="/run/mps")
+        container_config(spec, mps_pipe_dir="/run/mps", user="1000")
 
 
 def test_limits():
@@ -374,6 +439,19 @@ async def test_backend_hands_the_containers_environment_to_the_session():
     # The MPS pipe directory the container config adds, beside the spec's own variables
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and env["LABFLEET_GPU_SHARES"] == "0.5"
+
+
+async def test_backend_gives_mps_only_to_its_numeric_non_root_container_user():
+    from spawner.launch import mps_withheld_for
+
+    assert _docker_spawner().lf_mps_withheld() is None  # 1000:1000
+    for user in ("", "0:0", "root", "jovyan"):
+        assert _docker_spawner(container_user=user).lf_mps_withheld() == mps_withheld_for(user or None)
+    # A session given MPS runs as container_user, whatever the deployment's create kwargs say.
+    s = _docker_spawner(network_name="host", extra_create_kwargs={"user": "0:0", "hostname": "h"})
+    await s.lf_prepare(_spec(devices=[_gpu(U1, 1, 0.5)], mps=True, gpu=0.5))
+    assert s.extra_create_kwargs["user"] == "1000:1000" and s.extra_create_kwargs["hostname"] == "h"
+    assert s.extra_host_config["ipc_mode"] == "host"
 
 
 async def test_backend_merges_the_pytorch_cap_with_the_deployments_and_the_images():

@@ -451,3 +451,111 @@ def test_mps_follows_the_sessions_node_not_the_hub_host(monkeypatch, tmp_path):
     assert session_mps("auto", {}) == (False, None)
     assert session_mps("yes", failed) == (True, None)
     assert session_mps("no", on) == (False, None)
+
+
+# -- MPS only for sessions that run as one non-root uid (issue [3/7], item 2) -------------------------
+
+MPS_ON = {"node_mps": {"state": "on", "reason": None, "pipe_dir": "/run/labfleet/mps"}}
+
+
+class _Started:
+    """The backend below the mixin: its start() answers the server's URL."""
+
+    async def start(self):
+        return "http://127.0.0.1:9/"
+
+
+def _mixin_spawner(withheld, tmp_path, **config):
+    from types import SimpleNamespace
+
+    from hub_ext.hub.client import Reply
+    from spawner.mixin import LabfleetSpawnerMixin
+
+    placed = {**SESSION, **MPS_ON, "id": "s-1", "status": "SCHEDULED", "node": "node-1"}
+
+    class Spawner(LabfleetSpawnerMixin, _Started):
+        name = "gpu"
+        _log_name = "alice/gpu"
+        user_options: dict = {}
+        user = SimpleNamespace(name="alice")
+        lf_in_container = True
+
+        def lf_mps_withheld(self):
+            return withheld
+
+        def lf_session_home(self):
+            return "/home/jovyan"
+
+        async def lf_call(self, method, path, body=None):
+            self.calls.append((method, path, body))
+            return Reply(201 if method == "POST" else 200, placed)
+
+    s = Spawner(session_log_dir=str(tmp_path), **config)
+    s.calls = []
+    s.lf_options = parse_options({"project": "ml", "gpu": 0.5})
+    return s
+
+
+async def test_a_session_the_backend_withholds_mps_from_holds_by_caps_and_says_why(tmp_path, caplog):
+    from server_ext import fleet
+    from server_ext.runner import SessionEnv
+
+    reason = "the session runs as root ('0:0'), who could change the node's MPS limits"
+    s = _mixin_spawner(reason, tmp_path, mps="auto")
+    assert await s.start() == "http://127.0.0.1:9/"
+    launch = s.lf_launch
+    assert not launch.mps and launch.mps_withheld == reason
+    assert launch.env["LABFLEET_GPU_ENFORCEMENT"] == "caps"
+    assert launch.env["LABFLEET_GPU_MPS_WITHHELD"] == reason
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in launch.env
+    assert s.lf_mps_pipe_dir is None  # no pipe reaches the session (get_env, the sandbox's writable dirs)
+    # The Hub's log and the session's status at the service say why.
+    assert any(
+        "gets no MPS on node node-1" in r.getMessage() and reason in r.getMessage() for r in caplog.records
+    )
+    (running,) = [body for method, _, body in s.calls if method == "PATCH" and body["status"] == "RUNNING"]
+    assert running["reason"] == f"server started; MPS withheld, framework caps only: {reason}"
+    # The session's sidebar: its share, held by caps, and why not by MPS.
+    share = fleet.gpu_share(SessionEnv.from_environ(launch.env))
+    assert share == {"shares": 0.5, "memory": 40 * GIB, "enforcement": "caps", "mps_withheld": reason}
+
+
+async def test_a_session_the_backend_may_give_mps_gets_it_and_says_nothing(tmp_path):
+    from server_ext import fleet
+    from server_ext.runner import SessionEnv
+
+    s = _mixin_spawner(None, tmp_path, mps="auto")
+    await s.start()
+    assert s.lf_launch.mps and s.lf_launch.mps_withheld is None
+    assert s.lf_launch.env["LABFLEET_GPU_ENFORCEMENT"] == "mps" and s.lf_mps_pipe_dir == "/run/labfleet/mps"
+    assert "LABFLEET_GPU_MPS_WITHHELD" not in s.lf_launch.env
+    (running,) = [body for method, _, body in s.calls if method == "PATCH" and body["status"] == "RUNNING"]
+    assert running["reason"] == "server started"
+    assert "mps_withheld" not in fleet.gpu_share(SessionEnv.from_environ(s.lf_launch.env))
+    # Where the node runs no MPS, nothing is withheld: the hook is not even asked.
+    off = _mixin_spawner("never asked", tmp_path, mps="no")
+    await off.start()
+    assert off.lf_launch.env["LABFLEET_GPU_ENFORCEMENT"] == "caps" and off.lf_launch.mps_withheld is None
+
+
+def test_local_sessions_get_mps_unless_they_would_run_as_root(monkeypatch):
+    from types import SimpleNamespace
+
+    import spawner.local as local
+    from spawner.local import LabfleetLocalSpawner
+
+    s = LabfleetLocalSpawner(user=SimpleNamespace(name="alice", url="/user/alice/"))
+    monkeypatch.setattr(local.os, "geteuid", lambda: 1000)
+    assert s.lf_mps_withheld() is None  # a Hub that is not root: sessions run as its own user
+    monkeypatch.setattr(local.os, "geteuid", lambda: 0)
+    account = SimpleNamespace(pw_uid=999, pw_gid=999)
+    monkeypatch.setattr(local.pwd, "getpwnam", lambda name: account)
+    assert s.lf_mps_withheld() is None  # the session account
+
+    def missing(name):
+        raise KeyError(name)
+
+    monkeypatch.setattr(local.pwd, "getpwnam", missing)
+    assert s.lf_mps_withheld() is None  # no account: the spawn fails in lf_prepare, with its reason
+    s.allow_privileged_sessions, s.sandbox = True, "no"
+    assert "root" in s.lf_mps_withheld()  # sessions as root: never a client of the node's daemon

@@ -16,7 +16,7 @@ NODE_ID = "mj04adkh57559hq575bdruq1n"
 LABELS = {"swarm.node_id": NODE_ID, "address": "10.77.0.2"}
 
 
-def _spec(devices=(), slots=None, mounts=(), mps=False, **options):
+def _spec(devices=(), slots=None, mounts=(), mps=False, mps_withheld=None, **options):
     session = {
         "id": "s-1",
         "name": "gpu",
@@ -28,7 +28,9 @@ def _spec(devices=(), slots=None, mounts=(), mps=False, **options):
         "devices": list(devices),
     }
     opts = parse_options({"project": "acme/ml", "image": "lab/py:1", **options})
-    return build_launch(session, opts, mounts=tuple(mounts), mps=mps, in_container=True)
+    return build_launch(
+        session, opts, mounts=tuple(mounts), mps=mps, mps_withheld=mps_withheld, in_container=True
+    )
 
 
 def _gpu(uuid, index, shares):
@@ -85,7 +87,9 @@ def test_whole_gpus_by_uuid_in_the_environment():
 
 
 def test_fraction_with_mps_mounts_the_pipe_directory():
-    cfg = service_config(_spec(devices=[_gpu(U0, 0, 0.25)], mps=True), LABELS, mps_pipe_dir="/tmp/nvidia-mps")
+    spec = _spec(devices=[_gpu(U0, 0, 0.25)], mps=True)
+    cfg = service_config(spec, LABELS, mps_pipe_dir="/tmp/nvidia-mps", user="1000:1000")
+    assert cfg.container_spec["user"] == "1000:1000"  # the one non-root uid of the node's clients
     assert cfg.env["NVIDIA_VISIBLE_DEVICES"] == U0
     assert cfg.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert cfg.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={20 * 1024}M"
@@ -97,6 +101,63 @@ def test_fraction_with_mps_mounts_the_pipe_directory():
 def test_fraction_with_mps_needs_the_pipe_directory():
     with pytest.raises(ValueError, match="MPS pipe directory"):
         service_config(_spec(devices=[_gpu(U0, 0, 0.5)], mps=True), LABELS)
+
+
+@pytest.mark.parametrize("user", [None, "", "0", "0:0", "root", "jovyan"])
+def test_fraction_with_mps_runs_as_a_numeric_non_root_uid_only(user):
+    spec = _spec(devices=[_gpu(U0, 0, 0.5)], mps=True)
+    with pytest.raises(ValueError, match="with MPS, but"):
+        service_config(spec, LABELS, mps_pipe_dir="/tmp/nvidia-mps", user=user)
+
+
+async def test_the_swarm_spawner_never_gives_mps_its_sessions_cannot_reach():
+    from spawner.launch import mps_withheld_for
+    from spawner.swarm import SWARM_NO_MPS, LabfleetSwarmSpawner
+
+    # No host IPC namespace for a service: whatever the user, MPS is withheld and the reason says why.
+    for user in ("1000:1000", "", "0:0", "root", "jovyan"):
+        assert LabfleetSwarmSpawner(container_user=user).lf_mps_withheld() == SWARM_NO_MPS
+    withheld = _spec(devices=[_gpu(U0, 0, 0.5)], mps=True, mps_withheld=mps_withheld_for("0:0"))
+    cfg = service_config(withheld, LABELS, mps_pipe_dir="/tmp/nvidia-mps", user="0:0")
+    assert cfg.env["LABFLEET_GPU_ENFORCEMENT"] == "caps" and "CUDA_MPS_PIPE_DIRECTORY" not in cfg.env
+    assert cfg.env["LABFLEET_GPU_MPS_WITHHELD"] == mps_withheld_for("0:0") and not cfg.mounts
+
+
+async def test_the_service_runs_as_container_user_whatever_extra_container_spec_says():
+    from spawner.swarm import LabfleetSwarmSpawner
+
+    spawner = LabfleetSwarmSpawner(
+        node_labels={"node-2": LABELS},
+        network_name="host",
+        mps_pipe_dir="/tmp/nvidia-mps",
+        extra_container_spec={"user": "0:0", "hostname": "h"},
+    )
+    spawner.user = SimpleNamespace(name="alice", url="/user/alice/", settings={})
+
+    async def lf_call(method, path, body=None):
+        return _Reply(200, [])
+
+    created = {}
+
+    async def docker_call(method, *args, **kwargs):
+        if method == "create_service":
+            created.update(kwargs)
+            return {"ID": "svc"}
+        if method == "inspect_image":
+            return {"Config": {"Env": []}}
+        raise AssertionError(method)
+
+    async def command():
+        return ["jupyterhub-singleuser"]
+
+    spawner.lf_call = lf_call
+    spawner.docker = docker_call
+    spawner.get_command = command
+    spawner.get_env = lambda: {}
+    await spawner.lf_prepare(_spec(devices=[_gpu(U0, 0, 0.5)], mps=True))
+    await spawner.create_object()
+    container = created["task_template"]["ContainerSpec"]
+    assert container["User"] == "1000:1000" and container["Hostname"] == "h"
 
 
 def test_fraction_without_mps_caps_the_frameworks():

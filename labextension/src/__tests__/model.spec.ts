@@ -67,6 +67,14 @@ describe('formatting', () => {
     expect(gpuShareLabel({ shares: null, memory: GiB, enforcement: 'caps' })).toBe(
       'a share of a GPU · 1 GiB · framework caps only (advisory)'
     );
+    expect(
+      gpuShareLabel({
+        shares: 0.5,
+        memory: null,
+        enforcement: 'caps',
+        mps_withheld: 'the session runs as root'
+      })
+    ).toBe('0.5 of a GPU · framework caps only (advisory; MPS withheld: the session runs as root)');
   });
 
   it('formats durations', () => {
