@@ -2,19 +2,26 @@
 (local backend, same machine, 127.0.0.1): the node shows ALIVE with its mock GPUs, a session is placed
 there, the agent is SIGKILLed and the node goes LOST (1 s heartbeats, LOST after 3) with the session's
 allocation freed and the ledger right, the agent restarts and the node is ALIVE again; drain through
-the API; bad input to the token and agent APIs answers 4xx and changes nothing."""
+the API; bad input to the token and agent APIs answers 4xx and changes nothing.  A third agent's node
+whose sessions share one mock GPU (per-process readings from ``$LABFLEET_MOCK_GPU_USAGE``): the
+service's backstop hands a kill to the agent, which kills the real offending process and reports;
+a report for a kill never queued is ignored."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
+import requests
 from sqlalchemy import text
 
+from hub_ext.compute.devices.mock import USAGE_ENV, mock_uuid
 from hub_ext.core import db as lfdb
 from hub_ext.core import ledger
 from tests.hubfixture import REPO, free_port, start_hub
@@ -59,15 +66,16 @@ def fleet(hub, root):
 
 
 class Agent:
-    def __init__(self, hub, token_file, log):
+    def __init__(self, hub, token_file, log, node=NODE, devices=2, env=None):
         self.hub, self.token_file, self.log = hub, token_file, log
+        self.node, self.devices, self.env = node, devices, env or {}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = dict(os.environ, PYTHONPATH=str(REPO), **self.env)
         args = [
             *("--service-url", self.hub.api_url, "--token-file", str(self.token_file)),
-            *("--node-name", NODE, "--mock-devices", "2", "--address", "127.0.0.1"),
+            *("--node-name", self.node, "--mock-devices", str(self.devices), "--address", "127.0.0.1"),
         ]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hub_ext.cli", "agent", *args],
@@ -263,6 +271,140 @@ def test_agent_node_alive_lost_and_back(hub, root, fleet, tmp_path):
         agent.stop(signal.SIGKILL)
     log = (tmp_path / "agent.log").read_text()
     assert "Registered node agent-n2" in log and token not in log
+
+
+def _two_sleeps(procs) -> tuple[int, list[int]]:
+    """A real process tree standing for a session's server: (its root pid, its two ``sleep 600``,
+    the older first)."""
+    root = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 0.2; sleep 600 & wait"], start_new_session=True)
+    procs.append(root)
+
+    def kids():
+        out = []
+        for k in psutil.Process(root.pid).children():
+            try:
+                if k.cmdline() == ["sleep", "600"]:
+                    out.append(k)
+            except psutil.Error:
+                continue
+        return sorted(out, key=lambda k: k.create_time()) if len(out) == 2 else None
+
+    return root.pid, [k.pid for k in _wait("the session's processes", kids, 10)]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _overuse_audits(hub, root, sid):
+    audit = hub.api("GET", "/audit", root, params={"action": "session.gpu-overuse", "limit": 1000}).json()
+    return [e["details"] for e in audit if e["target"] == sid]
+
+
+def test_a_kill_on_an_agent_s_node_is_done_by_its_agent(hub, root, fleet, tmp_path):
+    node = "agent-k3"
+    for path, body in (
+        ("/resource-groups", {"name": "edge-kill", "is_public": True, "gpu_overuse": "kill"}),
+        ("/node-tokens", {"node": node, "resource_group": "edge-kill"}),
+    ):
+        r = hub.api("POST", path, root, json=body)
+        assert r.status_code == 201, r.text
+    token = r.json()["token"]
+    (tmp_path / "node-token").write_text(token)
+    usage = tmp_path / "gpu-usage.json"
+    usage.write_text("{}")
+    agent = Agent(hub, tmp_path / "node-token", tmp_path / "agent.log", node, 1, {USAGE_ENV: str(usage)})
+    procs: list[subprocess.Popen] = []
+    ids: list[str] = []
+    try:
+        agent.start()
+        _wait("the agent's node", lambda: (_nodes(hub, root).get(node) or {}).get("status") == "ALIVE")
+        # Two sessions of half the one device each, their servers real processes (as the spawner
+        # reports them: RUNNING, with the root pid)
+        pids = []
+        for name in ("k1", "k2"):
+            r = hub.api(
+                "POST",
+                "/sessions",
+                hub.service_token,
+                json={
+                    "username": "alice",
+                    "project": "acme/ml",
+                    "resource_group": "edge-kill",
+                    "name": name,
+                    "slots": {"cpu": 1, "gpu.shares": 0.5},
+                },
+            )
+            assert r.status_code == 201 and r.json()["node"] == node, r.text
+            ids.append(r.json()["id"])
+            root_pid, kids = _two_sleeps(procs)
+            pids.append(kids)
+            r = hub.api(
+                "PATCH",
+                f"/sessions/{ids[-1]}",
+                hub.service_token,
+                json={"status": "RUNNING", "runtime": {"pid": root_pid}},
+            )
+            assert r.status_code == 200, r.text
+        (a, b), ((a_old, a_new), (b_old, b_new)) = ids, pids
+        # a holds 30 + 20 GiB of the 80 GiB device (its share: 40, +2 tolerance); b 10 of its 40
+        rows = [(a_old, 30), (a_new, 20), (b_old, 10)]
+        usage.write_text(
+            json.dumps(
+                {mock_uuid(node, 0): {"processes": [{"pid": p, "mem_used": g * 2**30} for p, g in rows]}}
+            )
+        )
+        (entry,) = _wait("the kill written up", lambda: _overuse_audits(hub, root, a), 60)
+        assert _gone(a_new), "the agent did not kill the newest process"
+        assert not any(_gone(p) for p in (a_old, b_old, b_new))  # the rest runs on, the other untouched
+        assert entry["action"] == "kill" and entry["node"] == node and entry["used_bytes"] == 50 * 2**30
+        assert entry["killed"] == [{"pid": a_new, "cmdline": "sleep 600", "mem_bytes": 20 * 2**30}]
+        assert entry["not_killed"] == []
+        s = hub.api("GET", f"/sessions/{a}", root).json()
+        assert s["status"] == "RUNNING" and s["status_reason"].startswith("gpu-overuse kill:"), s
+        assert f"{a_new} (sleep 600" in s["status_reason"]
+        text = requests.get(
+            f"{hub.url}/services/labfleet/metrics",
+            headers={"Authorization": f"token {root}"},
+            timeout=30,
+        ).text
+        assert 'labfleet_gpu_overuse_total{action="kill",resource_group="edge-kill"} 1.0' in text
+
+        # A report for a kill never queued (a forged one for b's process) is ignored: 200, nothing
+        # written, nothing killed; a malformed one is a 400
+        forged = {
+            "session": b,
+            "pid": b_old,
+            "create_time": psutil.Process(b_old).create_time(),
+            "killed": True,
+        }
+        r = hub.api("POST", "/agent/heartbeat", token, json={"node": node, "kill_reports": [forged]})
+        assert r.status_code == 200 and r.json()["kill"] == [], r.text
+        r = hub.api(
+            "POST", "/agent/heartbeat", token, json={"node": node, "kill_reports": [{**forged, "pid": "x"}]}
+        )
+        assert r.status_code == 400 and "kill_reports[0].pid" in r.json()["message"], r.text
+        time.sleep(2)  # a few more ticks and heartbeats
+        assert _overuse_audits(hub, root, b) == [] and len(_overuse_audits(hub, root, a)) == 1
+        assert hub.api("GET", f"/sessions/{b}", root).json()["status_reason"] == ""
+        assert not _gone(b_old) and not _gone(a_old)
+        assert agent.proc is not None and agent.proc.poll() is None
+    finally:
+        for sid in ids:
+            hub.api("PATCH", f"/sessions/{sid}", hub.service_token, json={"status": "TERMINATED"})
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait(timeout=10)
+        agent.stop(signal.SIGTERM)
+        agent.stop(signal.SIGKILL)
+    log = (tmp_path / "agent.log").read_text()
+    assert f"Killed process {a_new} (sleep 600) of session {a}" in log and token not in log
 
 
 def test_the_agent_retries_while_the_service_is_down_and_exits_cleanly(tmp_path):

@@ -7,8 +7,14 @@ on this node with the trusted sampler (:mod:`hub_ext.usage.sampler`, the code th
 own node), and reports what it sees running, what ended and the readings. The service answers what it
 believes runs here, and ``stop``: sessions this agent saw running that the service no longer holds
 (after the node was LOST, say); the agent stops them (SIGTERM to a local session's process, ``docker
-stop`` for a container). It retries with backoff while the service is down, and exits cleanly on
-SIGTERM. It never touches the DB.
+stop`` for a container); and ``kill``: processes of a session over its share of a GPU that the
+service's backstop chose (:mod:`hub_ext.usage.enforce`), each as (session, pid, its start time). The
+agent SIGKILLs one only while it belongs to that session as it last sampled it (one of the session's
+processes on its devices, by its tree or its container's cgroup) and still has that start time (a
+reused pid is another process), and reports what it did (``kill_reports``, with the command line and
+memory, or why not) in each heartbeat until the service's answer no longer hands that kill over (the
+service took the report): a kill handed over again is not done twice. It retries with backoff while
+the service is down, and exits cleanly on SIGTERM. It never touches the DB.
 
 Exit status: 0 on SIGTERM/SIGINT, 1 when the service refuses the token, 2 for bad options or a
 registration the service refuses (wrong node for the token, a device another node has, ...).
@@ -44,7 +50,7 @@ from hub_ext.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
-from hub_ext.usage.sampler import Reading, Sampler, Target
+from hub_ext.usage.sampler import GpuProcess, Reading, Sampler, Target, kill_if_same
 
 # A reading whose error says the session's process or container is gone (not that the engine did not
 # answer): reported as ended once seen twice in a row.
@@ -104,6 +110,48 @@ def target_of(value: Any) -> Target | None:
         container=container if isinstance(container, str) else None,
         devices=tuple(d for d in devices if isinstance(d, str)),
     )
+
+
+KillKey = tuple[str, int, float]  # (session, pid, start time) as the service handed it
+
+
+def kill_order(value: Any) -> KillKey | None:
+    """A kill from the service's answer, or None if it is not one."""
+    if not isinstance(value, dict):
+        return None
+    sid, pid, started = value.get("session"), value.get("pid"), value.get("create_time")
+    if not isinstance(sid, str) or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return None
+    if isinstance(started, bool) or not isinstance(started, (int, float)):
+        return None
+    return sid, pid, float(started)
+
+
+def gpu_processes(readings: list[Reading]) -> dict[str, dict[int, GpuProcess]]:
+    """Each live session's processes on its devices, by pid, as the sampler attributed them."""
+    out: dict[str, dict[int, GpuProcess]] = {}
+    for r in readings:
+        if r.alive:
+            out[r.session_id] = {p.pid: p for g in r.gpus for p in g.processes}
+    return out
+
+
+def kill_owned(key: KillKey, known: dict[str, dict[int, GpuProcess]]) -> dict[str, Any]:
+    """Carry out one kill the service handed over: SIGKILL the pid only if it is one of the session's
+    processes on its devices at the last sampling (``known``) with the start time the service gave,
+    and still that process now. The report for the service."""
+    sid, pid, started = key
+    proc = known.get(sid, {}).get(pid)
+    report: dict[str, Any] = {"session": sid, "pid": pid, "create_time": started, "killed": False}
+    report["mem_bytes"] = proc.mem_bytes if proc is not None else None
+    if sid not in known:
+        report.update(cmdline="", error="the session was not sampled running on this node")
+    elif proc is None or proc.started is None or abs(proc.started - started) > 0.01:
+        report.update(cmdline="", error="the pid is not one of the session's processes on its devices")
+    else:
+        killed, cmdline, error = kill_if_same(pid, started)
+        report.update(killed=killed, cmdline=cmdline, error=error)
+    return report
 
 
 class LabfleetAgent(Application):
@@ -309,6 +357,8 @@ class LabfleetAgent(Application):
         self.targets: dict[str, Target] = {}  # what the service listed on this node last
         self.gone: dict[str, int] = {}  # session -> ticks in a row it read gone
         self.reported: set[str] = set()  # sessions already reported ended
+        self.gpu_procs: dict[str, dict[int, GpuProcess]] = {}  # at the last sampling, for the kills
+        self.kill_reports: dict[KillKey, dict[str, Any]] = {}  # kills done, until the service takes them
         self.mps_status = MpsStatus("off", "not started yet")
         self.mps_supervisor: MpsSupervisor | None = None
 
@@ -426,14 +476,17 @@ class LabfleetAgent(Application):
                 if self.gone[r.session_id] >= GONE_TICKS:
                     ended.append({"session": r.session_id, "exit_code": None})
                     self.reported.add(r.session_id)
+        self.gpu_procs = gpu_processes(readings)
         self.check_mps()
-        body = {
+        body: dict[str, Any] = {
             "node": self.node_name,
             "running": running,
             "ended": ended,
             "readings": [reading_json(r) for r in readings],
             "mps": self.mps_status.to_dict(),
         }
+        if self.kill_reports:  # only then: a service that hands over no kill knows no such field
+            body["kill_reports"] = list(self.kill_reports.values())
         return self.call("/agent/heartbeat", body)
 
     def apply(self, answer: dict[str, Any]) -> None:
@@ -448,6 +501,28 @@ class LabfleetAgent(Application):
         self.reported &= set(self.targets)
         for sid in stop:
             self.stop_session(known.get(sid), sid)
+        self.kill(answer.get("kill") or [])
+
+    def kill(self, handed: Any) -> None:
+        """The kills the service handed over: a report it no longer hands over was taken; a kill
+        already done is reported again, not done again."""
+        items = handed if isinstance(handed, list) else []
+        keys = [k for k in (kill_order(v) for v in items) if k is not None]
+        self.kill_reports = {k: v for k, v in self.kill_reports.items() if k in keys}
+        live = {sid: procs for sid, procs in self.gpu_procs.items() if sid in self.targets}
+        for key in keys:
+            if key in self.kill_reports:
+                continue
+            report = self.kill_reports[key] = kill_owned(key, live)
+            if report["killed"]:
+                self.log.warning(
+                    "Killed process %d (%s) of session %s: over its share of a GPU",
+                    key[1],
+                    report["cmdline"][:200],
+                    key[0],
+                )
+            else:
+                self.log.warning("Did not kill process %d of session %s: %s", key[1], key[0], report["error"])
 
     def stop_session(self, target: Target | None, sid: str) -> None:
         """Stop a session the service no longer holds (it ended it while this node was LOST)."""

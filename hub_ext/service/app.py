@@ -527,6 +527,9 @@ class LabfleetService(Application):
         self.mps_supervisor: MpsSupervisor | None = None
         self.sampler: Sampler | None = None  # made on the first usage tick
         self.gpu_watch = overuse.Watch()  # sessions over their GPU share, between usage ticks
+        # Kills on agents' nodes until their agents report them; in memory only: lost on a restart,
+        # which is acceptable (the next ticks judge those sessions again).
+        self.agent_kills = overuse.AgentKills()
         self.started_at = datetime.now(timezone.utc)  # heartbeats missed before it do not count
         self.agent_readings: dict[str, Reading] = {}  # node agents' latest, until the next usage tick
         self.parse_command_line(argv)  # --help-all and the like print and exit here
@@ -740,6 +743,7 @@ class LabfleetService(Application):
             stop_server=self.hub_sync.stop_server if self.hub_sync.enabled else None,
             log=self.log,
             observe=self.metrics.observe_gpu_overuse,
+            agent_kills=self.agent_kills,
         )
 
     def agent_readings_in(self, readings: list[Reading]) -> None:

@@ -29,7 +29,8 @@ Per :class:`Target` (one live session on this node), one :class:`Reading`:
   ``gpu_util``; otherwise ``None`` (cannot tell).  Memory likewise, from ``mem_used``.  A session with
   no process on a device whose processes are known uses 0 of it.  Each reading also lists the
   session's processes on the device (pid, memory, start time), for the share enforcement
-  (:mod:`hub_ext.usage.overuse`).
+  (:mod:`hub_ext.usage.overuse`), whose kills (the service's on its node, an agent's on its own)
+  go through :func:`kill_if_same`: a pid is killed only while it still has that start time.
 
 ``cpu_seconds`` is cumulative since the session started: consumers take differences between
 readings.  It can step down when a process leaves a local tree without being reaped inside it (a
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -585,6 +587,23 @@ def _started(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
+
+
+def kill_if_same(pid: int, started: float | None) -> tuple[bool, str, str | None]:
+    """SIGKILL process ``pid`` if it is still the one that started at ``started`` (epoch seconds, as
+    :class:`GpuProcess` has it): (killed, its command line, why not).  The service kills on its own
+    node with it, a node agent on its node."""
+    try:
+        p = psutil.Process(pid)
+        cmdline = (" ".join(p.cmdline()) or p.name())[:500]
+        if started is None or abs(p.create_time() - started) > 0.01:
+            return False, cmdline, "its pid now belongs to another process"
+        p.send_signal(signal.SIGKILL)  # psutil checks the process is still the same one
+        return True, cmdline, None
+    except psutil.NoSuchProcess:
+        return False, "", "it had already exited"
+    except psutil.Error as e:
+        return False, "", f"{type(e).__name__}: {e}"
 
 
 def _read_cgroup(pid: int) -> str:

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import pytest
 
+from hub_ext.agent.app import gpu_processes, kill_order
+from hub_ext.core.errors import InvalidInput
 from hub_ext.usage.overuse import (
+    KILL_HANDOVERS,
     TOLERANCE_FLOOR,
+    AgentKills,
     Holding,
+    KillReport,
     Proc,
     Watch,
     action_for,
     allowance,
     judge,
+    parse_kill_reports,
     victims,
 )
+from hub_ext.usage.sampler import GpuProcess, GpuReading, Reading
 
 GiB = 2**30
 DEVICE = 80 * GiB
@@ -97,3 +104,135 @@ def test_alone_on_its_device_it_is_warned_and_n_ticks_is_the_watch_s():
     assert judge([h], w) == [] and judge([h], w) == []
     (d,) = judge([h], w)
     assert d.action == "warn" and d.victims == ()
+
+
+# ---------------------------------------------------------------- kills on agents' nodes
+
+
+def report(sid="s1", pid=12, started=300.0, killed=True, **kw) -> KillReport:
+    return KillReport(sid, pid, started, killed, kw.pop("cmdline", "python train.py"), **kw)
+
+
+def test_a_queued_kill_is_handed_over_until_reported_then_done_once():
+    kills = AgentKills()
+    new, mid = Proc(12, 4 * GiB, 300.0), Proc(11, 6 * GiB, 200.0)
+    order = kills.queue("n2", "s1", (new, mid), context="ctx")
+    assert not order.done and kills.sessions() == {"s1"}
+    assert kills.hand_over("n3", {"s1"}) == ([], [])  # another node's agent hears nothing of it
+    wanted = [
+        {"session": "s1", "pid": 12, "create_time": 300.0},
+        {"session": "s1", "pid": 11, "create_time": 200.0},
+    ]
+    assert kills.hand_over("n2", {"s1"}) == (wanted, [])
+    assert kills.hand_over("n2", {"s1"}) == (wanted, [])  # the answer was lost: again
+    # One reported: only the other goes out again; the order is not done yet
+    assert kills.report("n2", [report()]) == ([], [])
+    assert kills.hand_over("n2", {"s1"}) == ([wanted[1]], [])
+    done, ignored = kills.report("n2", [report(pid=11, started=200.0, killed=False, error="gone")])
+    assert done == [order] and ignored == [] and order.context == "ctx"
+    assert order.reports[11].error == "gone" and order.reports[12].killed
+    assert kills.pending == [] and kills.hand_over("n2", {"s1"}) == ([], [])
+    # The same report again: nothing queued any more, ignored
+    assert kills.report("n2", [report()]) == ([], [report()])
+
+
+def test_reports_are_taken_only_for_a_kill_queued_for_that_node_session_pid_and_start():
+    kills = AgentKills()
+    order = kills.queue("n2", "s1", (Proc(12, GiB, 300.0),))
+    forged = [
+        report(sid="s2"),  # another session
+        report(pid=13),  # another pid
+        report(started=299.0),  # another process that had the pid
+    ]
+    assert kills.report("n2", forged) == ([], forged)
+    assert kills.report("n3", [report()]) == ([], [report()])  # another node's agent
+    assert not order.done and order.reports == {}
+    assert kills.report("n2", [report(started=300.004)]) == ([order], [])  # the same start, as a float
+
+
+def test_an_unreported_kill_is_given_up_after_the_handovers_or_when_its_session_is_gone():
+    kills = AgentKills()
+    slow = kills.queue("n2", "s1", (Proc(12, GiB, 300.0),))
+    ended = kills.queue("n2", "s2", (Proc(22, GiB, 300.0),))
+    for _ in range(KILL_HANDOVERS):
+        handed, given_up = kills.hand_over("n2", {"s1", "s2"})
+        assert len(handed) == 2 and given_up == []
+    handed, given_up = kills.hand_over("n2", {"s1"})  # s2 no longer runs there
+    assert handed == [] and given_up == [slow, ended]
+    assert (
+        slow.reports[12].killed is False
+        and "did not report the kill in 3 heartbeats" in slow.reports[12].error
+    )
+    assert "no longer ran on node n2" in ended.reports[22].error
+    # The usage tick's sweep: a node gone LOST (its sessions ended) sends no heartbeat any more
+    lost = kills.queue("n4", "s4", (Proc(40, GiB, 1.0),))
+    kept = kills.queue("n2", "s1", (Proc(12, GiB, 300.0),))
+    assert kills.sweep({("n2", "s1")}) == [lost] and kills.pending == [kept]
+    assert "no longer runs on node n4" in lost.reports[40].error
+
+
+def test_a_victim_of_unknown_start_is_never_handed_over():
+    kills = AgentKills()
+    order = kills.queue("n2", "s1", (Proc(9, GiB, None),))
+    assert order.done and kills.pending == [] and "start time is unknown" in order.reports[9].error
+    mixed = kills.queue("n2", "s1", (Proc(9, GiB, None), Proc(12, GiB, 300.0)))
+    assert kills.hand_over("n2", {"s1"})[0] == [{"session": "s1", "pid": 12, "create_time": 300.0}]
+    assert not mixed.done
+
+
+def test_kill_reports_are_checked_whole():
+    good = {"session": "s1", "pid": 12, "create_time": 300.5, "killed": True, "cmdline": "x" * 600}
+    (r,) = parse_kill_reports([good, *[]])
+    assert (r.session_id, r.pid, r.started, r.killed, len(r.cmdline), r.error) == (
+        "s1",
+        12,
+        300.5,
+        True,
+        500,
+        None,
+    )
+    assert parse_kill_reports([]) == []
+    for bad, says in (
+        ({}, "kill_reports must be a list"),
+        ([good] * 1025, "kill_reports must be a list"),
+        ([{**good, "extra": 1}], "unknown field(s) in kill_reports[0]"),
+        ([{k: v for k, v in good.items() if k != "killed"}], "missing field(s) in kill_reports[0]: killed"),
+        ([{**good, "session": ""}], "kill_reports[0].session must be a session id"),
+        ([{**good, "pid": 0}], "kill_reports[0].pid must be at least 1"),
+        ([{**good, "pid": True}], "kill_reports[0].pid must be a whole number"),
+        ([{**good, "create_time": "now"}], "kill_reports[0].create_time must be"),
+        ([{**good, "create_time": float("nan")}], "kill_reports[0].create_time must be"),
+        ([{**good, "killed": 1}], "kill_reports[0].killed must be true or false"),
+        ([{**good, "mem_bytes": -1}], "kill_reports[0].mem_bytes must be at least 0"),
+        ([{**good, "error": 5}], "kill_reports[0].error must be a string"),
+        ([{**good, "cmdline": "a\x00b"}], "kill_reports[0].cmdline must not contain NUL"),
+    ):
+        with pytest.raises(InvalidInput) as e:
+            parse_kill_reports(bad)
+        assert says in e.value.message, (bad, e.value.message)
+
+
+def test_the_agent_reads_kills_and_its_sessions_gpu_processes():
+    assert kill_order({"session": "s1", "pid": 12, "create_time": 300}) == ("s1", 12, 300.0)
+    for bad in (
+        None,
+        [],
+        {"session": 1, "pid": 12, "create_time": 1.0},
+        {"session": "s1", "pid": True, "create_time": 1.0},
+        {"session": "s1", "pid": 0, "create_time": 1.0},
+        {"session": "s1", "pid": 12},
+    ):
+        assert kill_order(bad) is None
+    p1, p2 = GpuProcess(12, GiB, 300.0), GpuProcess(13, None, None)
+    readings = [
+        Reading(
+            "s1",
+            1.0,
+            True,
+            1.0,
+            1,
+            (GpuReading("GPU-a", None, GiB, (p1,)), GpuReading("GPU-b", 0.0, 0, (p2,))),
+        ),
+        Reading("s2", 1.0, False, None, None, (GpuReading("GPU-a", None, GiB, (GpuProcess(14, 1, 1.0),)),)),
+    ]
+    assert gpu_processes(readings) == {"s1": {12: p1, 13: p2}}  # a session read gone has none

@@ -1,5 +1,9 @@
 """REST handlers for node agents and node administration: node tokens (superadmins), draining a node,
-and the agent API (``/api/agent/...``, authenticated with a node token only)."""
+and the agent API (``/api/agent/...``, authenticated with a node token only).
+
+A heartbeat's answer also carries the GPU share backstop's kills for the node (``kill``; see
+:mod:`hub_ext.usage.enforce`), and its body the agent's reports of the kills it was handed
+(``kill_reports``), taken only for kills queued for that node."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from hub_ext.core.authz import Actor
 from hub_ext.core.errors import Forbidden, LabfleetError, Unauthorized
 from hub_ext.core.models import NodeToken
 from hub_ext.service.base import APIHandler, request_json, required_body
-from hub_ext.usage import records
+from hub_ext.usage import enforce, overuse, records
 from hub_ext.usage.sampler import Target
 
 # ---------------------------------------------------------------- node tokens, drain
@@ -121,26 +125,40 @@ class AgentRegisterHandler(AgentHandler):
 
 class AgentHeartbeatHandler(AgentHandler):
     async def post(self):
-        beat, raw = agents.parse_heartbeat(request_json(self))
+        body = request_json(self)
+        # The kill reports are the backstop's (hub_ext.usage.overuse), the rest the node's.
+        raw_reports = body.pop("kill_reports", []) if isinstance(body, dict) else []
+        beat, raw = agents.parse_heartbeat(body)
         readings = records.parse_agent_readings(raw, time.time())
+        reports = overuse.parse_kill_reports(raw_reports)
         remote = self.request.remote_ip or ""
         accepted: list = []
+        kills_done: list = []
 
         def work(db):
-            result = agents.heartbeat(db, self.token(db), beat, remote)
+            result = agents.heartbeat(db, self.token(db), beat, remote)  # the token's node, or 4xx
             targets = records.targets_on(db, beat.node)
             accepted.extend(records.accept_agent_readings(readings, targets))
+            kill, done = enforce.agent_heartbeat(
+                self.lf.agent_kills, beat.node, reports, (t.session_id for t in targets), log=self.log
+            )
+            kills_done.extend(done)
             return {
                 "node": beat.node,
                 "heartbeat": self.lf.agent_heartbeat,
                 "sessions": [target_json(t) for t in targets],
                 "stop": result.stop,
                 "released": result.released,
+                "kill": kill,
             }, bool(result.released or result.came_back)
 
         self.answer(work, poke=False)
         if self.get_status() == 200:
             self.lf.agent_readings_in(accepted)
+        # Taken from the queue: written up whatever the answer (a report is not taken twice).
+        enforce.finish_agent_kills(
+            self.lf.session_factory, kills_done, log=self.log, observe=self.lf.metrics.observe_gpu_overuse
+        )
 
 
 def routes(api: str) -> list[tuple]:
