@@ -1,9 +1,11 @@
-"""The Resources page: resource groups, their nodes, and a per-GPU occupancy map.
+"""The Resources page: resource groups, their nodes, a per-GPU occupancy map, and the sessions
+holding more GPU memory than their share.
 
-What the page shows comes from three lists of the labfleet service, read as the viewer
-(``GET /api/resource-groups``, ``/api/nodes`` and ``/api/sessions``): the service scopes them, so a
-domain admin's map shows their own domain's sessions by name and the rest of a device's load as
-"other domains", without saying whose. The top half of this module is pure (plain dicts in, plain
+What the page shows comes from lists of the labfleet service, read as the viewer
+(``GET /api/resource-groups``, ``/api/nodes``, ``/api/sessions``, ``/api/usage/live`` and, for a
+session over its share, ``/api/audit``): the service scopes them, so a domain admin's map shows
+their own domain's sessions by name and the rest of a device's load as "other domains", without
+saying whose, and lists only their own domain's sessions over their share. The top half of this module is pure (plain dicts in, plain
 values or SVG/HTML text out) and unit-tested without a kernel; :func:`page` at the bottom builds
 the widgets a notebook displays.
 
@@ -28,6 +30,7 @@ import ipywidgets as W
 
 from admin_dashboards.console import ServiceError, guarded, message, table
 from admin_dashboards.nodecontrol import node_switches
+from hub_ext.core.bootstrap import GPU_OVERUSE_POLICIES
 
 # Sessions that hold what they were given (PENDING waits for it; the final ones gave it back).
 HOLDING = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
@@ -36,6 +39,13 @@ PLACEMENTS = ("pack", "spread", "whole-gpu", "fgd")
 SESSION_TYPES = ("interactive", "batch", "inference")
 GRANT_KINDS = ("domain", "project", "user")
 MAX_PENDING_TIMEOUT = 30 * 24 * 3600  # the service's own bound (30 days)
+# What each of a group's gpu_overuse policies does to a session over its share of a device's memory.
+GPU_OVERUSE_NOTES = {
+    "auto": "kill when the device is shared, warn when alone",
+    "warn": "warn the session and audit it",
+    "kill": "kill its newest GPU processes",
+    "stop": "stop the session",
+}
 
 # One colour per holder (user), from JupyterLab's Material palette (its --md-* variables), with
 # the same colours as fallbacks where the page has no JupyterLab theme.
@@ -585,18 +595,23 @@ def group_patch(group: Mapping[str, Any], form: Mapping[str, Any]) -> dict[str, 
     only the fields that change (empty: nothing to do). ValueError for a form that cannot be sent.
 
     ``form`` holds ``description`` (str), ``is_public`` (bool), ``scheduler``, ``placement``,
-    ``allowed_session_types`` (a sequence), ``pending_timeout`` (seconds) and ``grants`` (the text
-    :func:`parse_grants` reads); a key left out is left as it is.
+    ``gpu_overuse``, ``allowed_session_types`` (a sequence), ``pending_timeout`` (seconds) and
+    ``grants`` (the text :func:`parse_grants` reads); a key left out is left as it is. A choice the
+    service does not take is refused in the service's own words.
     """
     body: dict[str, Any] = {}
     if "description" in form and str(form["description"]) != str(group.get("description") or ""):
         body["description"] = str(form["description"])
     if "is_public" in form and bool(form["is_public"]) != bool(group.get("is_public")):
         body["is_public"] = bool(form["is_public"])
-    for key, choices in (("scheduler", SCHEDULERS), ("placement", PLACEMENTS)):
-        if key in form and form[key] != group.get(key):
+    for key, choices, default in (
+        ("scheduler", SCHEDULERS, None),
+        ("placement", PLACEMENTS, None),
+        ("gpu_overuse", GPU_OVERUSE_POLICIES, "auto"),  # a group from before the policy: auto
+    ):
+        if key in form and form[key] != (group.get(key) or default):
             if form[key] not in choices:
-                raise ValueError(f"{key} must be one of {', '.join(choices)}")
+                raise ValueError(f"{key} must be one of {', '.join(choices)} (got {form[key]!r:.40})")
             body[key] = form[key]
     if "allowed_session_types" in form:
         types = sorted(set(form["allowed_session_types"]))
@@ -641,12 +656,14 @@ def groups_html(groups: Sequence[Mapping[str, Any]]) -> str:
             "placement",
             "session types",
             "pending timeout",
+            "over its GPU share",
             "grants",
             "nodes",
         )
     )
     body = []
     for g in groups:
+        policy = str(g.get("gpu_overuse") or "auto")
         grants = fmt_grants(g.get("grants") or ()) or ("—" if g.get("is_public") else "nobody yet")
         body.append(
             "<tr>"
@@ -656,6 +673,8 @@ def groups_html(groups: Sequence[Mapping[str, Any]]) -> str:
             f"<td>{esc(g.get('placement'))}</td>"
             f"<td>{esc(', '.join(g.get('allowed_session_types') or ()))}</td>"
             f"<td>{esc(fmt_timeout(g.get('pending_timeout')))}</td>"
+            f"<td class='lf-gpu-overuse' data-policy='{esc(policy)}'>{esc(policy)}"
+            f"<div class='lf-muted'>{esc(GPU_OVERUSE_NOTES.get(policy, ''))}</div></td>"
             f"<td>{esc(grants)}</td>"
             f"<td>{esc(', '.join(g.get('nodes') or ()) or 'none')}</td>"
             "</tr>"
@@ -781,6 +800,14 @@ def group_editor(
     public_row = W.HBox([form_label("Access"), public], layout=W.Layout(align_items="center"))
     scheduler = W.Dropdown(options=SCHEDULERS, description="Scheduler", style=style, layout=narrow)
     placement = W.Dropdown(options=PLACEMENTS, description="Placement", style=style, layout=narrow)
+    overuse = W.Dropdown(
+        options=[(f"{p}: {GPU_OVERUSE_NOTES[p]}", p) for p in GPU_OVERUSE_POLICIES],
+        description="Over GPU share",
+        tooltip="what the service does to a session whose processes hold more of a device's "
+        "memory than its fraction (plus a tolerance) for 2 samples in a row; whole devices are never judged",
+        style=style,
+        layout=W.Layout(width="560px"),
+    )
     types = {
         t: W.Checkbox(description=t, indent=False, layout=W.Layout(width="110px")) for t in SESSION_TYPES
     }
@@ -802,7 +829,8 @@ def group_editor(
     )
     save = W.Button(description="Save changes", button_style="primary", icon="check", disabled=not editable)
     note = W.HTML(message(said).value if said else "")
-    fields: list[W.Widget] = [description, public, scheduler, placement, *types.values(), timeout, grants]
+    fields: list[W.Widget] = [description, public, scheduler, placement, overuse, *types.values()]
+    fields += [timeout, grants]
     for f in fields:
         f.disabled = not editable
 
@@ -814,6 +842,7 @@ def group_editor(
         public.value = bool(g.get("is_public"))
         scheduler.value = g.get("scheduler") if g.get("scheduler") in SCHEDULERS else SCHEDULERS[0]
         placement.value = g.get("placement") if g.get("placement") in PLACEMENTS else PLACEMENTS[0]
+        overuse.value = g.get("gpu_overuse") if g.get("gpu_overuse") in GPU_OVERUSE_POLICIES else "auto"
         allowed = set(g.get("allowed_session_types") or ())
         for t, box in types.items():
             box.value = t in allowed
@@ -829,6 +858,7 @@ def group_editor(
             "is_public": public.value,
             "scheduler": scheduler.value,
             "placement": placement.value,
+            "gpu_overuse": overuse.value,
             "allowed_session_types": [t for t, box in types.items() if box.value],
             "pending_timeout": timeout.value,
             "grants": grants.value,
@@ -855,7 +885,8 @@ def group_editor(
     pick.observe(picked, "value")
     save.on_click(do_save)
     load()
-    parts: list[W.Widget] = [pick, description, public_row, scheduler, placement, types_row, timeout, grants]
+    parts: list[W.Widget] = [pick, description, public_row, scheduler, placement, overuse, types_row]
+    parts += [timeout, grants]
     parts += [W.HBox([form_label(""), save]), W.HBox([form_label(""), note])]
     if why:
         parts.insert(0, muted(why))
@@ -896,6 +927,9 @@ def group_creator(client: Any, on_saved: Callable[[str, str], None]) -> W.HBox:
 
 def page(client: Any) -> W.VBox:
     """The whole Resources page below its header: it rebuilds itself in place after a change."""
+    # Here, not at the top: that module builds on this one's formatting helpers.
+    from admin_dashboards.gpuoveruse import overuse_section
+
     out = W.VBox()
     refresh_button = W.Button(description="Refresh", icon="refresh", layout=W.Layout(width="110px"))
     state: dict[str, Any] = {"group": None, "said": ""}  # the editor's group and its last word
@@ -915,6 +949,7 @@ def page(client: Any) -> W.VBox:
                     "session), what other domains hold hatched, the free part grey.",
                 ),
                 occupancy_view(nodes, sessions),
+                *overuse_section(client, sessions, now),
                 section("Nodes", "What each node has and what its sessions hold now."),
                 W.HTML(STYLE + nodes_html(node_rows(nodes, sessions, now))),
                 section(

@@ -333,6 +333,8 @@ def test_every_page_opens_for_each_kind_of_admin(hub, browser, name, role):
         page.wait_for_load_state("networkidle", timeout=WAIT_MS)
         text = page.inner_text("body")
         assert "Traceback" not in text and "The labfleet service said" not in text, (key, text[:500])
+        if key == "resources":  # sessions over their GPU share (none here), each group's policy in the form
+            assert "Sessions over their GPU share" in text and "Over GPU share" in text, text[:2000]
         shot(page, f"page-{key}-{name}")
     page.close()
 

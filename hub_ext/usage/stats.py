@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import func, select, union_all
+from sqlalchemy import Select, func, select, union_all
 from sqlalchemy.orm import Session
 
 from hub_ext.core.authz import Actor
@@ -399,3 +399,32 @@ def me(db: Session, actor: Actor, now: datetime | None = None) -> dict[str, Any]
             }
         )
     return {"user": actor.name, "now": now.isoformat(), "periods": periods, "daily": daily}
+
+
+def live_query(actor: Actor) -> Select:
+    """The usage state of the sessions still holding what they were given and sampled at least once
+    (as ``records.live_figures``), those ``actor`` may read (as ``GET /api/usage``), by session id."""
+    st = UsageSessionState
+    return (
+        select(st)
+        .where(st.finished.is_(False), st.held_until.is_(None), st.sampled_at.is_not(None))
+        .where(*scope_filter(actor, st))
+        .order_by(st.session_id)
+    )
+
+
+def live_view(st: UsageSessionState) -> dict[str, Any]:
+    """One live session's last trusted reading: cores, bytes, devices' worth of busy time, GPU bytes
+    (each None when the sampler could not tell)."""
+    return {
+        "session": st.session_id,
+        "user": st.user,
+        "project": st.project,
+        "domain": st.domain,
+        "resource_group": st.resource_group,
+        "sampled_at": st.sampled_at.isoformat() if st.sampled_at else None,
+        "cpu": st.cpu_now,
+        "mem": st.mem_now,
+        "gpu": st.gpu_now,
+        "gpu_mem": st.gpu_mem_now,
+    }

@@ -1,17 +1,21 @@
 """The Resources and Scheduler pages' pure parts, without a kernel: the per-GPU occupancy map built
 from ``/api/nodes`` and ``/api/sessions`` (shares per device, several sessions on one device, whole
 devices, what other domains hold, the free part), its SVG, the nodes' and groups' tables, the
-group editor's PATCH body, and the queue's rows with why each session waits."""
+group editor's PATCH body and its GPU overuse policy, the sessions over their GPU share, and the
+queue's rows with why each session waits."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from datetime import datetime, timedelta, timezone
 
+import ipywidgets as W
 import pytest
 
+from admin_dashboards import gpuoveruse as O
 from admin_dashboards import resources as R
 from admin_dashboards import scheduler as S
+from admin_dashboards.console import ServiceError
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 GIB = 2**30
@@ -219,6 +223,196 @@ def test_the_patch_holds_only_what_changes():
 def test_groups_table():
     table = R.groups_html([GROUP])
     assert "granted only" in table and "domain:acme" in table and "waits for ever" in table
+    # The group's answer to a session over its GPU share, with what it means (auto when unsaid)
+    assert "data-policy='auto'" in table and "kill when the device is shared, warn when alone" in table
+    stop = R.groups_html([dict(GROUP, gpu_overuse="stop")])
+    assert "over its GPU share" in stop and "data-policy='stop'" in stop and "stop the session" in stop
+
+
+def test_the_patch_holds_the_gpu_overuse_policy_and_refuses_one_the_service_would():
+    same = {"gpu_overuse": "auto", "scheduler": "fifo"}
+    assert R.group_patch(GROUP, same) == {}  # a group from before the policy reads as auto
+    assert R.group_patch(dict(GROUP, gpu_overuse="warn"), same) == {"gpu_overuse": "auto"}
+    assert R.group_patch(GROUP, dict(same, gpu_overuse="kill")) == {"gpu_overuse": "kill"}
+    # The service's own words (hub_ext.core.validate.check_choice): 400 there, nothing sent here
+    with pytest.raises(
+        ValueError, match=r"^gpu_overuse must be one of auto, warn, kill, stop \(got 'nuke'\)$"
+    ):
+        R.group_patch(GROUP, dict(same, gpu_overuse="nuke"))
+
+
+class FakeGroups:
+    """The service's resource groups for the editor: PATCHes recorded, or refused with ``refuse``."""
+
+    def __init__(self, role: str, refuse: str = "") -> None:
+        self.role, self.refuse, self.sent = role, refuse, []
+
+    def patch(self, path, body):
+        if self.refuse:
+            raise ServiceError(self.refuse, 400)
+        self.sent.append((path, body))
+        return body
+
+
+def _widgets(box, kind):
+    found = []
+    for child in getattr(box, "children", ()):
+        found += [child] if isinstance(child, kind) else _widgets(child, kind)
+    return found
+
+
+def _overuse_of(box) -> W.Dropdown:
+    (found,) = [d for d in _widgets(box, W.Dropdown) if d.description == "Over GPU share"]
+    return found
+
+
+def test_the_editor_shows_and_saves_the_gpu_overuse_policy():
+    client, saved = FakeGroups("superadmin"), []
+    box = R.group_editor([dict(GROUP, gpu_overuse="warn")], client, lambda text, g: saved.append(text))
+    overuse = _overuse_of(box)
+    assert overuse.value == "warn" and not overuse.disabled
+    assert [v for _, v in overuse.options] == ["auto", "warn", "kill", "stop"]
+    assert overuse.label == "warn: warn the session and audit it"
+    overuse.value = "stop"
+    (save,) = [b for b in _widgets(box, W.Button) if b.description == "Save changes"]
+    save.click()
+    assert client.sent == [("/resource-groups/a100", {"gpu_overuse": "stop"})]
+    assert saved == ["Saved resource group a100: gpu_overuse."]
+
+
+def test_the_services_refusal_of_a_policy_shows_in_its_words_and_readers_cannot_change_it():
+    refusal = "gpu_overuse must be one of auto, warn, kill, stop (got 'nuke')"
+    client, saved = FakeGroups("superadmin", refuse=refusal), []
+    box = R.group_editor([GROUP], client, lambda text, g: saved.append(text))
+    assert _overuse_of(box).value == "auto"
+    _overuse_of(box).value = "kill"
+    (save,) = [b for b in _widgets(box, W.Button) if b.description == "Save changes"]
+    save.click()
+    assert saved == [] and client.sent == []
+    notes = " ".join(h.value for h in _widgets(box, W.HTML))
+    assert (
+        "The labfleet service said: gpu_overuse must be one of auto, warn, kill, stop (got &#x27;nuke&#x27;)"
+        in notes
+    )
+    for role in ("monitor", "admin"):
+        assert _overuse_of(R.group_editor([GROUP], FakeGroups(role), print)).disabled, role
+
+
+# ---------------------------------------------------------------- sessions over their GPU share
+
+
+def held(sid, user, shares, gpu_mem, status="RUNNING", reason=None, whole=False):
+    """(a session of ``shares`` of an 80 GiB device, its live reading of ``gpu_mem`` bytes)."""
+    s = session(sid, user, [("GPU-0", shares)], status=status)
+    s["devices"][0]["memory"] = 80 * GIB
+    s.update(name=f"{user}-nb", resource_group="default", status_reason=reason)
+    if whole:
+        s["devices"].append(dict(s["devices"][0], uuid="GPU-1", index=1))
+    reading = {"session": sid, "user": user, "sampled_at": (NOW - timedelta(seconds=5)).isoformat()}
+    return s, dict(reading, gpu_mem=gpu_mem)
+
+
+def test_only_fractional_sessions_measured_above_their_share_are_listed_most_over_first():
+    cases = [
+        held("s1", "alice", 0.25, 30 * GIB),  # 20 GiB share, 10 GiB over
+        held("s2", "bob", 0.5, 40 * GIB),  # exactly its share: not over
+        held("s3", "carol", 0.25, 21 * GIB),  # 1 GiB over (within the service's tolerance: still over)
+        held("s4", "dave", 1.0, 79 * GIB),  # a whole device is never judged
+        held("s5", "erin", 0.25, None),  # not measured
+        held("s6", "fay", 0.25, 70 * GIB, status="PENDING"),  # holds nothing now
+        held("s7", "gus", 1.0, 150 * GIB, whole=True),  # two whole devices
+    ]
+    sessions, live = [c[0] for c in cases], [c[1] for c in cases]
+    sessions.append(session("s8", "hal", [("GPU-0", 0.25)]))  # never sampled: no reading at all
+    rows = O.overuse_rows(sessions, live, [], NOW)
+    assert [(r["session"], r["share_bytes"], r["held_bytes"]) for r in rows] == [
+        ("s1", 20 * GIB, 30 * GIB),
+        ("s3", 20 * GIB, 21 * GIB),
+    ]
+    r = rows[0]
+    assert (r["user"], r["node"], r["device"], r["uuid"], r["measured"], r["action"]) == (
+        "alice",
+        "hub",
+        "GPU 0 (A100-80GB)",
+        "GPU-0",
+        "5 s ago",
+        "none yet",
+    )
+    table = O.overuse_html(rows)
+    assert "data-session='s1'" in table and f"data-share-bytes='{20 * GIB}'" in table
+    assert "20 GiB" in table and "30 GiB" in table and "10 GiB" in table and "0.25 of the device" in table
+    assert O.overuse_html([]).startswith('<div class="lf-admin lf-overuse-none">none')
+
+
+def test_the_last_action_comes_from_the_audit_else_the_status_reason():
+    s, reading = held("s1", "alice", 0.25, 30 * GIB, reason="gpu-overuse warning: its processes held 30 GiB")
+    other, other_reading = held("s2", "bob", 0.25, 30 * GIB)
+    # Newest first, as GET /api/audit answers; another action on the same target is not the backstop's
+    audit = [
+        {"action": "session.stop", "target": "s1", "timestamp": NOW.isoformat(), "details": {}},
+        {
+            "action": "session.gpu-overuse",
+            "target": "s1",
+            "timestamp": (NOW - timedelta(seconds=120)).isoformat(),
+            "details": {
+                "action": "kill",
+                "killed": [{"pid": 4242, "cmdline": "python train.py", "mem_bytes": 10 * GIB}],
+                "not_killed": [{"pid": 4243, "cmdline": "", "error": "it had already exited"}],
+            },
+        },
+        {
+            "action": "session.gpu-overuse",
+            "target": "s1",
+            "timestamp": (NOW - timedelta(seconds=600)).isoformat(),
+            "details": {"action": "warn"},
+        },
+        {
+            "action": "session.gpu-overuse",
+            "target": "s2",
+            "timestamp": (NOW - timedelta(seconds=30)).isoformat(),
+            "details": {"action": "warn", "wanted": "kill", "why_not": "the node is run by an agent"},
+        },
+    ]
+    rows = O.overuse_rows([s, other], [reading, other_reading], audit, NOW)
+    assert {r["session"]: r["action"] for r in rows} == {
+        "s1": "kill, 2 min ago: killed 4242 (python train.py, 10 GiB); not killed 4243 (it had already exited)",
+        "s2": "warn, 30 s ago (wanted kill: the node is run by an agent)",
+    }
+    # Without an audit entry the viewer may read: the backstop's status reason, else none yet
+    assert (
+        O.last_overuse_action([], s["status_reason"], NOW) == "gpu-overuse warning: its processes held 30 GiB"
+    )
+    assert O.last_overuse_action([], "the Hub started it", NOW) == "none yet"
+
+
+class FakeLive:
+    """The service's lists the section reads, with the calls made."""
+
+    def __init__(self, live, audit=(), refuse_audit=False):
+        self.live, self.audit, self.refuse_audit, self.calls = live, list(audit), refuse_audit, []
+
+    def everything(self, path, **params):
+        self.calls.append(("everything", path, params))
+        return self.live
+
+    def get(self, path, **params):
+        self.calls.append(("get", path, params))
+        if self.refuse_audit:
+            raise ServiceError("you may not read the audit log", 403)
+        return self.audit
+
+
+def test_the_section_reads_the_audit_only_when_a_session_is_over():
+    s, reading = held("s1", "alice", 0.25, 10 * GIB)
+    client = FakeLive([reading])
+    heading, body = O.overuse_section(client, [s], NOW)
+    assert "Sessions over their GPU share" in heading.value and "lf-overuse-none" in body.value
+    assert client.calls == [("everything", "/usage/live", {})]
+    over, over_reading = held("s1", "alice", 0.25, 30 * GIB, reason="gpu-overuse kill: killed 4242")
+    client = FakeLive([over_reading], refuse_audit=True)
+    _, body = O.overuse_section(client, [over], NOW)
+    assert client.calls[-1] == ("get", "/audit", {"action": "session.gpu-overuse", "limit": 1000})
+    assert "data-session='s1'" in body.value and "gpu-overuse kill: killed 4242" in body.value
 
 
 # ---------------------------------------------------------------- the queue

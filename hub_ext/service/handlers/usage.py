@@ -1,12 +1,15 @@
 """REST handlers for usage statistics: ``GET /api/usage`` (JSON or CSV) and ``GET /api/usage/me``,
-each with model serving's requests, errors and latency (JSON only)."""
+each with model serving's requests, errors and latency (JSON only); ``GET /api/usage/live``, the
+trusted sampler's last reading of each live session (what the console's Resources page compares
+with each session's share of its GPU)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 from hub_ext.core.errors import LabfleetError
-from hub_ext.service.base import APIHandler
+from hub_ext.core.pages import page_of
+from hub_ext.service.base import APIHandler, page_answer, page_args
 from hub_ext.usage import serving, stats
 
 
@@ -37,6 +40,21 @@ class MyUsageHandler(APIHandler):
         await self.run(lambda db, actor: (serving.add_to_me(db, actor, stats.me(db, actor)), None))
 
 
+class LiveUsageHandler(APIHandler):
+    async def get(self):
+        def op(db, actor):
+            offset, limit = page_args(self)
+            return page_answer(
+                self, page_of(db, stats.live_query(actor), offset, limit).map(stats.live_view)
+            ), None
+
+        await self.run(op)
+
+
 def routes(api: str) -> list[tuple]:
     """Usage statistics under ``api``."""
-    return [(api + r"/usage", UsageHandler), (api + r"/usage/me", MyUsageHandler)]
+    return [
+        (api + r"/usage", UsageHandler),
+        (api + r"/usage/me", MyUsageHandler),
+        (api + r"/usage/live", LiveUsageHandler),
+    ]
