@@ -386,6 +386,8 @@ class Beat:
     running: tuple[str, ...]
     ended: tuple[Ended, ...]
     mps: MpsStatus | None = None  # the node's MPS daemon now (None: not reported, unchanged)
+    # What the agent did of the kills it was handed, raw: checked by hub_ext.usage.overuse.parse_kill_reports.
+    kill_reports: tuple[Any, ...] = ()
 
 
 def _check_session_id(value: Any, field: str) -> str:
@@ -396,8 +398,11 @@ def _check_session_id(value: Any, field: str) -> str:
 
 def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     """A heartbeat body, checked whole but for its readings (returned raw, for
-    :func:`hub_ext.usage.records.parse_agent_readings`)."""
-    body = check_fields(body, required=["node"], optional=["running", "ended", "readings", "mps"])
+    :func:`hub_ext.usage.records.parse_agent_readings`) and its kill reports (``kill_reports``, a
+    list kept raw for :func:`hub_ext.usage.overuse.parse_kill_reports`)."""
+    body = check_fields(
+        body, required=["node"], optional=["running", "ended", "readings", "mps", "kill_reports"]
+    )
     name = _check_node_name(body["node"])
     running = body.get("running", [])
     if not isinstance(running, list) or len(running) > MAX_IDS:
@@ -417,7 +422,10 @@ def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     if not isinstance(readings, list):
         raise InvalidInput("readings must be a list")
     mps = check_mps(body["mps"]) if body.get("mps") is not None else None
-    return Beat(name, ids, tuple(ended), mps), readings
+    kill_reports = body.get("kill_reports", [])
+    if not isinstance(kill_reports, list):
+        raise InvalidInput("kill_reports must be a list")
+    return Beat(name, ids, tuple(ended), mps, tuple(kill_reports)), readings
 
 
 @dataclass

@@ -125,12 +125,9 @@ class AgentRegisterHandler(AgentHandler):
 
 class AgentHeartbeatHandler(AgentHandler):
     async def post(self):
-        body = request_json(self)
-        # The kill reports are the backstop's (hub_ext.usage.overuse), the rest the node's.
-        raw_reports = body.pop("kill_reports", []) if isinstance(body, dict) else []
-        beat, raw = agents.parse_heartbeat(body)
+        beat, raw = agents.parse_heartbeat(request_json(self))
         readings = records.parse_agent_readings(raw, time.time())
-        reports = overuse.parse_kill_reports(raw_reports)
+        reports = overuse.parse_kill_reports(list(beat.kill_reports))
         remote = self.request.remote_ip or ""
         accepted: list = []
         kills_done: list = []
