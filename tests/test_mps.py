@@ -176,6 +176,7 @@ def test_the_agent_reports_its_daemon_in_register_and_heartbeats(standin, tmp_pa
         node_name="gpu2", mps="auto", mps_pipe_dir=str(pipe), mps_log_dir=str(tmp_path / "l")
     )
     agent.plugins, agent.targets, agent.gone, agent.reported = [FakeNvidia()], {}, {}, set()
+    agent.gpu_procs, agent.kill_reports = {}, {}
     agent.mps_supervisor = None
     sent: list[tuple[str, dict]] = []
     agent.call = lambda path, body: sent.append((path, body)) or {}  # type: ignore[method-assign]
