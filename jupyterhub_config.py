@@ -11,10 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-# Run from a checkout without installing: make hub_ext importable.
+# Run from a checkout without installing: make labfleet importable.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from hub_ext.hub.configure import configure  # noqa: E402
+from labfleet.hub.configure import configure  # noqa: E402
 
 c = get_config()  # noqa: F821
 state_dir = Path(os.environ.get("LABFLEET_STATE_DIR", os.getcwd())).absolute()

@@ -11,4 +11,4 @@ built from :mod:`.console`.
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    return [{"module": "admin_dashboards.extension"}]
+    return [{"module": "labfleet.console.extension"}]

@@ -1,4 +1,4 @@
-"""``python -m admin_dashboards``: the admin console's server (``jupyterhub-singleuser`` with the
+"""``python -m labfleet.console``: the admin console's server (``jupyterhub-singleuser`` with the
 console's config), which stops when the Hub that started it dies, as the labfleet service does: a
 console left behind by a killed Hub would keep its port, and the next Hub could not start it.
 
@@ -15,7 +15,7 @@ import tempfile
 
 from jupyterhub.singleuser import main
 
-from hub_ext.service.app import exit_with_parent_signal
+from labfleet.service.app import exit_with_parent_signal
 
 # A unix socket's path has at most 107 bytes; a kernel's are "<dir>/kernel-<uuid>-ipc-<n>".
 MAX_SOCKET_PATH = 107

@@ -20,8 +20,8 @@ from typing import Any
 
 import ipywidgets as W
 
-from admin_dashboards.console import guarded
-from admin_dashboards.resources import esc, fmt_bytes, muted, section
+from labfleet.console.console import guarded
+from labfleet.console.resources import esc, fmt_bytes, muted, section
 
 MAX_VALUE = 160  # characters of a value shown in the table (the cell's title has it all)
 SOURCE_TONE = {"command line": "cli", "config file": "file", "environment": "env", "default": "default"}

@@ -1,6 +1,6 @@
 """What a dashboard's kernel uses: the labfleet service as the viewer, and the console's page parts.
 
-:func:`connect` is called by the first cell Voila runs (:mod:`admin_dashboards.viewer`) with the
+:func:`connect` is called by the first cell Voila runs (:mod:`labfleet.console.viewer`) with the
 viewer's name and token; :func:`client` then answers the service's REST API as that viewer
 (``$LABFLEET_SERVICE_URL``, the service's address inside the Hub host). The page parts are plain
 ipywidgets with JupyterLab's look (its CSS variables): :func:`header`, :func:`cards`, :func:`table`,

@@ -23,8 +23,8 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError, message
-from admin_dashboards.resources import STYLE, esc, fmt_slots, form_label, muted
+from labfleet.console.console import ServiceError, message
+from labfleet.console.resources import STYLE, esc, fmt_slots, form_label, muted
 
 COLUMNS = ("domain", "total cap", "keypair policies its admins may give", "state")
 DEFAULT_POLICY = "default"  # what a domain admin's new users get in a domain with no list

@@ -24,8 +24,8 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError, guarded, message
-from admin_dashboards.policies import (
+from labfleet.console.console import ServiceError, guarded, message
+from labfleet.console.policies import (
     DESC,
     PAGE_STYLE,
     FormError,
@@ -35,7 +35,7 @@ from admin_dashboards.policies import (
     narrow,
     parse_slots,
 )
-from admin_dashboards.resources import STYLE, esc, fmt_bytes, form_label, muted, parse_time, section
+from labfleet.console.resources import STYLE, esc, fmt_bytes, form_label, muted, parse_time, section
 
 ACCELERATORS = ("cuda",)
 MIN_SLOTS = ("cpu", "mem", "gpu", "gpu.shares")

@@ -9,7 +9,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from admin_dashboards.console import PAGES
+from labfleet.console.console import PAGES
 
 PAGE_NAMES = tuple(key for key, _, _ in PAGES)
 

@@ -6,7 +6,7 @@ The figures come from the service, read as the viewer, so a domain admin sees on
 sessions and a monitor reads everything: ``GET /api/sessions`` (each session's device, its share
 and the device's memory, its status reason), ``GET /api/usage/live`` (the sampler's last reading
 of each live session) and, only when a session is over, the ``session.gpu-overuse`` entries of
-``GET /api/audit``. The service itself judges and acts (``hub_ext.usage.overuse`` and
+``GET /api/audit``. The service itself judges and acts (``labfleet.usage.overuse`` and
 ``enforce``: over the share plus a tolerance, 2 samples in a row, by the group's ``gpu_overuse``
 policy); this page shows the measured state as it is now. Pure builders first, then the widgets.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError
-from admin_dashboards.resources import HOLDING, STYLE, esc, fmt_ago, fmt_bytes, number, section, trim
+from labfleet.console.console import ServiceError
+from labfleet.console.resources import HOLDING, STYLE, esc, fmt_ago, fmt_bytes, number, section, trim
 
 OVERUSE_AUDIT = "session.gpu-overuse"  # the audit action of each act on a session over its share
 

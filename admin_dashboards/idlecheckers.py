@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError, message, table
+from labfleet.console.console import ServiceError, message, table
 
 KINDS = ("activity", "utilization")
 SCOPES = ("domain", "project", "resource_group")

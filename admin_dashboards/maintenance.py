@@ -1,6 +1,6 @@
 """The Maintenance page: the announcement banner, and recalculating the usage ledger.
 
-Everything goes to the labfleet service as the viewer (:func:`admin_dashboards.console.client`):
+Everything goes to the labfleet service as the viewer (:func:`labfleet.console.console.client`):
 
 - **Announcement**: what shows now (``GET /api/announcement``), drawn as the Hub draws it; a form
   that publishes a new one (``PUT /api/announcement`` ``{"text", "level"}``) or takes it down
@@ -27,11 +27,11 @@ from typing import Any
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError, guarded, message, table
-from admin_dashboards.resources import esc, fmt_ago, muted, number, parse_time, section, trim
+from labfleet.console.console import ServiceError, guarded, message, table
+from labfleet.console.resources import esc, fmt_ago, muted, number, parse_time, section, trim
 
 LEVELS = ("info", "warning")
-MAX_TEXT = 2000  # the service's own bound (hub_ext.tenancy.announcements)
+MAX_TEXT = 2000  # the service's own bound (labfleet.tenancy.announcements)
 AUDITED = ("announcement.publish", "announcement.clear", "maintenance.recalculate-usage")
 DRIFT_COLUMNS = ("scope", "kind", "slot", "ledger said", "sessions hold", "difference")
 UNACCOUNTED_COLUMNS = ("user", "server", "started", "last active", "its last session")

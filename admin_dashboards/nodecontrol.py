@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import STYLE, ServiceError, message
+from labfleet.console.console import STYLE, ServiceError, message
 
 
 def placement_state(node: Mapping[str, Any]) -> str:

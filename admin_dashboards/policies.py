@@ -9,7 +9,7 @@ Policies are the limits the scheduler and the folder store enforce (``hub_ext/te
   much all of the owner's folders may hold together (the quota scope); a user policy also caps the
   keypairs its user may hold and their model serving endpoints.
 
-Below them, each domain's list of the keypair policies its admins may give (:mod:`admin_dashboards.domains`;
+Below them, each domain's list of the keypair policies its admins may give (:mod:`labfleet.console.domains`;
 a superadmin edits it).
 
 Everything goes through the labfleet service's ``/api/policies/...`` routes as the viewer: every
@@ -34,9 +34,9 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards import domains, idlecheckers
-from admin_dashboards.console import ServiceError, guarded, message
-from admin_dashboards.resources import STYLE, esc, fmt_bytes, form_label, muted, section
+from labfleet.console import domains, idlecheckers
+from labfleet.console.console import ServiceError, guarded, message
+from labfleet.console.resources import STYLE, esc, fmt_bytes, form_label, muted, section
 
 KINDS = ("keypair", "user", "project")
 TITLES = {"keypair": "Keypair policies", "user": "User policies", "project": "Project policies"}

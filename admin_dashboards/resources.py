@@ -28,9 +28,9 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError, guarded, message, table
-from admin_dashboards.nodecontrol import node_switches
-from hub_ext.core.bootstrap import GPU_OVERUSE_POLICIES
+from labfleet.console.console import ServiceError, guarded, message, table
+from labfleet.console.nodecontrol import node_switches
+from labfleet.core.bootstrap import GPU_OVERUSE_POLICIES
 
 # Sessions that hold what they were given (PENDING waits for it; the final ones gave it back).
 HOLDING = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
@@ -928,7 +928,7 @@ def group_creator(client: Any, on_saved: Callable[[str, str], None]) -> W.HBox:
 def page(client: Any) -> W.VBox:
     """The whole Resources page below its header: it rebuilds itself in place after a change."""
     # Here, not at the top: that module builds on this one's formatting helpers.
-    from admin_dashboards.gpuoveruse import overuse_section
+    from labfleet.console.gpuoveruse import overuse_section
 
     out = W.VBox()
     refresh_button = W.Button(description="Refresh", icon="refresh", layout=W.Layout(width="110px"))

@@ -24,8 +24,8 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import Say, ServiceError, grid, refreshable_page
-from admin_dashboards.resources import (
+from labfleet.console.console import Say, ServiceError, grid, refreshable_page
+from labfleet.console.resources import (
     esc,
     fmt_bytes,
     fmt_duration,

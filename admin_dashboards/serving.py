@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from admin_dashboards.console import Say, ServiceError, refreshable_page
-from admin_dashboards.resources import esc, fmt_ago, fmt_slots, muted, number, section, trim
+from labfleet.console.console import Say, ServiceError, refreshable_page
+from labfleet.console.resources import esc, fmt_ago, fmt_slots, muted, number, section, trim
 
 MAX_REPLICAS = 64  # the service's own bound
 

@@ -1,7 +1,7 @@
 """The Statistics page: GPU- and CPU-hours by project and user over time, allocated against used,
 the top users, and the report as CSV, all from ``GET /api/usage`` as the viewer.
 
-The plots are the notebooks' own :class:`widgets.UsageChart` fed by :class:`UsageSource`, which answers
+The plots are the notebooks' own :class:`labfleet.widgets.UsageChart` fed by :class:`UsageSource`, which answers
 its two calls from the labfleet service directly (the widget normally asks a session's endpoints).
 """
 
@@ -12,7 +12,7 @@ import html
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from admin_dashboards.console import Console
+from labfleet.console.console import Console
 
 RANGES = {"last 7 days": 7, "last 30 days": 30, "last 90 days": 90}
 
@@ -22,7 +22,7 @@ def _iso(value: datetime | str | None) -> str | None:
 
 
 class UsageSource:
-    """What :class:`widgets.UsageChart` asks, answered by the labfleet service as the viewer."""
+    """What :class:`labfleet.widgets.UsageChart` asks, answered by the labfleet service as the viewer."""
 
     def __init__(self, console: Console) -> None:
         self.console = console

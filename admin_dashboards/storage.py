@@ -25,8 +25,8 @@ from typing import Any
 
 import ipywidgets as W
 
-from admin_dashboards.console import ServiceError, guarded, message
-from admin_dashboards.resources import STYLE, esc, fmt_bytes, muted, number, parse_time, section, trim
+from labfleet.console.console import ServiceError, guarded, message
+from labfleet.console.resources import STYLE, esc, fmt_bytes, muted, number, parse_time, section, trim
 
 PAGE_SIZE = 20
 STATUSES = (("all", ""), ("ready", "READY"), ("in the trash", "DELETE_PENDING"))

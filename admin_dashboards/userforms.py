@@ -1,10 +1,10 @@
 """The admin console's Users page, its pure half: the fields of one user, the CSV import, the list
-and the edits (no widgets, no service; :mod:`admin_dashboards.users` is the page).
+and the edits (no widgets, no service; :mod:`labfleet.console.users` is the page).
 
 The CSV parser and the row checks behind the bulk import's preview (:func:`parse_csv`,
 :func:`check_user`), the list's search and pages (:func:`matches`, :func:`page_label`), what an
-edit changes (:func:`user_changes`). The checks are the service's own (``hub_ext.core.validate``,
-``hub_ext.core.passwords``: pure modules, no DB), so the preview says what the service would say
+edit changes (:func:`user_changes`). The checks are the service's own (``labfleet.core.validate``,
+``labfleet.core.passwords``: pure modules, no DB), so the preview says what the service would say
 about a malformed row, before anything is sent. :func:`matches` is the service's user search
 (``GET /api/users?search=&role=&status=``) in Python: a test holds the two together.
 """
@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.passwords import check_password_strength
-from hub_ext.core.validate import check_choice, check_name, check_username, parse_project_ref
+from labfleet.core.errors import InvalidInput
+from labfleet.core.passwords import check_password_strength
+from labfleet.core.validate import check_choice, check_name, check_username, parse_project_ref
 
 ROLES = ("superadmin", "admin", "user", "monitor")
 STATUSES = ("active", "inactive")

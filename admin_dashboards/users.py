@@ -3,9 +3,9 @@
 ``notebooks/users.ipynb`` is one cell that calls :func:`show`; everything else lives here so that it
 can be read, tested and reused. Two halves:
 
-- **Pure helpers** (no widgets, no service) in :mod:`admin_dashboards.userforms`: the CSV import
+- **Pure helpers** (no widgets, no service) in :mod:`labfleet.console.userforms`: the CSV import
   and its row checks, the list's search and pages, what an edit changes.
-- **The page** (:class:`UsersPage`): ipywidgets built from :mod:`admin_dashboards.console`'s parts.
+- **The page** (:class:`UsersPage`): ipywidgets built from :mod:`labfleet.console.console`'s parts.
   Every call goes through ``client()``, as the viewer: the service decides what a domain admin or a
   monitor may see and do, and its refusals are shown in its own words. Buttons that change something
   are disabled for monitors (``client().can_change``); the service refuses them anyway.
@@ -24,8 +24,8 @@ from typing import Any
 import ipywidgets as W
 from IPython.display import display
 
-from admin_dashboards.console import ServiceError, client, grid, header, message
-from admin_dashboards.userforms import (
+from labfleet.console.console import ServiceError, client, grid, header, message
+from labfleet.console.userforms import (
     ALL,
     ANY,
     CSV_COLUMNS,
@@ -44,7 +44,7 @@ from admin_dashboards.userforms import (
     parse_csv,
     user_changes,
 )
-from hub_ext.core.passwords import check_password_strength
+from labfleet.core.passwords import check_password_strength
 
 # ---------------------------------------------------------------- the page (widgets, as the viewer)
 

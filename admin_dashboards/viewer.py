@@ -35,7 +35,7 @@ def viewer_of(handler: Any) -> tuple[str, str] | None:
 def connect_cell(name: str, token: str) -> Any:
     """The first cell of every page: the kernel's labfleet client, for this viewer."""
     source = (
-        "import admin_dashboards.console as _lf_console\n"
+        "import labfleet.console.console as _lf_console\n"
         f"_lf_console.connect(viewer={json.dumps(name)}, token={json.dumps(token)})\n"
         "del _lf_console"
     )

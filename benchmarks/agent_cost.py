@@ -10,7 +10,7 @@ Method: a fresh SQLite DB (a file under a temporary directory), one domain, proj
 token and an agent's node ``n2`` with 8 mock 80 GB GPUs and 512 cores registered as an agent does;
 ``--sessions`` sessions admitted onto it (a mix: a quarter of a GPU, or CPU only). Then
 ``--beats`` heartbeats, each exactly what ``POST /api/agent/heartbeat`` does in the service
-(``hub_ext.service.handlers.agents``): parse the body (every session reported running, with one
+(``labfleet.service.handlers.agents``): parse the body (every session reported running, with one
 reading per session: CPU, memory and, for those holding one, their GPU), authenticate the token
 (the cached check, as a running service does after the first), record the beat, read the node's
 targets and keep the readings of its own sessions; one transaction a beat. Each beat is timed with
@@ -41,14 +41,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # so that it runs as a plain script from any directory
 
-from hub_ext.compute import agents, nodes, sessions  # noqa: E402
-from hub_ext.compute.devices.mock import MockPlugin  # noqa: E402
-from hub_ext.core import db as lfdb  # noqa: E402
-from hub_ext.core.authz import Actor  # noqa: E402
-from hub_ext.core.secretbox import ensure_key_file  # noqa: E402
-from hub_ext.tenancy import directory  # noqa: E402
-from hub_ext.tenancy.policies import ensure_default_keypair_policy  # noqa: E402
-from hub_ext.usage import records  # noqa: E402
+from labfleet.compute import agents, nodes, sessions  # noqa: E402
+from labfleet.compute.devices.mock import MockPlugin  # noqa: E402
+from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core.authz import Actor  # noqa: E402
+from labfleet.core.secretbox import ensure_key_file  # noqa: E402
+from labfleet.tenancy import directory  # noqa: E402
+from labfleet.tenancy.policies import ensure_default_keypair_policy  # noqa: E402
+from labfleet.usage import records  # noqa: E402
 
 CLI = Actor.cli()
 GIB = 2**30

@@ -74,13 +74,13 @@ for p in (REPO, REPO / "benchmarks"):
 import aiohttp  # noqa: E402
 from sqlalchemy import insert, select  # noqa: E402
 
-from hub_ext.compute import nodes  # noqa: E402
-from hub_ext.core import db as lfdb  # noqa: E402
-from hub_ext.core.authz import Actor  # noqa: E402
-from hub_ext.core.models import ComputeSession, Keypair, Project, ResourceGroup, User  # noqa: E402
-from hub_ext.core.secretbox import ensure_key_file  # noqa: E402
-from hub_ext.core.slots import ResourceSlots  # noqa: E402
-from hub_ext.tenancy import directory  # noqa: E402
+from labfleet.compute import nodes  # noqa: E402
+from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core.authz import Actor  # noqa: E402
+from labfleet.core.models import ComputeSession, Keypair, Project, ResourceGroup, User  # noqa: E402
+from labfleet.core.secretbox import ensure_key_file  # noqa: E402
+from labfleet.core.slots import ResourceSlots  # noqa: E402
+from labfleet.tenancy import directory  # noqa: E402
 from tests.hubfixture import seed, start_hub  # noqa: E402
 
 CLI = Actor.cli()

@@ -1,6 +1,6 @@
 """What one process of a session gets of its GPU, measured from inside it (PyTorch only).
 
-Run as a child process, with the environment labfleet gives a session (``spawner.launch.gpu_env``),
+Run as a child process, with the environment labfleet gives a session (``labfleet.spawner.launch.gpu_env``),
 by ``benchmarks/gpu_sharing.py`` and the real-GPU tests (``tests/test_gpu_sharing.py``). Each mode
 prints one JSON line on stdout:
 

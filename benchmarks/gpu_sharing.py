@@ -1,9 +1,9 @@
 """What fractional sessions get of a real GPU: compute rate and memory, with and without MPS.
 
 Runs where an NVIDIA GPU is found (NVML), as root when MPS is measured (the node's daemon is
-started the way a node does it: ``hub_ext.compute.devices.mps``, a pipe and log directory of its
+started the way a node does it: ``labfleet.compute.devices.mps``, a pipe and log directory of its
 own, stopped at the end). Each "session" is a process given the environment labfleet gives a
-session on that node (``spawner.launch.gpu_env``: the framework caps, and the MPS limits where the
+session on that node (``labfleet.spawner.launch.gpu_env``: the framework caps, and the MPS limits where the
 node runs MPS), running ``benchmarks/gpu_probe.py``:
 
 - ``whole``: one process with the whole device, no cap: the card's rate.
@@ -37,10 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hub_ext.compute.devices.base import DeviceInfo  # noqa: E402
-from hub_ext.compute.devices.mps import MpsSupervisor, node_mps  # noqa: E402
-from hub_ext.compute.devices.nvidia import NvidiaPlugin  # noqa: E402
-from spawner.launch import GPUAssignment, gpu_env  # noqa: E402
+from labfleet.compute.devices.base import DeviceInfo  # noqa: E402
+from labfleet.compute.devices.mps import MpsSupervisor, node_mps  # noqa: E402
+from labfleet.compute.devices.nvidia import NvidiaPlugin  # noqa: E402
+from labfleet.spawner.launch import GPUAssignment, gpu_env  # noqa: E402
 
 PROBE = Path(__file__).resolve().parent / "gpu_probe.py"
 SCENARIOS = (("1 x 0.5", 1, "0.5"), ("2 x 0.5", 2, "0.5"), ("4 x 0.25", 4, "0.25"))

@@ -4,7 +4,7 @@
 Method: the openb node list (1,213 nodes, 6,212 GPUs) registered in a real labfleet database with
 ``--domains`` domains of two projects and two users each (``throughput.build_world``), every domain
 and project capped, and the cluster filled to ``--fill`` of its GPU capacity with RUNNING sessions
-(``throughput.prefill``). Then ``--scrapes`` scrapes through ``hub_ext.usage.metrics.Metrics``
+(``throughput.prefill``). Then ``--scrapes`` scrapes through ``labfleet.usage.metrics.Metrics``
 (the DB read, the families and the text exposition, as the handler answers it), each timed, with
 the SQL statements counted (a ``before_cursor_execute`` listener; SQLite's BEGIN IMMEDIATE apart).
 
@@ -34,10 +34,10 @@ from packing import arrivals, data_dir, load_nodes, load_tasks, percentile  # no
 from sqlalchemy import event, update  # noqa: E402
 from throughput import build_world, prefill  # noqa: E402
 
-from hub_ext.core import db as lfdb  # noqa: E402
-from hub_ext.core.models import Domain, Project  # noqa: E402
-from hub_ext.core.secretbox import ensure_key_file  # noqa: E402
-from hub_ext.usage.metrics import Metrics  # noqa: E402
+from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core.models import Domain, Project  # noqa: E402
+from labfleet.core.secretbox import ensure_key_file  # noqa: E402
+from labfleet.usage.metrics import Metrics  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:

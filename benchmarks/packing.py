@@ -6,7 +6,7 @@ Method (FGD-style workload inflation, deterministic; Weng et al., USENIX ATC 202
 - the cluster is the node list (all nodes empty);
 - tasks arrive in creation order (all of them: CPU-only tasks take CPU and memory too),
   cycling through the list again when it runs out; nothing departs;
-- each task is placed with ``hub_ext.compute.scheduler.place`` and ``apply``-ed; a task that fits
+- each task is placed with ``labfleet.compute.scheduler.place`` and ``apply``-ed; a task that fits
   nowhere fails and is skipped;
 - arrivals stop once the GPU demand that has arrived (served or not) reaches the cluster's GPU
   capacity.
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # so that it runs as a plain script from any directory
 
-from hub_ext.compute.scheduler import POLICIES, Cluster, Device, Node, Request, Workload, apply, place  # noqa: E402
+from labfleet.compute.scheduler import POLICIES, Cluster, Device, Node, Request, Workload, apply, place  # noqa: E402
 
 MIB = 2**20
 GIB = 2**30

@@ -66,7 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # so that it runs as a plain script from any directory
 
-from hub_ext.serving.credentials import HEADER  # noqa: E402
+from labfleet.serving.credentials import HEADER  # noqa: E402
 from tests.hubfixture import start_hub  # noqa: E402
 
 ENDPOINT = "bench"
@@ -143,7 +143,7 @@ def pct(values: list[float], q: float) -> float:
 
 FRONT = r"""
 import asyncio, sys
-from server_ext.front import ReplicaFront
+from labfleet.session.front import ReplicaFront
 
 async def main():
     front = ReplicaFront(sys.argv[1], int(sys.argv[2]))

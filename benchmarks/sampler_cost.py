@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sampler cost: the CPU time the trusted usage sampler (``hub_ext.usage.sampler``) spends per tick.
+"""Sampler cost: the CPU time the trusted usage sampler (``labfleet.usage.sampler``) spends per tick.
 
 Goal (issue [4/8]): under 1 % of one core at the default 15 s interval with 100 live sessions on
 the node.
@@ -48,8 +48,8 @@ if str(REPO) not in sys.path:
 
 import psutil  # noqa: E402
 
-from hub_ext.compute.devices.mock import USAGE_ENV, MockPlugin  # noqa: E402
-from hub_ext.usage.sampler import Sampler, Target  # noqa: E402
+from labfleet.compute.devices.mock import USAGE_ENV, MockPlugin  # noqa: E402
+from labfleet.usage.sampler import Sampler, Target  # noqa: E402
 
 GIB = 2**30
 IMAGE = "labfleet/singleuser:test"

@@ -11,7 +11,7 @@ Method:
 - the cluster is first filled to ``--fill`` of its GPU capacity with the trace's first tasks
   (placed in memory by the group's policy and written as RUNNING sessions in one bulk insert);
 - then ``--admissions`` tasks from the trace (continuing where the fill stopped) are admitted
-  one by one with ``hub_ext.compute.sessions.admit``, each in its own transaction and commit, as the
+  one by one with ``labfleet.compute.sessions.admit``, each in its own transaction and commit, as the
   service does; before each one, while the GPU demand held is above the fill level, a random
   running session is stopped (``sessions.terminate``), so the run stays at that fill; a task that
   has to wait (PENDING) is cancelled at once, so no queue builds up.
@@ -20,7 +20,7 @@ Measured per admission: the whole decision (open the transaction, admit, commit)
 it the in-memory placement step (every ``Cluster.place`` call the decision makes, timed by a
 wrapper installed here); the DB transaction's cost is the difference; and the SQL statements the
 decision executes (a ``before_cursor_execute`` listener on the engine, on only inside the
-decision).  The cluster cache's hit rate is that of the decisions (``hub_ext.compute.clustercache``).
+decision).  The cluster cache's hit rate is that of the decisions (``labfleet.compute.clustercache``).
 The decisions are also counted in the benchmark thread's CPU time (``cpu_decisions_per_s``,
 ``decision_cpu_mean_ms``): on a machine busy with other work, wall-clock time includes the waits
 for a core, CPU time does not (it still includes what the CPU's contention costs).
@@ -61,17 +61,17 @@ for p in (REPO, REPO / "benchmarks"):
 from packing import Task, arrivals, data_dir, load_nodes, load_tasks, percentile  # noqa: E402
 from sqlalchemy import event, insert, select  # noqa: E402
 
-from hub_ext.compute import clustercache, nodes, sessions  # noqa: E402
-from hub_ext.compute.devices.base import DeviceInfo, NodeInfo  # noqa: E402
-from hub_ext.compute.scheduler import POLICIES, Cluster, Node  # noqa: E402
-from hub_ext.core import db as lfdb  # noqa: E402
-from hub_ext.core import ledger  # noqa: E402
-from hub_ext.core.authz import Actor  # noqa: E402
-from hub_ext.core.models import Allocation, ComputeSession, Device, Keypair, Project, User  # noqa: E402
-from hub_ext.core.models import Node as NodeRow  # noqa: E402
-from hub_ext.core.secretbox import ensure_key_file  # noqa: E402
-from hub_ext.core.slots import ResourceSlots  # noqa: E402
-from hub_ext.tenancy import directory, policies  # noqa: E402
+from labfleet.compute import clustercache, nodes, sessions  # noqa: E402
+from labfleet.compute.devices.base import DeviceInfo, NodeInfo  # noqa: E402
+from labfleet.compute.scheduler import POLICIES, Cluster, Node  # noqa: E402
+from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core import ledger  # noqa: E402
+from labfleet.core.authz import Actor  # noqa: E402
+from labfleet.core.models import Allocation, ComputeSession, Device, Keypair, Project, User  # noqa: E402
+from labfleet.core.models import Node as NodeRow  # noqa: E402
+from labfleet.core.secretbox import ensure_key_file  # noqa: E402
+from labfleet.core.slots import ResourceSlots  # noqa: E402
+from labfleet.tenancy import directory, policies  # noqa: E402
 
 CLI = Actor.cli()
 GROUP = "openb"

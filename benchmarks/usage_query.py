@@ -42,11 +42,11 @@ if str(REPO) not in sys.path:
 
 from sqlalchemy import func, select  # noqa: E402
 
-from hub_ext.core import db as lfdb  # noqa: E402
-from hub_ext.core.authz import Actor  # noqa: E402
-from hub_ext.core.models import UsageBucket, UsageSessionState  # noqa: E402
-from hub_ext.core.secretbox import ensure_key_file  # noqa: E402
-from hub_ext.usage import accrual, records, stats  # noqa: E402
+from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core.authz import Actor  # noqa: E402
+from labfleet.core.models import UsageBucket, UsageSessionState  # noqa: E402
+from labfleet.core.secretbox import ensure_key_file  # noqa: E402
+from labfleet.usage import accrual, records, stats  # noqa: E402
 
 
 def fill(factory, users: int, domains: int, days: int, now: datetime) -> int:

@@ -1,4 +1,4 @@
-# labfleet/singleuser:test: the deps image plus labfleet itself (the in-session parts, server_ext),
+# labfleet/singleuser:test: the deps image plus labfleet itself (the in-session parts, labfleet.session),
 # installed from a wheel of the working tree. Built by scripts/build-image.sh.
 ARG DEPS
 FROM ${DEPS}

@@ -106,7 +106,7 @@ def in_state(pid, state):
 def ours_leaving(pids, state):
     """A labfleet service or admin console of this state directory (a killed Hub's, on its way out)."""
     return bool(pids) and all(
-        in_state(p, state) and any(m in cmdline(p) for m in ("hub_ext.service", "-m admin_dashboards"))
+        in_state(p, state) and any(m in cmdline(p) for m in ("labfleet.service", "-m labfleet.console"))
         for p in pids
     )
 

@@ -1,8 +1,8 @@
-"""labfleet inside every session: a jupyter-server extension (see ``server_ext.extension``).
+"""labfleet inside every session: a jupyter-server extension (see ``labfleet.session.extension``).
 
 It reads what the labfleet spawner put in the session's environment (``LABFLEET_SESSION_TYPE``,
 ``LABFLEET_COMMAND``, ...) and, for batch and inference sessions, runs the session's command
-(``server_ext.runner``). Enabled for every Jupyter server of the environment by
+(``labfleet.session.runner``). Enabled for every Jupyter server of the environment by
 ``etc/jupyter/jupyter_server_config.d/labfleet.json``, which the wheel installs.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
-    # Imported here, not at the top: a bare `import server_ext` stays cheap and needs no jupyter-server.
+    # Imported here, not at the top: a bare `import labfleet.session` stays cheap and needs no jupyter-server.
     from .extension import LabfleetExtension
 
-    return [{"module": "server_ext", "app": LabfleetExtension}]
+    return [{"module": "labfleet.session", "app": LabfleetExtension}]
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> Any:

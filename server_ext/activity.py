@@ -10,7 +10,7 @@ session does the same towards the labfleet service, every ``$LABFLEET_ACTIVITY_I
 - ``busy_kernels``: how many of its kernels compute now (``execution_state == "busy"``). A kernel that
   computes with nobody connected is activity, although nothing reaches the server.
 
-The service (``hub_ext.reclaim``) takes the latest of the report, the user's "I'm still here" and the start;
+The service (``labfleet.reclaim``) takes the latest of the report, the user's "I'm still here" and the start;
 a report older than about three intervals no longer vouches for a busy kernel, so a report goes out every
 interval even when nothing changed. A kernel turning busy or idle is reported at once as well, at most once
 every :data:`CHANGE_GAP` seconds: kernels' state changes are watched through their ``execution_state`` trait,

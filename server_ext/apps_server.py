@@ -1,5 +1,5 @@
 """The app services inside the Jupyter server: the image's ports handed to jupyter-server-proxy, and
-``GET labfleet/apps``. What to offer is decided in ``server_ext.apps``; this only wires it in."""
+``GET labfleet/apps``. What to offer is decided in ``labfleet.session.apps``; this only wires it in."""
 
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
-from hub_ext.core import http
+from labfleet.core import http
 
 # The methods the extension passes on to the service; anything else is refused before any call.
 METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE")
 
-# An upstream answer (hub_ext.core.http's reply): ``status``, ``ok``, ``message`` (what went wrong, in
+# An upstream answer (labfleet.core.http's reply): ``status``, ``ok``, ``message`` (what went wrong, in
 # the upstream's words where it gave some), ``content_type``, and ``data``: the JSON body decoded, or
 # else the body's bytes as they came (the service proxy passes them on). No answer is a 502 (504: timed
 # out) with ``{"message": ...}``.

@@ -1,6 +1,6 @@
 """Loading labfleet into a Jupyter server: the ExtensionApp, its handlers, and the end of batch sessions.
 
-The session type comes from the environment the spawner set (``server_ext.runner.SessionEnv``):
+The session type comes from the environment the spawner set (``labfleet.session.runner.SessionEnv``):
 
 - ``interactive`` (or none): only the ``labfleet/runner`` endpoint;
 - ``batch``: run ``LABFLEET_COMMAND`` once the server is up, then stop the server so that the process exits
@@ -8,7 +8,7 @@ The session type comes from the environment the spawner set (``server_ext.runner
 - ``inference``: the same, with the command serving HTTP on a local port, reached through
   ``<base_url>labfleet/inference/`` with the server's own authentication.
 
-An interactive session also reports its activity to the labfleet service (``server_ext.activity``), for
+An interactive session also reports its activity to the labfleet service (``labfleet.session.activity``), for
 the service's idle checkers.
 """
 
@@ -65,7 +65,7 @@ class LabfleetExtension(ExtensionApp):
         endpoint answers 504.""",
     )
 
-    apps: list = []  # the session's app services (server_ext.apps), found when the server links us
+    apps: list = []  # the session's app services (labfleet.session.apps), found when the server links us
 
     def _link_jupyter_server_extension(self, serverapp: Any) -> None:
         super()._link_jupyter_server_extension(serverapp)

@@ -1,5 +1,5 @@
 """The session's ``labfleet/...`` endpoints (server_ext/ENDPOINTS.md): thin handlers that check the
-caller, ask the service or the Hub with the session's token, and answer what ``server_ext.fleet`` shapes.
+caller, ask the service or the Hub with the session's token, and answer what ``labfleet.session.fleet`` shapes.
 """
 
 from __future__ import annotations

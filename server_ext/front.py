@@ -4,7 +4,7 @@ A replica of a model-serving endpoint is an inference session whose command (the
 listens on the session's loopback (``$HOST`` 127.0.0.1, an inner ``$PORT``). This front listens on the
 replica's own port, where the endpoint's router calls it (every address of the session by default), and
 passes a connection on to the command only when its first request carries the replica's credential
-(``X-Labfleet-Replica-Credential``, compared in constant time; see :mod:`hub_ext.serving.credentials`).
+(``X-Labfleet-Replica-Credential``, compared in constant time; see :mod:`labfleet.serving.credentials`).
 Anything else gets ``401`` with a JSON message and never reaches the model.
 
 Once a request is let in, the connection is spliced byte for byte, both ways, so an answer streams as
@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hub_ext.serving.credentials import HEADER, PROBE_HEADER, REFUSED_HEADER, matches
+from labfleet.serving.credentials import HEADER, PROBE_HEADER, REFUSED_HEADER, matches
 
 MAX_HEAD = 64 * 1024  # a request head larger than this is refused (431)
 HEAD_TIMEOUT = 30.0  # seconds a caller has to send its request head

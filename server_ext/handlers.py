@@ -1,6 +1,6 @@
 """Thin tornado handlers: the runner's state, and the proxy to the inference command.
 
-The logic lives in ``server_ext.runner``; these only authenticate, read it and answer.
+The logic lives in ``labfleet.session.runner``; these only authenticate, read it and answer.
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@ browser while it runs) and to the server's own stdout (so the per-session log th
 and its life is recorded in ``<run dir>/runner.json``.
 
 An inference session that is a replica of a model-serving endpoint (the labfleet service answers its
-replica credential) runs its command behind an authenticating front (:mod:`server_ext.front`): the command
+replica credential) runs its command behind an authenticating front (:mod:`labfleet.session.front`): the command
 listens on the session's loopback at a port of its own (``$PORT``), the front on the replica's port
 (``$LABFLEET_INFERENCE_PORT``) on every address of the session (``$LABFLEET_INFERENCE_HOST``, default
 ``0.0.0.0``), and only calls with the credential (the endpoint's router) get through. The session's own
 ``labfleet/inference/`` page calls the command on the loopback, behind the server's authentication.
 
-No tornado and no jupyter-server here: the extension (``server_ext.extension``) decides what happens when the
+No tornado and no jupyter-server here: the extension (``labfleet.session.extension``) decides what happens when the
 command ends (stop the server with the command's exit code), the handlers only read :meth:`Runner.snapshot`.
 """
 
@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from spawner.launch import GPU_ENFORCEMENT_ENV, GPU_MEMORY_LIMIT_ENV, GPU_MPS_WITHHELD_ENV
+from labfleet.spawner.launch import GPU_ENFORCEMENT_ENV, GPU_MEMORY_LIMIT_ENV, GPU_MPS_WITHHELD_ENV
 
 from .front import ReplicaFront, credential_source
 
@@ -202,7 +202,7 @@ class Runner:
     ) -> None:
         """``replica_credential``: how an inference session learns that it is a replica, and its
         credential (None: it is not); True (default): ask the labfleet service when this is a labfleet
-        session (:func:`server_ext.front.credential_source`); None or False: never a replica."""
+        session (:func:`labfleet.session.front.credential_source`); None or False: never a replica."""
         if session.type not in ("batch", "inference"):
             raise ValueError(f"no runner for session type {session.type!r}")
         self.session = session

@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from hub_ext.compute.devices.base import get_plugin, plugin_for_device
+from labfleet.compute.devices.base import get_plugin, plugin_for_device
 
 from .fleet import gpu_rows
 

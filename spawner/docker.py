@@ -2,7 +2,7 @@
 
 ``LabfleetDockerSpawner`` is the labfleet mixin (admission, queue, launch spec, release) on top
 of DockerSpawner.  In ``lf_prepare`` it turns the placement's LaunchSpec into DockerSpawner's
-settings with the pure :func:`spawner.docker_config.container_config` (image, CPU and memory
+settings with the pure :func:`labfleet.spawner.docker_config.container_config` (image, CPU and memory
 limits, devices by UUID, mounts, hardening, labels), merged over what the deployment configured
 for DockerSpawner (an admin's ``extra_host_config`` or ``volumes`` still apply; labfleet's
 limits and hardening win).
@@ -11,12 +11,12 @@ limits and hardening win).
   (``network_name``, by default ``labfleet-sessions``, made when missing on ``session_subnet``
   with the Linux bridge ``session_bridge``), on which the control plane does not listen: the Hub's
   API, the labfleet service, the proxy's API stay on the host's loopback.  The spawner guards the
-  network with :mod:`spawner.sessionnet`'s nftables table (the same rules as local sessions'): a
+  network with :mod:`labfleet.spawner.sessionnet`'s nftables table (the same rules as local sessions'): a
   session reaches the Hub's public proxy at the bridge's address (the gateway) and, through the
   host, the internet; not the host's other ports, not other sessions (frames between two
   containers cross the host's firewall: ``br_netfilter``), not the ``session_egress_deny``
   networks.  Its environment points the Hub's API, the activity URL and the labfleet service at
-  the gateway (:func:`spawner.docker_config.gateway_environment`).  The server listens on the
+  the gateway (:func:`labfleet.spawner.docker_config.gateway_environment`).  The server listens on the
   container's port 8888; the proxy connects to the container's address, which the session's
   runtime also reports (where the serving router can reach a replica).  ``network_name = "host"``,
   only where an operator sets it, shares the host's network (loopback included: a warning at each

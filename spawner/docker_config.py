@@ -1,8 +1,8 @@
 """A LaunchSpec as a Docker container: a pure builder, in the style of KubeSpawner's ``make_pod``.
 
-:func:`container_config` turns what the placement decided (:class:`~spawner.launch.LaunchSpec`)
+:func:`container_config` turns what the placement decided (:class:`~labfleet.spawner.launch.LaunchSpec`)
 into the settings DockerSpawner takes (image, limits, volumes, host config, create kwargs).  No
-daemon, no I/O: the Docker backend (:mod:`spawner.docker`) applies the result.
+daemon, no I/O: the Docker backend (:mod:`labfleet.spawner.docker`) applies the result.
 
 Hardening that every session gets: all capabilities dropped, ``no-new-privileges``, a pids limit,
 an init process (reaps the orphans of batch commands).  The server runs as an unprivileged user,
@@ -15,7 +15,7 @@ own user), else by the framework caps already in the spec's environment.
 Networking: a session joins ``network_name``.  ``host`` shares the host's network, its loopback
 included (the Hub's API, the labfleet service): an operator's explicit choice.  Any other name is
 a Docker bridge network for sessions (:func:`session_network_spec` makes it, :func:`network_bridge`
-reads one that exists), which the Docker backend guards with :mod:`spawner.sessionnet`'s nftables
+reads one that exists), which the Docker backend guards with :mod:`labfleet.spawner.sessionnet`'s nftables
 table: its sessions reach the Hub's public proxy at the bridge's address and the internet, nothing
 else of the host, and not each other.  They call the Hub and the labfleet service through that
 proxy (:func:`gateway_environment`).  No port is published: the proxy connects to the container's
@@ -65,7 +65,7 @@ class ContainerConfig:
     extra_create_kwargs: dict[str, Any]
     network_name: str
     # None: the image's own command.  Every session type runs the image's command: for batch and
-    # inference sessions the runner inside (server_ext) reads LABFLEET_SESSION_TYPE and LABFLEET_COMMAND.
+    # inference sessions the runner inside (labfleet.session) reads LABFLEET_SESSION_TYPE and LABFLEET_COMMAND.
     cmd: list[str] | None = None
 
 
@@ -96,7 +96,7 @@ def container_config(
     - ``gpu_driver``: the device driver to ask Docker for (``nvidia``); None requests no device
       (devices Docker cannot give, such as mock devices: only the environment names them then).
     - ``user``: ``uid:gid`` to run as; None keeps the image's user.  A fraction limited with MPS
-      needs a numeric non-root uid (:func:`~spawner.launch.mps_withheld_for`).
+      needs a numeric non-root uid (:func:`~labfleet.spawner.launch.mps_withheld_for`).
     - ``image_env``: the image's own environment (:func:`image_environment`): a container's variable
       replaces the image's, so PyTorch's allocator setting of the image is merged under the cap here.
 
@@ -196,7 +196,7 @@ def container_config(
 def session_network_spec(name: str, bridge: str, subnet: str) -> dict[str, Any]:
     """Keyword arguments of docker-py's ``APIClient.create_network`` for the sessions' network: a
     bridge network whose Linux bridge is ``bridge``, on ``subnet``, its first address the gateway
-    (where :mod:`spawner.sessionnet` expects it). ValueError for a name or subnet that is not one."""
+    (where :mod:`labfleet.spawner.sessionnet` expects it). ValueError for a name or subnet that is not one."""
     if not name or not name.strip() or name == HOST_NETWORK:
         raise ValueError(f"{name!r} cannot name the sessions' network")
     options, ipam, labels = session_bridge_config(bridge, subnet)
@@ -213,7 +213,7 @@ def session_network_spec(name: str, bridge: str, subnet: str) -> dict[str, Any]:
 def session_bridge_config(bridge: str, subnet: str) -> tuple[dict[str, str], dict[str, Any], dict[str, str]]:
     """The options, IPAM and labels of a sessions' bridge network (the Docker backend's, a Swarm
     node's config-only one): the Linux bridge ``bridge`` on ``subnet``, its first address the
-    gateway, no inter-container traffic nor masquerade of Docker's own (spawner.sessionnet guards
+    gateway, no inter-container traffic nor masquerade of Docker's own (labfleet.spawner.sessionnet guards
     it). ValueError for a subnet that is not one."""
     try:
         net = ipaddress.IPv4Network(subnet, strict=True)

@@ -3,7 +3,7 @@
 :func:`build_launch` turns the session as the labfleet service answers it (``GET
 /api/sessions/{id}``: placement, slots, type) and the validated spawn options into a
 :class:`LaunchSpec`: limits, devices, mounts and the environment the session sees.  Backends
-(:mod:`spawner.local`, :mod:`spawner.docker`) translate a LaunchSpec into their own terms; no
+(:mod:`labfleet.spawner.local`, :mod:`labfleet.spawner.docker`) translate a LaunchSpec into their own terms; no
 backend decides anything the placement already decided (Docker does not choose devices, the
 placement does).  :func:`vfolder_mounts` turns the virtual folders the service mounts for the
 session into Mounts under the session's home.
@@ -26,14 +26,14 @@ MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 DEFAULT_PIDS_LIMIT = 4096
 MOUNT_MODES = ("ro", "rw", "wd")
 VFOLDERS_DIR = "vfolders"  # virtual folders appear at <session home>/vfolders/<name>
-SERVICE_PORTS_ENV = "LABFLEET_SERVICE_PORTS"  # read by server_ext.apps
-# A fraction of one device: its bytes, and how the share is held (read by server_ext.fleet).
+SERVICE_PORTS_ENV = "LABFLEET_SERVICE_PORTS"  # read by labfleet.session.apps
+# A fraction of one device: its bytes, and how the share is held (read by labfleet.session.fleet).
 GPU_MEMORY_LIMIT_ENV = "LABFLEET_GPU_MEMORY_LIMIT"
 GPU_ENFORCEMENT_ENV = "LABFLEET_GPU_ENFORCEMENT"
 ENFORCED_BY_MPS = "mps"  # the node's MPS daemon limits the session's memory and SMs
 ENFORCED_BY_CAPS = "caps"  # only the frameworks' own caps (advisory: the session may change its env)
 # Why a fraction holds by the caps alone where its node runs MPS: the backend withheld MPS from it
-# (:func:`mps_withheld_for`); read by server_ext.fleet, shown in the session's sidebar.
+# (:func:`mps_withheld_for`); read by labfleet.session.fleet, shown in the session's sidebar.
 GPU_MPS_WITHHELD_ENV = "LABFLEET_GPU_MPS_WITHHELD"
 # PyTorch's caching allocator settings: comma-separated ``option:value`` items.  PyTorch 2.9 and later
 # read PYTORCH_ALLOC_CONF first and the older name only when that is unset.
@@ -373,10 +373,10 @@ def build_launch(
     if options.command:
         env["LABFLEET_COMMAND"] = options.command
     if options.port is not None:
-        env["LABFLEET_INFERENCE_PORT"] = str(options.port)  # server_ext's runner: $PORT of the command
+        env["LABFLEET_INFERENCE_PORT"] = str(options.port)  # labfleet.session's runner: $PORT of the command
     ports = session.get("service_ports")
     if isinstance(ports, list) and ports:
-        # The image's service ports (apps): server_ext proxies each at <base_url><name>/.
+        # The image's service ports (apps): labfleet.session proxies each at <base_url><name>/.
         env[SERVICE_PORTS_ENV] = json.dumps(ports, separators=(",", ":"))
     if cpu is not None:
         env["LABFLEET_CPU_LIMIT"] = _fmt(cpu)

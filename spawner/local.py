@@ -4,11 +4,11 @@ The embedded default.  A session is a tenant (DESIGN.md): when the Hub runs as r
 
 - runs as the unprivileged session account (``session_user``) with no capability and
   ``no_new_privs``, in a bubblewrap sandbox that shows the system and the runtime read-only, its
-  home and its folders, and nothing else of the host (:mod:`spawner.sandbox`);
-- has a network namespace of its own behind a bridge (:mod:`spawner.sessionnet`): it reaches the
+  home and its folders, and nothing else of the host (:mod:`labfleet.spawner.sandbox`);
+- has a network namespace of its own behind a bridge (:mod:`labfleet.spawner.sessionnet`): it reaches the
   Hub and the labfleet service only through the Hub's public proxy, never the host's loopback, and
   the internet through the host;
-- is held to its memory, CPU and process count by a control group (:mod:`spawner.cgroups`), and to
+- is held to its memory, CPU and process count by a control group (:mod:`labfleet.spawner.cgroups`), and to
   ``session_tmp_size`` of ``/tmp``.
 
 A Hub that is not root cannot switch users or make namespaces for others: its sessions run in a

@@ -9,7 +9,7 @@ LocalProcessSpawner)``).  It
 3. asks the labfleet service to admit and place the session before anything starts, waits in the
    queue while it is PENDING (``progress()`` tells the position), and fails with the service's
    reason when it is refused or cancelled;
-4. hands the backend a :class:`~spawner.launch.LaunchSpec` (``lf_prepare``), starts it, reports
+4. hands the backend a :class:`~labfleet.spawner.launch.LaunchSpec` (``lf_prepare``), starts it, reports
    RUNNING, and gives the allocation back on stop, on a failed start and when ``poll()`` finds the
    server gone (with the exit code of a batch command);
 5. keeps the session id in the Hub's state (``get_state`` / ``load_state``) so a Hub restart finds
@@ -35,7 +35,7 @@ from urllib.parse import quote, urlparse
 from jupyterhub.spawner import SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
-from hub_ext.hub.client import LabfleetServiceClient, Reply
+from labfleet.hub.client import LabfleetServiceClient, Reply
 
 from . import form
 from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts, with_caps
@@ -276,7 +276,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         """Why this backend's sessions may not reach their node's MPS daemon, None when they may.
 
         A client of the daemon must run as the one non-root uid the node's sessions share: the daemon
-        serves one uid at a time, and root could change its limits (:func:`spawner.launch.mps_withheld_for`).
+        serves one uid at a time, and root could change its limits (:func:`labfleet.spawner.launch.mps_withheld_for`).
         A backend that cannot promise that for a session withholds MPS from it: its fraction holds by
         the framework caps alone, and the session says why."""
         return None
@@ -489,7 +489,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
 
     def lf_own_pid_namespace(self) -> bool:
         """Whether the backend runs the session in a PID namespace of its own: the server extension then
-        cannot match the GPU driver's pids to the session's processes (see server_ext.fleet.gpu_rows)."""
+        cannot match the GPU driver's pids to the session's processes (see labfleet.session.fleet.gpu_rows)."""
         return self.lf_in_container
 
     def get_env(self) -> dict[str, str]:

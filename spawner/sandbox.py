@@ -3,7 +3,7 @@
 A local session is a tenant.  :func:`sandbox_command` builds its command line:
 
 - as root (the embedded Hub): ``nsenter`` into the session's own network namespace
-  (:mod:`spawner.sessionnet`), then bubblewrap, privileged, builds a root of its own, then
+  (:mod:`labfleet.spawner.sessionnet`), then bubblewrap, privileged, builds a root of its own, then
   ``setpriv`` runs the session as the unprivileged session account with no capability at all
   (bounding set empty) and ``no_new_privs``, then a second bubblewrap, unprivileged, takes away
   its right to make user namespaces (unless ``user_namespaces``).  The mounts belong to the host's

@@ -3,14 +3,14 @@
 Swarm cannot hand a service specific GPUs, so labfleet keeps owning the allocator: the service's
 placement picks the node and the device UUIDs, and ``LabfleetSwarmSpawner`` pins the service to
 that node (``node.id==<swarm.node_id label>``) and names the devices in its environment, with the
-pure :func:`spawner.swarm_config.service_config`.
+pure :func:`labfleet.spawner.swarm_config.service_config`.
 
 - The Hub runs on a manager node and talks to the swarm through its local engine (DockerSpawner's
   ``client_kwargs`` / $DOCKER_HOST).
 - Node labels (``swarm.node_id``, ``address``) come from the labfleet service: the session's
   ``node_labels`` when it names them, else the node's ``labels`` in ``GET /nodes``; ``node_labels``
   here (config) covers nodes the service has no labels for.
-- Networking: on the sessions' Swarm network (:mod:`spawner.swarmnet`, ``network_name``, which
+- Networking: on the sessions' Swarm network (:mod:`labfleet.spawner.swarmnet`, ``network_name``, which
   ``labfleet node network`` makes on every node) the server listens on port 8888 of its container,
   its node publishes it, and the Hub connects to the node's ``address`` at that port; the session
   calls the Hub's API and the labfleet service through the Hub's public proxy at its bridge's

@@ -1,4 +1,4 @@
-"""A LaunchSpec as a Docker Swarm service: a pure builder, beside :mod:`spawner.docker_config`.
+"""A LaunchSpec as a Docker Swarm service: a pure builder, beside :mod:`labfleet.spawner.docker_config`.
 
 Swarm cannot hand a service specific GPUs (moby/moby#40133: generic resources are counted, not
 chosen), so labfleet keeps owning the allocator: its placement picks the node and the devices,
@@ -18,14 +18,14 @@ and :func:`service_config` pins the service to that node and names the devices.
 - **Mounts**: bind mounts of the same host paths as the Docker backend: every node must mount the
   storage at the same place (a shared filesystem).
 - **Network**: ``host``: the server listens on the node's ``address`` label, on the node's network;
-  or the sessions' Swarm network (:mod:`spawner.swarmnet`), where it listens on port
+  or the sessions' Swarm network (:mod:`labfleet.spawner.swarmnet`), where it listens on port
   :data:`SERVER_PORT` of its container, which the node publishes (host mode: on that node only, on
   a port Docker picks; a model-serving replica's port as itself); the Hub connects to the node's
   ``address`` at the published port.
 - **Restarts**: none.  A session whose server exits has ended (a batch command's exit code is
   read from its task); Swarm must not start it again somewhere else.
 
-No daemon, no I/O: :mod:`spawner.swarm` turns the result into docker-py's types.
+No daemon, no I/O: :mod:`labfleet.spawner.swarm` turns the result into docker-py's types.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ the same gateway address, whichever node it runs on.
 
 On each node, ``labfleet node network`` (run as root, before the node takes sessions) makes:
 
-- the bridge (:func:`spawner.sessionnet.bridge_commands`: the gateway's address, the session
+- the bridge (:func:`labfleet.spawner.sessionnet.bridge_commands`: the gateway's address, the session
   interface group), which Docker then uses as it is, and ``br_netfilter`` on it;
 - the config-only network on the node's engine (:func:`node_network_spec`);
-- the node's nftables table (:func:`spawner.sessionnet.ruleset`): a session reaches the proxy at
+- the node's nftables table (:func:`labfleet.spawner.sessionnet.ruleset`): a session reaches the proxy at
   ``gateway:<proxy port>`` (rewritten to the proxy's address, on this node or another), the
   internet through the node (masqueraded), and nothing else: not the node itself, not another
   session, not the ``deny`` networks (give the cluster's own network there: the Hub's and the

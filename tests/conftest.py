@@ -2,7 +2,7 @@
 
 import pytest
 
-from hub_ext.hub.configure import interruptible_children
+from labfleet.hub.configure import interruptible_children
 from tests.browserfixture import chromium
 from tests.hubfixture import start_hub
 from tests.postgres_server import postgres_url  # noqa: F401  (a fixture)

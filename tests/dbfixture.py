@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.core import db as lfdb
-from hub_ext.core.secretbox import ensure_key_file
+from labfleet.core import db as lfdb
+from labfleet.core.secretbox import ensure_key_file
 
 
 def fresh_db(

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import requests
 
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.secretbox import ensure_key_file
-from hub_ext.tenancy import directory
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.secretbox import ensure_key_file
+from labfleet.tenancy import directory
+from labfleet.tenancy.policies import ensure_default_keypair_policy
 
 REPO = Path(__file__).parent.parent
 ADMIN_PASSWORD = "root-password-1"

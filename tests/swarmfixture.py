@@ -118,7 +118,7 @@ def node_network(nodes: SwarmNodes, hub: Hub, *, remove: bool = False) -> str:
 
     proxy = f"{nodes.addr1}:{urlparse(hub.url).port}"
     cluster = f"{nodes.addr1}/{os.environ.get('LABFLEET_SWARM_PREFIX', '30')}"
-    base = [sys.executable, "-m", "hub_ext.cli", "node", "network", "--proxy", proxy, "--deny", cluster]
+    base = [sys.executable, "-m", "labfleet.cli", "node", "network", "--proxy", proxy, "--deny", cluster]
     if remove:
         base.append("--remove")
     runs = [
@@ -152,9 +152,9 @@ def register_node(
     group: str = "default",
 ) -> None:
     """A node with ``gpus`` mock 80 GB GPUs and ``labels`` in labfleet's DB (no agent needed)."""
-    from hub_ext.compute import nodes
-    from hub_ext.compute.devices.base import DeviceInfo, NodeInfo
-    from hub_ext.core import db as lfdb
+    from labfleet.compute import nodes
+    from labfleet.compute.devices.base import DeviceInfo, NodeInfo
+    from labfleet.core import db as lfdb
 
     engine = lfdb.make_engine(db_url)
     try:
@@ -197,7 +197,7 @@ def agent_available() -> str | None:
     if not (REPO / "hub_ext" / "agent").is_dir():
         return "hub_ext/agent/ is not in this checkout (the node agent has not landed)"
     r = subprocess.run(
-        [sys.executable, "-m", "hub_ext.cli", "agent", "--help"],
+        [sys.executable, "-m", "labfleet.cli", "agent", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -235,7 +235,7 @@ class Agent:
         cmd = [
             sys.executable,
             "-m",
-            "hub_ext.cli",
+            "labfleet.cli",
             "agent",
             "--service-url",
             hub.env["LABFLEET_SESSION_SERVICE_URL"],
@@ -287,7 +287,7 @@ def node_token(hub: Hub, name: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO), "LABFLEET_DB_URL": hub.db_url}
     env["LABFLEET_SECRET_KEY_FILE"] = hub.env["LABFLEET_SECRET_KEY_FILE"]
     r = subprocess.run(
-        [sys.executable, "-m", "hub_ext.cli", "node", "token", "create", "--node", name],
+        [sys.executable, "-m", "labfleet.cli", "node", "token", "create", "--node", name],
         capture_output=True,
         text=True,
         timeout=60,

@@ -25,7 +25,7 @@ import psutil
 import pytest
 from jupyter_core.paths import jupyter_runtime_dir
 
-from admin_dashboards.kernels import kernel_environment
+from labfleet.console.kernels import kernel_environment
 from tests.browserfixture import WAIT_MS, create_people, hub_login
 from tests.hubfixture import start_hub
 
@@ -106,7 +106,7 @@ def _console_and_kernels(hub) -> tuple[psutil.Process, list[psutil.Process]]:
     """The admin console's server (found by its service URL) and its dashboards' kernels."""
     url = f"http://127.0.0.1:{hub.env['LABFLEET_ADMIN_PORT']}"
     for proc in psutil.process_iter(["cmdline"]):
-        if "admin_dashboards" not in (proc.info["cmdline"] or []):
+        if "labfleet.console" not in (proc.info["cmdline"] or []):
             continue
         try:
             if proc.environ().get("JUPYTERHUB_SERVICE_URL") != url:

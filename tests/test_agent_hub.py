@@ -21,9 +21,9 @@ import pytest
 import requests
 from sqlalchemy import text
 
-from hub_ext.compute.devices.mock import USAGE_ENV, mock_uuid
-from hub_ext.core import db as lfdb
-from hub_ext.core import ledger
+from labfleet.compute.devices.mock import USAGE_ENV, mock_uuid
+from labfleet.core import db as lfdb
+from labfleet.core import ledger
 from tests.hubfixture import REPO, free_port, start_hub
 
 pytestmark = pytest.mark.hub
@@ -78,7 +78,7 @@ class Agent:
             *("--node-name", self.node, "--mock-devices", str(self.devices), "--address", "127.0.0.1"),
         ]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hub_ext.cli", "agent", *args],
+            [sys.executable, "-m", "labfleet.cli", "agent", *args],
             env=env,
             stdout=open(self.log, "a"),
             stderr=subprocess.STDOUT,
@@ -412,7 +412,14 @@ def test_the_agent_retries_while_the_service_is_down_and_exits_cleanly(tmp_path)
     token_file.write_text("lfnode_1_" + "x" * 43)
     log = tmp_path / "agent.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hub_ext.cli", "agent", "--service-url", f"http://127.0.0.1:{free_port()}/api"]
+        [
+            sys.executable,
+            "-m",
+            "labfleet.cli",
+            "agent",
+            "--service-url",
+            f"http://127.0.0.1:{free_port()}/api",
+        ]
         + ["--token-file", str(token_file), "--node-name", "down-n3", "--mock-devices", "1"],
         env=dict(os.environ, PYTHONPATH=str(REPO)),
         stdout=open(log, "w"),

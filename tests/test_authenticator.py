@@ -37,15 +37,15 @@ from traitlets import List as TList
 from traitlets import Set
 from traitlets.config import Configurable
 
-from hub_ext.core import hubmap
-from hub_ext.hub import authenticator as lfauth
-from hub_ext.hub.authenticator import (
+from labfleet.core import hubmap
+from labfleet.hub import authenticator as lfauth
+from labfleet.hub.authenticator import (
     LabfleetAuthenticator,
     LabfleetAuthModel,
     LabfleetDelegatingMixin,
     labfleet_authenticator_for,
 )
-from hub_ext.hub.client import DEFAULT_SERVICE_URL
+from labfleet.hub.client import DEFAULT_SERVICE_URL
 
 TOKEN = "svc-" + secrets.token_hex(16)
 API = "/services/labfleet/api"
@@ -865,16 +865,16 @@ class ThreadedIdP:
 @pytest.mark.hub
 def test_real_hub_oauth_login(tmp_path, monkeypatch):
     """A real Hub (jupyterhub_config.py + the labfleet service) logging a browser in through the IdP."""
-    from hub_ext.core import db as lfdb
-    from hub_ext.core.authz import Actor
-    from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file
-    from hub_ext.tenancy import directory
+    from labfleet.core import db as lfdb
+    from labfleet.core.authz import Actor
+    from labfleet.core.secretbox import KEY_FILE_ENV, ensure_key_file
+    from labfleet.tenancy import directory
     from tests.hubfixture import seed, start_hub
 
     with ThreadedIdP() as idp:
         extra = "\n".join(
             [
-                "from hub_ext.hub.authenticator import labfleet_authenticator_for",
+                "from labfleet.hub.authenticator import labfleet_authenticator_for",
                 "c.JupyterHub.authenticator_class = labfleet_authenticator_for('generic-oauth')",
                 f"c.GenericOAuthenticator.client_id = {idp.client_id!r}",
                 f"c.GenericOAuthenticator.client_secret = {idp.client_secret!r}",

@@ -1,4 +1,4 @@
-"""The ``labfleet`` command (``hub_ext.cli``), run the way a shell runs it.
+"""The ``labfleet`` command (``labfleet.cli``), run the way a shell runs it.
 
 Each test has its own SQLite database and secret key file in its tmp dir.  A database
 initialized with a few tenants is made once per module and copied into each test's dir, so
@@ -10,7 +10,7 @@ a process of their own, its exit status from ``SystemExit``, and after it everyt
 behind undone (its database engines disposed, traitlets singletons, logging, the environment and
 the rest as they were), so no command sees another's state.  A new Python process costs ~0.5 s a
 command; this costs what the command does.  ``test_the_real_command`` and the terminal test run
-the real ``python -m hub_ext.cli`` as a subprocess, and check that it answers as ``Cli.run``.
+the real ``python -m labfleet.cli`` as a subprocess, and check that it answers as ``Cli.run``.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.core.passwords import verify_password
+from labfleet.core.passwords import verify_password
 
 REPO = Path(__file__).resolve().parents[1]
 LOGIN_URL = "http://127.0.0.1:8000/hub/login"
 DB_FILE = "labfleet.sqlite"
 KEY_FILE = "labfleet_secret.key"
-ENTRY_POINT = [sys.executable, "-m", "hub_ext.cli"]
+ENTRY_POINT = [sys.executable, "-m", "labfleet.cli"]
 
 
 class Cli:
@@ -63,7 +63,7 @@ class Cli:
         return run_in_process(list(args), env or self.env, self.dir)
 
     def run_process(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """``labfleet ARGS`` as a new process: the real entry point, ``python -m hub_ext.cli``."""
+        """``labfleet ARGS`` as a new process: the real entry point, ``python -m labfleet.cli``."""
         return subprocess.run(
             [*ENTRY_POINT, *args],
             cwd=self.dir,
@@ -141,8 +141,8 @@ _PYTHON_WARNING_FILTERS = (
 
 
 def run_in_process(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    """``python -m hub_ext.cli ARGS`` with ``env`` in ``cwd``, stdin not a terminal, run here."""
-    from hub_ext.cli import main
+    """``python -m labfleet.cli ARGS`` with ``env`` in ``cwd``, stdin not a terminal, run here."""
+    from labfleet.cli import main
 
     # A process's stdout and stderr, when pipes: UTF-8 text over bytes (stderr never fails to encode).
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
@@ -175,8 +175,8 @@ def _as_its_own_process(
     args: Sequence[str], env: dict[str, str], cwd: Path, out: io.TextIOWrapper, err: io.TextIOWrapper
 ) -> Iterator[None]:
     """What a command sees of its process is its own while it runs, and left as it was after."""
-    import hub_ext.cli
-    from hub_ext.core import db as lfdb
+    import labfleet.cli
+    from labfleet.core import db as lfdb
 
     engines = []
     make_engine = lfdb.make_engine
@@ -206,7 +206,7 @@ def _as_its_own_process(
             os.environ.update(env)
             os.chdir(cwd)
             sys.stdin, sys.stdout, sys.stderr = stdin, out, err
-            sys.argv = [str(Path(hub_ext.cli.__file__).with_name("__main__.py")), *args]  # as with -m
+            sys.argv = [str(Path(labfleet.cli.__file__).with_name("__main__.py")), *args]  # as with -m
             lfdb.make_engine = make_and_keep_engine
             yield
     finally:
@@ -470,7 +470,7 @@ def test_user_passwd_asks_on_a_terminal(cli):
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hub_ext.cli", "user", "passwd", "alice"],
+        [sys.executable, "-m", "labfleet.cli", "user", "passwd", "alice"],
         cwd=cli.dir,
         env=cli.env,
         stdin=slave,
@@ -686,7 +686,7 @@ REAL = [
 
 
 def test_the_real_command(cli, tmp_path):
-    """``python -m hub_ext.cli`` as a process of its own (stdin not a terminal): its exit statuses,
+    """``python -m labfleet.cli`` as a process of its own (stdin not a terminal): its exit statuses,
     its one error line, no prompt; and ``Cli.run`` answers each exactly as it does."""
     (tmp_path / "none").mkdir()
     fresh = Cli(tmp_path / "none")

@@ -13,15 +13,15 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, select
 
-from hub_ext.core import audit
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden, InvalidInput
-from hub_ext.core.models import Announcement, AuditEntry
-from hub_ext.core.secretbox import ensure_key_file
-from hub_ext.service import fleetinfo
-from hub_ext.service.app import LabfleetService
-from hub_ext.tenancy import announcements
+from labfleet.core import audit
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Forbidden, InvalidInput
+from labfleet.core.models import Announcement, AuditEntry
+from labfleet.core.secretbox import ensure_key_file
+from labfleet.service import fleetinfo
+from labfleet.service.app import LabfleetService
+from labfleet.tenancy import announcements
 from tests.dbfixture import fresh_db
 from tests.postgres_server import fresh_database, postgres_url  # noqa: F401  (a fixture)
 

@@ -120,9 +120,9 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
-def _service_pid(hub_pid: int, module: bytes = b"hub_ext.service") -> int | None:
-    """The labfleet service the Hub started (its child running ``python -m hub_ext.service``), or
-    another of its children by its module (the admin console: ``admin_dashboards``)."""
+def _service_pid(hub_pid: int, module: bytes = b"labfleet.service") -> int | None:
+    """The labfleet service the Hub started (its child running ``python -m labfleet.service``), or
+    another of its children by its module (the admin console: ``labfleet.console``)."""
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
@@ -190,7 +190,7 @@ def test_a_killed_hubs_service_goes_with_it_and_the_restarted_hub_takes_over(env
     allocated = _allocated(hub, env.root)
     assert sorted(allocated.values()) == [0.5, 1.0]
     service = _service_pid(hub.proc.pid)
-    console = _service_pid(hub.proc.pid, b"admin_dashboards")
+    console = _service_pid(hub.proc.pid, b"labfleet.console")
     assert service is not None and console is not None
     env.leftovers += [service, console]
     sessions = [_spawner_pid(env.state, u, s) for u, s in (("alice", "a"), ("bob", "b"))]

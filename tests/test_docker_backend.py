@@ -122,7 +122,7 @@ def env(engine, tmp_path_factory):
     # Sessions join the default: the sessions' network, here this test process's own
     # (LABFLEET_DOCKER_NETWORK and its bridge and subnet, from tests.hubfixture).
     extra = f"""
-c.JupyterHub.spawner_class = "spawner.docker.LabfleetDockerSpawner"
+c.JupyterHub.spawner_class = "labfleet.spawner.docker.LabfleetDockerSpawner"
 c.DockerSpawner.pull_policy = "never"
 c.DockerSpawner.name_template = "{prefix}-{{username}}--{{servername}}"
 c.LabfleetSpawnerMixin.queue_poll_interval = 0.3
@@ -542,7 +542,7 @@ def test_mps_only_for_sessions_that_run_as_the_unprivileged_user(env, engine):
     assert not [x for x in info["Mounts"] if x["Source"] == pipe]
     assert n["status_reason"] == f"server started; MPS withheld, framework caps only: {reason}"
     assert f"gets no MPS on node {n['node']}, only the framework caps: {reason}" in hub.log_text()
-    # The session's sidebar (server_ext in the image) tells it too.
+    # The session's sidebar (labfleet.session in the image) tells it too.
     info = requests.get(
         f"{hub.url}/user/alice/n/labfleet/session", headers={"Authorization": f"token {alice}"}, timeout=30
     )
@@ -573,7 +573,7 @@ def test_batch_session_ends_with_its_exit_code_and_keeps_its_logs(env, engine):
     }
     r = _spawn(hub, "b", options)
     # A command quicker than the spawn: the session waits for the Hub to see it up before it exits
-    # (server_ext), so the spawn itself succeeds.
+    # (labfleet.session), so the spawn itself succeeds.
     assert r.status_code in (201, 202), r.text
     deadline = time.monotonic() + 30
     while True:

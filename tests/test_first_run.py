@@ -1,7 +1,7 @@
 """A new user's first run from a clone under /tmp: the session's extensions must load.
 
 The local backend's sandbox mounts a private /tmp. A clone under /tmp has its venv there too, and an
-editable install that points into the clone: the session's Python must still import ``server_ext``
+editable install that points into the clone: the session's Python must still import ``labfleet.session``
 from the clone and JupyterLab must find the linked labextension. This makes such a clone (the
 repository cloned under /tmp, with this working tree's packages copied over it so the code under
 test runs), a venv in it that reuses this venv's packages, starts a real Hub from the clone and
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from spawner.local import _bwrap_works
+from labfleet.spawner.local import _bwrap_works
 from tests.hubfixture import Hub, start_hub
 
 pytestmark = pytest.mark.hub

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
 
-from hub_ext.service.handlers import SPEC_FILE
+from labfleet.service.handlers import SPEC_FILE
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub

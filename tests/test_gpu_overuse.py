@@ -1,8 +1,8 @@
-"""The GPU share backstop at the edge (hub_ext.usage.enforce), with the service's real pieces: a
+"""The GPU share backstop at the edge (labfleet.usage.enforce), with the service's real pieces: a
 real database, real processes measured by the trusted sampler through the mock device plugin
 (``$LABFLEET_MOCK_GPU_USAGE`` names the per-process readings), the service's usage tick
 (``jobs.account_usage``), real SIGKILLs.  The Hub's stop is a stand-in that records the call; a
-node agent's side of a kill (hub_ext.agent.app) is called in-process here, and a real agent under a
+node agent's side of a kill (labfleet.agent.app) is called in-process here, and a real agent under a
 real Hub in tests/test_agent_hub.py."""
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from hub_ext.agent.app import gpu_processes, kill_owned
-from hub_ext.compute import nodes, sessions
-from hub_ext.compute.devices.base import NodeInfo
-from hub_ext.compute.devices.mock import USAGE_ENV, MockPlugin
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.models import AuditEntry, ComputeSession, Node, ResourceGroup
-from hub_ext.service import jobs
-from hub_ext.tenancy import directory
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
-from hub_ext.usage import enforce, overuse, records
-from hub_ext.usage.sampler import GpuProcess, Sampler
+from labfleet.agent.app import gpu_processes, kill_owned
+from labfleet.compute import nodes, sessions
+from labfleet.compute.devices.base import NodeInfo
+from labfleet.compute.devices.mock import USAGE_ENV, MockPlugin
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import InvalidInput
+from labfleet.core.models import AuditEntry, ComputeSession, Node, ResourceGroup
+from labfleet.service import jobs
+from labfleet.tenancy import directory
+from labfleet.tenancy.policies import ensure_default_keypair_policy
+from labfleet.usage import enforce, overuse, records
+from labfleet.usage.sampler import GpuProcess, Sampler
 from tests.dbfixture import fresh_db
 
 CLI = Actor.cli()
@@ -277,7 +277,7 @@ def agent_node(factory) -> list:
 
 class AgentSide:
     """What the agent does with its sampler's readings and the kills a heartbeat's answer hands it
-    (hub_ext.agent.app), and the service's side of each heartbeat (the handler's calls)."""
+    (labfleet.agent.app), and the service's side of each heartbeat (the handler's calls)."""
 
     def __init__(self, svc: Service, targets) -> None:
         self.svc, self.targets, self.known, self.reports = svc, targets, {}, []

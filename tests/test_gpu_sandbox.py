@@ -3,8 +3,8 @@
 Standard library and PyTorch only (it runs where labfleet is not installed):
 ``python3 -m pytest -m gpu --noconftest -o addopts= tests/test_gpu_sandbox.py``.
 
-The sandbox is the one the local backend builds (``spawner.sandbox.sandbox_command`` with the
-device nodes ``spawner.local`` binds for a placement): the session account, no capability, its own
+The sandbox is the one the local backend builds (``labfleet.spawner.sandbox.sandbox_command`` with the
+device nodes ``labfleet.spawner.local`` binds for a placement): the session account, no capability, its own
 /dev with the GPU's nodes only. PyTorch inside it computes on the GPU it was given; with no device
 given, CUDA finds none; nothing outside its /dev (other GPUs' nodes) shows.
 """
@@ -21,8 +21,14 @@ from decimal import Decimal
 
 import pytest
 
-from spawner.launch import GPUAssignment
-from spawner.sandbox import SandboxSpec, environment_sources, gpu_device_nodes, sandbox_command, system_layout
+from labfleet.spawner.launch import GPUAssignment
+from labfleet.spawner.sandbox import (
+    SandboxSpec,
+    environment_sources,
+    gpu_device_nodes,
+    sandbox_command,
+    system_layout,
+)
 
 pytestmark = pytest.mark.gpu
 

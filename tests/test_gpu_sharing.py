@@ -1,10 +1,10 @@
 """On a real GPU (``pytest -m gpu``, as root): a fraction of a GPU holds on the node.
 
 The node side, with labfleet's own parts and no mock: the node's MPS daemon as a node runs it
-(``hub_ext.compute.devices.mps.node_mps``, which the agent and the service call), the environment a
-session gets (``spawner.launch.gpu_env``), the trusted sampler over NVML
-(``hub_ext.usage.sampler.Sampler`` with ``NvidiaPlugin``) and the backstop's judgment and kill
-(``hub_ext.usage.overuse``, ``hub_ext.usage.enforce.kill_process``). Each "session" is a process
+(``labfleet.compute.devices.mps.node_mps``, which the agent and the service call), the environment a
+session gets (``labfleet.spawner.launch.gpu_env``), the trusted sampler over NVML
+(``labfleet.usage.sampler.Sampler`` with ``NvidiaPlugin``) and the backstop's judgment and kill
+(``labfleet.usage.overuse``, ``labfleet.usage.enforce.kill_process``). Each "session" is a process
 tree with that environment running ``benchmarks/gpu_probe.py`` (PyTorch).
 
 Deselected by default (``-m 'not gpu'`` in pyproject). On a machine with an NVIDIA GPU, PyTorch and
@@ -24,9 +24,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hub_ext.compute.devices.mps import PID_FILE, node_mps
-from hub_ext.usage import enforce, overuse
-from hub_ext.usage.sampler import Sampler, Target
+from labfleet.compute.devices.mps import PID_FILE, node_mps
+from labfleet.usage import enforce, overuse
+from labfleet.usage.sampler import Sampler, Target
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import requests
 
-from hub_ext.core import signing
+from labfleet.core import signing
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub

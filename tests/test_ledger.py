@@ -24,16 +24,16 @@ from hypothesis import strategies as st
 from sqlalchemy import create_engine, delete, func, insert, select, text, update
 from sqlalchemy.engine import make_url
 
-from hub_ext.compute import clustercache, maintenance, nodes, sessions, tenants
-from hub_ext.compute.devices.base import NodeInfo
-from hub_ext.compute.devices.mock import MockPlugin
-from hub_ext.compute.reconcile import HubServer
-from hub_ext.compute.scheduler import admission
-from hub_ext.core import db as lfdb
-from hub_ext.core import ledger
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, LabfleetError
-from hub_ext.core.models import (
+from labfleet.compute import clustercache, maintenance, nodes, sessions, tenants
+from labfleet.compute.devices.base import NodeInfo
+from labfleet.compute.devices.mock import MockPlugin
+from labfleet.compute.reconcile import HubServer
+from labfleet.compute.scheduler import admission
+from labfleet.core import db as lfdb
+from labfleet.core import ledger
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, LabfleetError
+from labfleet.core.models import (
     AuditEntry,
     ComputeSession,
     Domain,
@@ -41,9 +41,9 @@ from hub_ext.core.models import (
     ResourceGroup,
     UsageLedger,
 )
-from hub_ext.core.secretbox import ensure_key_file
-from hub_ext.tenancy import directory, snapshot
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from labfleet.core.secretbox import ensure_key_file
+from labfleet.tenancy import directory, snapshot
+from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
 
 CLI = Actor.cli()
@@ -715,7 +715,7 @@ def test_recalculate_lists_the_hub_servers_that_run_no_live_session(fleet):
 
 
 def test_the_cli_reports_and_repairs(fleet, capsys):
-    from hub_ext.cli.app import main
+    from labfleet.cli.app import main
 
     want = _inject_drift(fleet)
     args = ["maintenance", "recalc-usage", "--db-url", fleet.url]
@@ -760,7 +760,7 @@ def test_the_labfleet_command(template, tmp_path):
 
         def run(*args):
             return subprocess.run(
-                [sys.executable, "-m", "hub_ext.cli", "maintenance", *args],
+                [sys.executable, "-m", "labfleet.cli", "maintenance", *args],
                 cwd=tmp_path,
                 env=env,
                 stdin=subprocess.DEVNULL,

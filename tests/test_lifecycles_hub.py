@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from hub_ext.core import signing
+from labfleet.core import signing
 from tests.hubfixture import read_http_answer, start_hub
 
 pytestmark = pytest.mark.hub

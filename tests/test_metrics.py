@@ -1,4 +1,4 @@
-"""Prometheus metrics (hub_ext.usage.metrics, GET /services/labfleet/metrics).
+"""Prometheus metrics (labfleet.usage.metrics, GET /services/labfleet/metrics).
 
 Unit: the family builders on an SQLite fleet (sessions admitted with ``sessions.admit``), the
 statements a scrape costs, the service's histograms, the bearer token check.
@@ -22,16 +22,16 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 
-from hub_ext.compute import nodes, sessions
-from hub_ext.compute.devices.base import NodeInfo
-from hub_ext.compute.devices.mock import MockPlugin
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.service.handlers.metrics import bearer_matches
-from hub_ext.tenancy import directory
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
-from hub_ext.usage import metrics
-from hub_ext.usage.metrics import Held, NodeRow, Tenant
+from labfleet.compute import nodes, sessions
+from labfleet.compute.devices.base import NodeInfo
+from labfleet.compute.devices.mock import MockPlugin
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.service.handlers.metrics import bearer_matches
+from labfleet.tenancy import directory
+from labfleet.tenancy.policies import ensure_default_keypair_policy
+from labfleet.usage import metrics
+from labfleet.usage.metrics import Held, NodeRow, Tenant
 from tests.dbfixture import fresh_db
 from tests.hubfixture import start_hub
 from tests.test_serving_hub import DEFINITION, SERVER, _call, _folder, _wait
@@ -186,7 +186,7 @@ def test_a_scrape_is_nine_statements_whatever_the_fleet(tmp_path, monkeypatch):
     engine, factory = _world(tmp_path, monkeypatch)
     _admit(factory, **{"gpu.shares": 0.5})
     counted = []
-    # Every statement but SQLite's BEGIN IMMEDIATE (hub_ext.core.db: each transaction takes it).
+    # Every statement but SQLite's BEGIN IMMEDIATE (labfleet.core.db: each transaction takes it).
     event.listen(
         engine,
         "before_cursor_execute",

@@ -7,11 +7,11 @@ from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.models import Base, Keypair
-from hub_ext.tenancy import directory
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.models import Base, Keypair
+from labfleet.tenancy import directory
+from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
 
 TABLES = {
@@ -46,7 +46,7 @@ TABLES = {
 
 def _check_upgrade(url, monkeypatch, tmp_path):
     monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
-    from hub_ext.core.secretbox import ensure_key_file
+    from labfleet.core.secretbox import ensure_key_file
 
     ensure_key_file(tmp_path / "key")
     engine = lfdb.make_engine(url)
@@ -93,8 +93,8 @@ def test_upgrade_to_0006_builds_the_ledger_from_the_live_sessions(tmp_path):
     """A database at 0005 with sessions (live and ended) gets a ledger that equals them."""
     from sqlalchemy import insert
 
-    from hub_ext.core import ledger
-    from hub_ext.core.models import (
+    from labfleet.core import ledger
+    from labfleet.core.models import (
         ComputeSession,
         Domain,
         KeypairResourcePolicy,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.compute.devices.base import DeviceInfo, DevicePlugin
-from hub_ext.compute.devices.mps import MpsSupervisor, node_mps
+from labfleet.compute.devices.base import DeviceInfo, DevicePlugin
+from labfleet.compute.devices.mps import MpsSupervisor, node_mps
 
 STANDIN = Path(__file__).with_name("mps_control_standin.py")
 GPU = DeviceInfo(uuid="GPU-1", index=0, model="H200", memory_bytes=2**30)
@@ -131,10 +131,10 @@ class FakeNvidia(DevicePlugin):
 
 
 def test_the_service_runs_its_own_nodes_daemon_and_stores_its_state(standin, tmp_path, monkeypatch):
-    from hub_ext.compute import nodes
-    from hub_ext.core import db as lfdb
-    from hub_ext.core.models import Node
-    from hub_ext.service import app as service_app
+    from labfleet.compute import nodes
+    from labfleet.core import db as lfdb
+    from labfleet.core.models import Node
+    from labfleet.service import app as service_app
     from tests.dbfixture import fresh_db
 
     engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
@@ -168,7 +168,7 @@ def test_the_service_runs_its_own_nodes_daemon_and_stores_its_state(standin, tmp
 
 
 def test_the_agent_reports_its_daemon_in_register_and_heartbeats(standin, tmp_path):
-    from hub_ext.agent.app import LabfleetAgent
+    from labfleet.agent.app import LabfleetAgent
 
     _binary, record = standin
     pipe = tmp_path / "pipe"

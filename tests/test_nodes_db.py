@@ -15,18 +15,18 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
-from hub_ext.compute import agents, nodes, sessions
-from hub_ext.compute.devices.base import NodeInfo
-from hub_ext.compute.devices.mock import MockPlugin
-from hub_ext.core import db as lfdb
-from hub_ext.core import ledger
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import Allocation, AuditEntry, ComputeSession, Node, NodeToken, utcnow
-from hub_ext.service import jobs
-from hub_ext.tenancy import directory
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
-from hub_ext.usage import records
+from labfleet.compute import agents, nodes, sessions
+from labfleet.compute.devices.base import NodeInfo
+from labfleet.compute.devices.mock import MockPlugin
+from labfleet.core import db as lfdb
+from labfleet.core import ledger
+from labfleet.core.authz import Actor
+from labfleet.core.errors import LabfleetError
+from labfleet.core.models import Allocation, AuditEntry, ComputeSession, Node, NodeToken, utcnow
+from labfleet.service import jobs
+from labfleet.tenancy import directory
+from labfleet.tenancy.policies import ensure_default_keypair_policy
+from labfleet.usage import records
 from tests.dbfixture import fresh_db
 from tests.postgres_server import fresh_database
 
@@ -473,7 +473,7 @@ def test_agent_readings_are_accounted_like_the_services_own(world):
 
 def _cli(url, *args):
     return subprocess.run(
-        [sys.executable, "-m", "hub_ext.cli", *args, "--db-url", url],
+        [sys.executable, "-m", "labfleet.cli", *args, "--db-url", url],
         capture_output=True,
         text=True,
         timeout=120,

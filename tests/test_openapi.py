@@ -4,8 +4,8 @@ import re
 
 import yaml
 
-from hub_ext.service import handlers
-from hub_ext.service.handlers import SPEC_FILE, routes
+from labfleet.service import handlers
+from labfleet.service.handlers import SPEC_FILE, routes
 
 PREFIX = "/services/labfleet/"
 METHODS = ("get", "post", "patch", "put", "delete")
@@ -21,7 +21,7 @@ def _route_templates():
         if handler in (handlers.SpecHandler, handlers.HomeHandler):  # the spec itself; a page, no API
             continue
         path = pattern[len(SERVICE) :].replace(r"\.", ".")
-        own = [c for c in handler.__mro__ if c.__module__.startswith("hub_ext")]
+        own = [c for c in handler.__mro__ if c.__module__.startswith("labfleet")]
         methods = {m for m in METHODS if any(m in c.__dict__ for c in own)}
         out[path] = (methods, handler)
     return out

@@ -21,14 +21,14 @@ import requests
 import yaml
 from sqlalchemy import event, select
 
-from hub_ext.compute import nodes, sessionlist
-from hub_ext.compute.devices.base import NodeInfo
-from hub_ext.compute.devices.mock import MockPlugin
-from hub_ext.core import audit, authz
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden, NotFound
-from hub_ext.core.models import (
+from labfleet.compute import nodes, sessionlist
+from labfleet.compute.devices.base import NodeInfo
+from labfleet.compute.devices.mock import MockPlugin
+from labfleet.core import audit, authz
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Forbidden, NotFound
+from labfleet.core.models import (
     HOLDING_STATUSES,
     Allocation,
     AuditEntry,
@@ -44,12 +44,12 @@ from hub_ext.core.models import (
     VFolderMount,
     VFolderPermission,
 )
-from hub_ext.core.pages import Page, page_of
-from hub_ext.core.rights import RIGHTS
-from hub_ext.service.handlers import SPEC_FILE
-from hub_ext.storage import folders, hosts
-from hub_ext.tenancy import directory, userlist
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from labfleet.core.pages import Page, page_of
+from labfleet.core.rights import RIGHTS
+from labfleet.service.handlers import SPEC_FILE
+from labfleet.storage import folders, hosts
+from labfleet.tenancy import directory, userlist
+from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.dbfixture import fresh_db
 from tests.hubfixture import start_hub
 
@@ -261,7 +261,7 @@ def test_users_sql_matches_the_authz_rule(world):
     [("", None, None), ("a", None, None), ("AC", "user", None), ("o r", None, "active"), ("", "admin", None)],
 )
 def test_users_filter_in_sql_matches_the_consoles_rule(world, search, role, status):
-    from admin_dashboards.userforms import matches
+    from labfleet.console.userforms import matches
 
     wanted = userlist.UserFilter.parse(search, role, status)
     with lfdb.session_scope(world) as db:
@@ -352,7 +352,7 @@ def test_vfolders_sql_matches_access_of(world):
 
 @pytest.mark.parametrize("needle", ["a", "B1", "acme/", "globex", "h", "p", "%", "zz"])
 def test_vfolders_search_in_sql_matches_the_consoles_rule(world, needle):
-    from admin_dashboards.storage import matches
+    from labfleet.console.storage import matches
 
     with lfdb.session_scope(world) as db:
         for name, actor in _actors(db).items():
@@ -433,7 +433,7 @@ def _counter(db) -> list[str]:
 
 def test_a_page_costs_a_few_statements_whatever_its_size(world):
     """No N+1: a page of 2 and a page of everything cost about the same statements, a handful."""
-    from hub_ext.compute import sessions
+    from labfleet.compute import sessions
 
     def cost(fn):
         with lfdb.session_scope(world) as db:
@@ -781,7 +781,7 @@ def test_bad_page_arguments_change_nothing(hub_world):
 def test_a_page_shows_each_session_as_its_own_view_does(world):
     """The page loads allocations and mounts its own way: every view equals the one a session
     read alone gives (devices of holding sessions, mounts of every session)."""
-    from hub_ext.compute import sessions
+    from labfleet.compute import sessions
 
     with lfdb.session_scope(world) as db:
         a = _actors(db)

@@ -1,4 +1,4 @@
-"""The idle reclamation engine and its rules (hub_ext.reclaim) on a real database.
+"""The idle reclamation engine and its rules (labfleet.reclaim) on a real database.
 
 Sessions are admitted and moved to RUNNING with the real ``sessions`` module; their start is then
 moved to a fixed time, so each judgment's figures can be written down exactly.
@@ -14,15 +14,15 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.orm.attributes import flag_modified
 
-from hub_ext.compute import nodes, sessions
-from hub_ext.compute.devices.base import DeviceInfo, NodeInfo
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import AuditEntry, ComputeSession, SessionActivity, UsageSample
-from hub_ext.reclaim import engine, rules
-from hub_ext.tenancy import directory, policies
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from labfleet.compute import nodes, sessions
+from labfleet.compute.devices.base import DeviceInfo, NodeInfo
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import AuditEntry, ComputeSession, SessionActivity, UsageSample
+from labfleet.reclaim import engine, rules
+from labfleet.tenancy import directory, policies
+from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.dbfixture import fresh_db
 
 CLI = Actor.cli()
@@ -425,7 +425,7 @@ def test_the_preview_is_scoped_to_a_domain_admins_domain(factory):
 
 
 def test_the_cli_makes_lists_previews_and_deletes_checkers(factory, capsys, monkeypatch):
-    from hub_ext.cli.app import main
+    from labfleet.cli.app import main
 
     url = str(factory.kw["bind"].url)
     monkeypatch.setenv("LABFLEET_IDLE_TIMEOUT", "0")

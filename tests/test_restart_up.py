@@ -34,7 +34,7 @@ import psutil
 import pytest
 import requests
 
-from hub_ext.cli.init import DEMO_PASSWORD
+from labfleet.cli.init import DEMO_PASSWORD
 from tests.hubfixture import SESSION_NETWORK, free_port, session_netns, spawner_state
 
 pytestmark = pytest.mark.hub

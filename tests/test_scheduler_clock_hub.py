@@ -10,10 +10,10 @@ import time
 import pytest
 import requests
 
-from hub_ext.compute import nodes
-from hub_ext.compute.devices.base import NodeInfo
-from hub_ext.compute.devices.mock import MockPlugin
-from hub_ext.core import db as lfdb
+from labfleet.compute import nodes
+from labfleet.compute.devices.base import NodeInfo
+from labfleet.compute.devices.mock import MockPlugin
+from labfleet.core import db as lfdb
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub

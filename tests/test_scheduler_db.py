@@ -11,17 +11,17 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import func, select
 
-from hub_ext.compute import nodes, reconcile, sessions
-from hub_ext.compute.devices.base import NodeInfo
-from hub_ext.compute.devices.mock import MockPlugin
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import Allocation, AuditEntry, ComputeSession
-from hub_ext.reclaim import engine as reclaim_engine
-from hub_ext.service import jobs
-from hub_ext.tenancy import directory, keypairs, policies
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from labfleet.compute import nodes, reconcile, sessions
+from labfleet.compute.devices.base import NodeInfo
+from labfleet.compute.devices.mock import MockPlugin
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import LabfleetError
+from labfleet.core.models import Allocation, AuditEntry, ComputeSession
+from labfleet.reclaim import engine as reclaim_engine
+from labfleet.service import jobs
+from labfleet.tenancy import directory, keypairs, policies
+from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.dbfixture import fresh_db
 from tests.postgres_server import fresh_database
 
@@ -121,7 +121,7 @@ def test_project_quota_refusal_has_a_clear_reason(tmp_path, monkeypatch):
 def test_a_refusal_is_audited_and_holds_nothing(world):
     """The refused admission's transaction rolls back (its ledger charge with it), and the refusal's
     audit entry is written in a transaction of its own."""
-    from hub_ext.core import ledger
+    from labfleet.core import ledger
 
     with lfdb.session_scope(world) as db:
         alice = directory.get_user(db, "alice")
@@ -181,7 +181,7 @@ def test_200_concurrent_admissions_for_10_shares(world):
             == 10
         )
     assert Decimal(_held_centi(world)) / 100 == 1
-    from hub_ext.core import ledger  # the usage ledger equals its recomputation from the sessions
+    from labfleet.core import ledger  # the usage ledger equals its recomputation from the sessions
 
     with lfdb.session_scope(world) as db:
         assert ledger.drift(db) == []

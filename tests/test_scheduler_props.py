@@ -26,14 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from hub_ext.compute import clustercache, nodes, sessions
-from hub_ext.compute.devices.base import NodeInfo
-from hub_ext.compute.devices.mock import MockPlugin
-from hub_ext.compute.scheduler import admission
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, LabfleetError
-from hub_ext.core.models import (
+from labfleet.compute import clustercache, nodes, sessions
+from labfleet.compute.devices.base import NodeInfo
+from labfleet.compute.devices.mock import MockPlugin
+from labfleet.compute.scheduler import admission
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, LabfleetError
+from labfleet.core.models import (
     HOLDING_STATUSES,
     Allocation,
     ComputeSession,
@@ -44,9 +44,9 @@ from hub_ext.core.models import (
     ResourceGroup,
     User,
 )
-from hub_ext.core.secretbox import ensure_key_file
-from hub_ext.core.slots import ResourceSlots, charged
-from hub_ext.tenancy import directory, keypairs, policies
+from labfleet.core.secretbox import ensure_key_file
+from labfleet.core.slots import ResourceSlots, charged
+from labfleet.tenancy import directory, keypairs, policies
 from tests.postgres_server import fresh_database
 
 CLI = Actor.cli()

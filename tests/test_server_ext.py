@@ -1,4 +1,4 @@
-"""server_ext: the in-session runners (batch, inference) and their endpoints.
+"""labfleet.session: the in-session runners (batch, inference) and their endpoints.
 
 In-process tests use pytest-jupyter's server fixtures (a real ServerApp with the extension loaded, real HTTP
 on 127.0.0.1); the exit-code contract is checked on a real ``jupyter server`` process, since it is about
@@ -25,8 +25,8 @@ import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 from tornado.httpclient import HTTPClientError
 
-import server_ext
-from server_ext.runner import exit_code_of, write_json_atomic
+import labfleet.session
+from labfleet.session.runner import exit_code_of, write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT = 30.0  # seconds: the most any wait in these tests may take
@@ -99,7 +99,7 @@ def jp_server_config(labfleet_session):
     # config path, and pytest-jupyter isolates the path anyway: enable the extension explicitly.
     # exit_with_command off: a finished command must not end the pytest process.
     return {
-        "ServerApp": {"jpserver_extensions": {"server_ext": True}},
+        "ServerApp": {"jpserver_extensions": {"labfleet.session": True}},
         "LabfleetExtension": {"exit_with_command": False},
     }
 
@@ -142,9 +142,9 @@ async def wait_for_state(jp_fetch, *states):
 
 
 def test_extension_points_and_shipped_config():
-    assert server_ext._jupyter_server_extension_points()[0]["module"] == "server_ext"
+    assert labfleet.session._jupyter_server_extension_points()[0]["module"] == "labfleet.session"
     shipped = json.loads((REPO / "server_ext/etc/jupyter_server_config.d/labfleet.json").read_text())
-    assert shipped["ServerApp"]["jpserver_extensions"] == {"server_ext": True}
+    assert shipped["ServerApp"]["jpserver_extensions"] == {"labfleet.session": True}
 
 
 def test_exit_code_of_signals_and_atomic_state(tmp_path):
@@ -354,7 +354,7 @@ def test_real_server_exits_with_command_exit_code(tmp_path, session_type, comman
         sys.executable,
         "-m",
         "jupyter_server",
-        "--ServerApp.jpserver_extensions={'server_ext': True}",
+        "--ServerApp.jpserver_extensions={'labfleet.session': True}",
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={_free_port()}",
         "--ServerApp.port_retries=0",

@@ -1,4 +1,4 @@
-"""server_ext: the session's activity reports to the labfleet service, "I'm still here", and the idle object
+"""labfleet.session: the session's activity reports to the labfleet service, "I'm still here", and the idle object
 in ``labfleet/session``.
 
 The server is pytest-jupyter's in-process ServerApp with the extension loaded (as in test_server_ext.py), its
@@ -24,10 +24,10 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403
 from tornado import httpserver, netutil, web
 from tornado.httpclient import HTTPClientError
 
-from server_ext import fleet
-from server_ext.activity import DEFAULT_INTERVAL, ActivityReporter, activity_interval, busy_kernels
-from server_ext.calls import SessionCalls
-from server_ext.runner import SessionEnv
+from labfleet.session import fleet
+from labfleet.session.activity import DEFAULT_INTERVAL, ActivityReporter, activity_interval, busy_kernels
+from labfleet.session.calls import SessionCalls
+from labfleet.session.runner import SessionEnv
 
 SID = "5e55a1d0-0000-4000-8000-00000000000a"
 TOKEN = "session-token"
@@ -137,7 +137,7 @@ def env(**variables):
 @pytest.fixture
 def jp_server_config(session_env):
     return {
-        "ServerApp": {"jpserver_extensions": {"server_ext": True}},
+        "ServerApp": {"jpserver_extensions": {"labfleet.session": True}},
         "LabfleetExtension": {"exit_with_command": False},
     }
 
@@ -153,7 +153,7 @@ async def app(jp_serverapp):
 
 
 def extension(serverapp):
-    (ext,) = serverapp.extension_manager.extension_apps["server_ext"]
+    (ext,) = serverapp.extension_manager.extension_apps["labfleet.session"]
     return ext
 
 

@@ -1,4 +1,4 @@
-"""server_ext's labfleet endpoints in-process (pytest-jupyter's ``jp_fetch``), against the real labfleet
+"""labfleet.session's labfleet endpoints in-process (pytest-jupyter's ``jp_fetch``), against the real labfleet
 service of a real Hub: the server calls the service with alice's Hub token, as a session's server does.
 
 The server's users come from a small IdentityProvider (a token per user), so the owner-only rule can be
@@ -15,8 +15,8 @@ from jupyter_server.auth.identity import IdentityProvider, User
 from pytest_jupyter.jupyter_server import *  # noqa: F403  (imported fixtures stay local, see test_server_ext)
 from tornado.httpclient import HTTPClientError
 
-from server_ext.activity import ActivityReporter
-from server_ext.calls import SessionCalls
+from labfleet.session.activity import ActivityReporter
+from labfleet.session.calls import SessionCalls
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
@@ -89,7 +89,10 @@ def jp_server_config(service, monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_USER", "alice")
     monkeypatch.setenv("JUPYTERHUB_SERVER_NAME", "work")
     return {
-        "ServerApp": {"jpserver_extensions": {"server_ext": True}, "identity_provider_class": TokenUsers},
+        "ServerApp": {
+            "jpserver_extensions": {"labfleet.session": True},
+            "identity_provider_class": TokenUsers,
+        },
         "LabfleetExtension": {"exit_with_command": False},
     }
 

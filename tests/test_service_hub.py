@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from hub_ext.core import signing
+from labfleet.core import signing
 from tests.hubfixture import ADMIN_PASSWORD, start_hub
 
 pytestmark = pytest.mark.hub

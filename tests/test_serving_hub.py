@@ -22,7 +22,7 @@ import requests
 from tornado import websocket
 from tornado.httpclient import HTTPClientError, HTTPRequest
 
-from hub_ext.serving.credentials import HEADER, PROBE_HEADER
+from labfleet.serving.credentials import HEADER, PROBE_HEADER
 from tests.hubfixture import SESSION_NETWORK, in_session, start_hub
 
 pytestmark = pytest.mark.hub

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from spawner.swarm_config import published_port
+from labfleet.spawner.swarm_config import published_port
 from tests.hubfixture import free_port
 from tests.swarmfixture import (
     IMAGE,

@@ -1,4 +1,4 @@
-"""The per-process tenancy cache behind admission (hub_ext.tenancy.snapshot) never misses a change.
+"""The per-process tenancy cache behind admission (labfleet.tenancy.snapshot) never misses a change.
 
 Two engines on one database stand for two processes (the cache is per engine): one admits
 sessions (the service), the other changes tenancy (the CLI, an admin through another service).
@@ -8,13 +8,13 @@ On SQLite and on a real PostgreSQL server.
 import pytest
 from sqlalchemy import event, select
 
-from hub_ext.compute import sessions
-from hub_ext.core import db as lfdb
-from hub_ext.core import versions
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import Keypair, StateVersion
-from hub_ext.tenancy import directory, snapshot
+from labfleet.compute import sessions
+from labfleet.core import db as lfdb
+from labfleet.core import versions
+from labfleet.core.authz import Actor
+from labfleet.core.errors import LabfleetError
+from labfleet.core.models import Keypair, StateVersion
+from labfleet.tenancy import directory, snapshot
 from tests.postgres_server import fresh_database
 from tests.test_scheduler_db import _world
 
@@ -123,7 +123,7 @@ def test_admissions_read_tenancy_from_the_cache(two_processes):
 
 def test_the_me_view_follows_tenancy_and_the_ledger(two_processes):
     """/api/me's tenancy part is cached by version, its quota read from the ledger every time."""
-    from hub_ext.compute import quota
+    from labfleet.compute import quota
 
     service, other = two_processes
     with lfdb.session_scope(service) as db:

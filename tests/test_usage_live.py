@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.models import UsageSessionState
-from hub_ext.core.pages import page_of
-from hub_ext.usage.stats import live_query, live_view
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.models import UsageSessionState
+from labfleet.core.pages import page_of
+from labfleet.usage.stats import live_query, live_view
 from tests.dbfixture import fresh_db
 
 NOW = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""Usage records and statistics (hub_ext.usage.accrual, .records, .stats) on SQLite and PostgreSQL.
+"""Usage records and statistics (labfleet.usage.accrual, .records, .stats) on SQLite and PostgreSQL.
 
 Sessions are admitted and released with the real ``sessions`` module; their status history is then
 moved to fixed times, so each accrual's expected figures can be written down exactly.
@@ -12,16 +12,16 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm.attributes import flag_modified
 
-from hub_ext.compute import nodes, sessions
-from hub_ext.compute.devices.base import DeviceInfo, NodeInfo
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import InvalidInput, NotFound
-from hub_ext.core.models import ComputeSession, UsageBucket, UsageDay, UsageSessionState
-from hub_ext.tenancy import directory
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
-from hub_ext.usage import accrual, records, stats
-from hub_ext.usage.sampler import GpuReading, Reading
+from labfleet.compute import nodes, sessions
+from labfleet.compute.devices.base import DeviceInfo, NodeInfo
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import InvalidInput, NotFound
+from labfleet.core.models import ComputeSession, UsageBucket, UsageDay, UsageSessionState
+from labfleet.tenancy import directory
+from labfleet.tenancy.policies import ensure_default_keypair_policy
+from labfleet.usage import accrual, records, stats
+from labfleet.usage.sampler import GpuReading, Reading
 from tests.dbfixture import fresh_db
 from tests.postgres_server import fresh_database
 

@@ -26,9 +26,9 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from hub_ext.compute.devices.mock import USAGE_ENV, MockPlugin
-from hub_ext.usage.sampler import GpuProcess, GpuReading, Reading, Sampler, Target, sample_interval
-from spawner.sandbox import SandboxSpec, sandbox_command, system_layout
+from labfleet.compute.devices.mock import USAGE_ENV, MockPlugin
+from labfleet.spawner.sandbox import SandboxSpec, sandbox_command, system_layout
+from labfleet.usage.sampler import GpuProcess, GpuReading, Reading, Sampler, Target, sample_interval
 from tests.hubfixture import REPO
 
 IMAGE = "labfleet/singleuser:test"

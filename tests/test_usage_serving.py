@@ -1,4 +1,4 @@
-"""Model serving's usage over time (hub_ext.usage.serving) on SQLite and PostgreSQL: the engine's
+"""Model serving's usage over time (labfleet.usage.serving) on SQLite and PostgreSQL: the engine's
 tick writes 15-minute rows per endpoint and token beside its cumulative columns; ``GET /api/usage``'s
 serving part sums them over a period and in buckets, scoped like the rest of usage (a user their
 own endpoints, a domain admin their domain's, a monitor all); ``/api/usage/me`` per period and day;
@@ -14,14 +14,14 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import func, select
 
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.models import Domain, Project, ServingEndpoint, ServingToken, ServingUsage, User
-from hub_ext.serving.engine import ServingEngine
-from hub_ext.tenancy import directory
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
-from hub_ext.usage import records, serving, stats
-from hub_ext.usage.serving import Counts
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.models import Domain, Project, ServingEndpoint, ServingToken, ServingUsage, User
+from labfleet.serving.engine import ServingEngine
+from labfleet.tenancy import directory
+from labfleet.tenancy.policies import ensure_default_keypair_policy
+from labfleet.usage import records, serving, stats
+from labfleet.usage.serving import Counts
 from tests.dbfixture import fresh_db
 from tests.postgres_server import fresh_database
 

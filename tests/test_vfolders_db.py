@@ -11,18 +11,18 @@ from threading import Barrier
 import pytest
 from sqlalchemy import func, select
 
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, LabfleetError
-from hub_ext.core.models import VFolder, VFolderUpload
-from hub_ext.core.secretbox import ensure_key_file
-from hub_ext.storage import folders as vfolders
-from hub_ext.storage import hosts, uploads
-from hub_ext.storage import quota as vfquota
-from hub_ext.storage.store import FolderStore
-from hub_ext.storage.usage import FolderUsage
-from hub_ext.tenancy import directory, policies
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, LabfleetError
+from labfleet.core.models import VFolder, VFolderUpload
+from labfleet.core.secretbox import ensure_key_file
+from labfleet.storage import folders as vfolders
+from labfleet.storage import hosts, uploads
+from labfleet.storage import quota as vfquota
+from labfleet.storage.store import FolderStore
+from labfleet.storage.usage import FolderUsage
+from labfleet.tenancy import directory, policies
+from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
 
 CLI = Actor.cli()
@@ -179,7 +179,7 @@ def test_host_rights_come_from_the_host_domain_project_and_keypair_policy(world,
             assert e.value.status == 400
 
 
-# ---------------------------------------------------------------- uploads (hub_ext.storage.uploads)
+# ---------------------------------------------------------------- uploads (labfleet.storage.uploads)
 
 
 def _usage(factory):

@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 import pytest
 import requests
 
+from labfleet.widgets import FleetClient, GPUMonitor, QuotaMeter, SessionLauncher, Sessions, VFolderBrowser
 from tests.hubfixture import session_address, start_hub
 from tests.test_widgets_voila import NOTEBOOK, assert_rendered
-from widgets import FleetClient, GPUMonitor, QuotaMeter, SessionLauncher, Sessions, VFolderBrowser
 
 pytestmark = pytest.mark.hub
 

@@ -213,8 +213,8 @@ def kernel():
 
 def test_widgets_refresh_and_take_clicks_in_a_real_kernel(kernel):
     kernel.run(
-        "from widgets import Sessions, QuotaMeter\n"
-        "from widgets.fake import FakeFleet\n"
+        "from labfleet.widgets import Sessions, QuotaMeter\n"
+        "from labfleet.widgets.fake import FakeFleet\n"
         "f = FakeFleet()\n"
         "s = Sessions(client=f, refresh_interval=0.1)\n"
         "q = QuotaMeter(client=f, refresh_interval=0.1)"

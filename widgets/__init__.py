@@ -9,7 +9,7 @@
   or a usage report per user, project, ... (``group_by=``, ``start=``, ``end=``, ``bucket=``).
 
 Each takes ``client=`` (default: this session's own endpoints, :class:`FleetClient` from the kernel's
-environment; :class:`widgets.fake.FakeFleet` for a demo) and ``refresh_interval=`` seconds.
+environment; :class:`labfleet.widgets.fake.FakeFleet` for a demo) and ``refresh_interval=`` seconds.
 """
 
 from .client import FleetClient, FleetError

@@ -5,7 +5,7 @@ next to that server, so it asks its own server, with the session's Hub token, an
 labfleet service as the session's owner. Non-blocking: tornado's AsyncHTTPClient on the kernel's
 running loop, so a refresh never holds up the kernel.
 
-:class:`widgets.fake.FakeFleet` has the same coroutine methods, for tests and demos without a Hub.
+:class:`labfleet.widgets.fake.FakeFleet` has the same coroutine methods, for tests and demos without a Hub.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from hub_ext.core import http
+from labfleet.core import http
 
 DEFAULT_TIMEOUT = 30.0
 # Hosts a server binds to that nobody connects to: the kernel reaches its server on the loopback.
@@ -82,7 +82,7 @@ class FleetClient:
         if not url or not token:
             raise FleetError(
                 "not inside a labfleet session ($JUPYTERHUB_SERVICE_URL and $JUPYTERHUB_API_TOKEN are not"
-                " set): pass client=FleetClient(url, token), or widgets.fake.FakeFleet() for a demo"
+                " set): pass client=FleetClient(url, token), or labfleet.widgets.fake.FakeFleet() for a demo"
             )
         return cls(url, token, user=env.get("JUPYTERHUB_USER") or None)
 

@@ -1,4 +1,4 @@
-"""An in-memory labfleet for the widgets: the same coroutine methods as :class:`widgets.client.FleetClient`,
+"""An in-memory labfleet for the widgets: the same coroutine methods as :class:`labfleet.widgets.client.FleetClient`,
 answering in the same shapes (server_ext/ENDPOINTS.md and the service's REST API), for tests and for demos
 without a Hub.
 

@@ -3,12 +3,12 @@
 It describes its node with the device plugins (the service's own code), registers it with the labfleet
 service (``POST /api/agent/register``, authenticated with a node token), then heartbeats every
 ``heartbeat`` seconds (the service's answer says how many): it samples the sessions the service lists
-on this node with the trusted sampler (:mod:`hub_ext.usage.sampler`, the code the service runs on its
+on this node with the trusted sampler (:mod:`labfleet.usage.sampler`, the code the service runs on its
 own node), and reports what it sees running, what ended and the readings. The service answers what it
 believes runs here, and ``stop``: sessions this agent saw running that the service no longer holds
 (after the node was LOST, say); the agent stops them (SIGTERM to a local session's process, ``docker
 stop`` for a container); and ``kill``: processes of a session over its share of a GPU that the
-service's backstop chose (:mod:`hub_ext.usage.enforce`), each as (session, pid, its start time). The
+service's backstop chose (:mod:`labfleet.usage.enforce`), each as (session, pid, its start time). The
 agent SIGKILLs one only while it belongs to that session as it last sampled it (one of the session's
 processes on its devices, by its tree or its container's cgroup) and still has that start time (a
 reused pid is another process), and reports what it did (``kill_reports``, with the command line and
@@ -38,8 +38,8 @@ from typing import Any
 from traitlets import Float, Unicode, default
 from traitlets.config import Application, catch_config_error
 
-from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
-from hub_ext.compute.devices.mps import (
+from labfleet.compute.devices import DevicePlugin, describe_node, get_plugin
+from labfleet.compute.devices.mps import (
     CONTROL_BINARY,
     DEFAULT_LOG_DIR,
     DEFAULT_PIPE_DIR,
@@ -50,7 +50,7 @@ from hub_ext.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
-from hub_ext.usage.sampler import GpuProcess, Reading, Sampler, Target, kill_if_same
+from labfleet.usage.sampler import GpuProcess, Reading, Sampler, Target, kill_if_same
 
 # A reading whose error says the session's process or container is gone (not that the engine did not
 # answer): reported as ended once seen twice in a row.

@@ -8,9 +8,9 @@ and storage hosts::
     labfleet keypair issue alice
     labfleet demo
 
-One module per context, on one command base (:mod:`hub_ext.cli.base`): ``init`` (init, demo),
+One module per context, on one command base (:mod:`labfleet.cli.base`): ``init`` (init, demo),
 ``tenancy`` (domain, project, user), ``policies``, ``keypairs``, ``compute`` (image) and
-``storage`` (storage-host); :mod:`hub_ext.cli.app` puts them together and has ``main()``.
+``storage`` (storage-host); :mod:`labfleet.cli.app` puts them together and has ``main()``.
 
 Every change goes through the same logic functions as the REST API, inside one DB transaction
 that is rolled back on any error, so the CLI validates, authorizes (as the trusted ``cli``
@@ -21,6 +21,6 @@ or bad input and 1 for an operation that was refused (unknown target, duplicate,
 uninitialized database).
 """
 
-from hub_ext.cli.app import main
+from labfleet.cli.app import main
 
 __all__ = ["main"]

@@ -1,3 +1,3 @@
-from hub_ext.cli import main
+from labfleet.cli import main
 
 main()

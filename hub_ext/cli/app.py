@@ -6,17 +6,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from hub_ext.cli.base import CliError, Group, dispatch, one_line
-from hub_ext.cli.compute import IMAGE
-from hub_ext.cli.init import Demo, Init
-from hub_ext.cli.keypairs import KEYPAIR
-from hub_ext.cli.maintenance import MAINTENANCE
-from hub_ext.cli.nodes import NODE, Agent
-from hub_ext.cli.policies import POLICY
-from hub_ext.cli.reclaim import IDLE_CHECKER
-from hub_ext.cli.storage import STORAGE_HOST
-from hub_ext.cli.tenancy import DOMAIN, PROJECT, USER
-from hub_ext.core.errors import LabfleetError
+from labfleet.cli.base import CliError, Group, dispatch, one_line
+from labfleet.cli.compute import IMAGE
+from labfleet.cli.init import Demo, Init
+from labfleet.cli.keypairs import KEYPAIR
+from labfleet.cli.maintenance import MAINTENANCE
+from labfleet.cli.nodes import NODE, Agent
+from labfleet.cli.policies import POLICY
+from labfleet.cli.reclaim import IDLE_CHECKER
+from labfleet.cli.storage import STORAGE_HOST
+from labfleet.cli.tenancy import DOMAIN, PROJECT, USER
+from labfleet.core.errors import LabfleetError
 
 
 def version() -> str:
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(1)
     except Exception as e:
         # Only modules already loaded can have raised their errors: no import needed to check.
-        box, sa_exc = sys.modules.get("hub_ext.core.secretbox"), sys.modules.get("sqlalchemy.exc")
+        box, sa_exc = sys.modules.get("labfleet.core.secretbox"), sys.modules.get("sqlalchemy.exc")
         if box is not None and isinstance(e, box.SecretKeyMissing):
             _fail(str(e), 1)
         if debug:

@@ -29,10 +29,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.dburl import default_db_url, normalize_url
-from hub_ext.core.passwords import check_password_strength
-from hub_ext.core.slots import ResourceSlots, SlotError, format_amount, parse_amount
+from labfleet.core.authz import Actor
+from labfleet.core.dburl import default_db_url, normalize_url
+from labfleet.core.passwords import check_password_strength
+from labfleet.core.slots import ResourceSlots, SlotError, format_amount, parse_amount
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -426,8 +426,8 @@ class Command:
 
     def open_engine(self, *, require_current: bool = True) -> Engine:
         """An engine on the database, which must exist and (by default) be at the current schema."""
-        from hub_ext.core import bootstrap
-        from hub_ext.core import db as lfdb
+        from labfleet.core import bootstrap
+        from labfleet.core import db as lfdb
 
         path = sqlite_file(self.db_url)
         if path is not None and not path.exists():
@@ -451,7 +451,7 @@ class Command:
 
     def transaction(self, work: Callable[[Session], Any], engine: Engine | None = None) -> Any:
         """Run ``work(db)`` in one transaction: committed if it returns, rolled back if it raises."""
-        from hub_ext.core import db as lfdb
+        from labfleet.core import db as lfdb
 
         own = engine is None
         engine = engine or self.open_engine()

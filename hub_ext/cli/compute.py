@@ -1,13 +1,13 @@
 """``labfleet image``: the images (environments) sessions start from.
 
-Every change goes through :mod:`hub_ext.compute.images`, like the REST API's.
+Every change goes through :mod:`labfleet.compute.images`, like the REST API's.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hub_ext.cli.base import Command, Group, ListCommand, Option, check_slots, flag, slots_text, split_list
+from labfleet.cli.base import Command, Group, ListCommand, Option, check_slots, flag, slots_text, split_list
 
 
 class ImageRegister(Command):
@@ -36,7 +36,7 @@ class ImageRegister(Command):
     )
 
     def run(self) -> None:
-        from hub_ext.compute import images
+        from labfleet.compute import images
 
         opts = self.opts
         body: dict[str, Any] = {"name": self.args[0]}
@@ -74,7 +74,7 @@ class ImageList(ListCommand):
     description = "List the registered images."
 
     def run(self) -> None:
-        from hub_ext.compute import images
+        from labfleet.compute import images
 
         views = self.transaction(
             lambda db: [images.image_view(i) for i in images.list_images(db, self.actor)]
@@ -88,7 +88,7 @@ class ImageRemove(Command):
     arguments = ("IMAGE",)
 
     def run(self) -> None:
-        from hub_ext.compute import images
+        from labfleet.compute import images
 
         name = self.args[0]
         self.transaction(lambda db: images.remove(db, self.actor, name))

@@ -1,6 +1,6 @@
 """``labfleet init`` and ``labfleet demo``: set labfleet up, and seed demo tenants.
 
-The start-up steps (secret key file, schema, default rows) are :mod:`hub_ext.core.bootstrap`'s,
+The start-up steps (secret key file, schema, default rows) are :mod:`labfleet.core.bootstrap`'s,
 the same the labfleet service runs; the first superadmin is made here.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from hub_ext.cli.base import (
+from labfleet.cli.base import (
     ASK,
     CliError,
     Command,
@@ -23,7 +23,7 @@ from hub_ext.cli.base import (
     shown_url,
     sqlite_file,
 )
-from hub_ext.core.passwords import check_password_strength, verify_password
+from labfleet.core.passwords import check_password_strength, verify_password
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -57,10 +57,10 @@ class InitSteps(Command):
             )
         from sqlalchemy import select
 
-        from hub_ext.core import bootstrap, secretbox
-        from hub_ext.core import db as lfdb
-        from hub_ext.core.models import User
-        from hub_ext.tenancy import directory
+        from labfleet.core import bootstrap, secretbox
+        from labfleet.core import db as lfdb
+        from labfleet.core.models import User
+        from labfleet.tenancy import directory
 
         probe = lfdb.make_engine(self.db_url)
         try:
@@ -207,7 +207,7 @@ class Demo(InitSteps):
     )
 
     def run(self) -> None:
-        from hub_ext.core import db as lfdb
+        from labfleet.core import db as lfdb
 
         problem = check_password_strength(self.opts.password)
         if problem:
@@ -238,7 +238,7 @@ class Demo(InitSteps):
         self.out(format_table(["user", "role", "projects", "password", "state"], rows))
 
     def seed(self, db: Session) -> list[list[Any]]:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         actor, password = self.actor, self.opts.password
         dname, dslots = DEMO_DOMAIN

@@ -1,6 +1,6 @@
 """``labfleet keypair``: access key + secret key pairs for signed API requests.
 
-Every change goes through :mod:`hub_ext.tenancy.keypairs`, like the REST API's.
+Every change goes through :mod:`labfleet.tenancy.keypairs`, like the REST API's.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from hub_ext.cli.base import ACTIVE_OPTIONS, Command, Group, ListCommand, Option, flag, whole_number
+from labfleet.cli.base import ACTIVE_OPTIONS, Command, Group, ListCommand, Option, flag, whole_number
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -38,7 +38,7 @@ class KeypairIssue(Command):
     options = (*KEYPAIR_OPTIONS, flag("--json", "Print the keypair (with its secret) as JSON."))
 
     def run(self) -> None:
-        from hub_ext.tenancy import keypairs
+        from labfleet.tenancy import keypairs
 
         body = {"username": self.args[0], **_body(self)}
 
@@ -66,7 +66,7 @@ class KeypairList(ListCommand):
     options = (Option("--user", "Only this user's keypairs.", metavar="USER"),)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory, keypairs
+        from labfleet.tenancy import directory, keypairs
 
         user = self.opts.user
 
@@ -99,7 +99,7 @@ class KeypairUpdate(Command):
     options = (*KEYPAIR_OPTIONS, *ACTIVE_OPTIONS)
 
     def run(self) -> None:
-        from hub_ext.tenancy import keypairs
+        from labfleet.tenancy import keypairs
 
         body = _body(self)
         if self.opts.active is not None:
@@ -117,7 +117,7 @@ class KeypairRevoke(Command):
     arguments = ("ACCESS_KEY",)
 
     def run(self) -> None:
-        from hub_ext.tenancy import keypairs
+        from labfleet.tenancy import keypairs
 
         key = self.args[0]
         self.transaction(lambda db: keypairs.revoke(db, self.actor, key))

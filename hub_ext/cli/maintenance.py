@@ -1,6 +1,6 @@
 """``labfleet maintenance``: repairs of the fleet's bookkeeping.
 
-Every command goes through :mod:`hub_ext.compute.maintenance`, like the REST API's.
+Every command goes through :mod:`labfleet.compute.maintenance`, like the REST API's.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 from decimal import Decimal
 from typing import Any
 
-from hub_ext.cli.base import Command, Group, flag, format_table
-from hub_ext.core.slots import format_amount
+from labfleet.cli.base import Command, Group, flag, format_table
+from labfleet.core.slots import format_amount
 
 
 def amount_text(slot: str, amount: Decimal) -> str:
@@ -23,7 +23,7 @@ def amount_text(slot: str, amount: Decimal) -> str:
 
 
 def _row(d: dict[str, Any]) -> list[str]:
-    from hub_ext.compute.maintenance import amount_of
+    from labfleet.compute.maintenance import amount_of
 
     kind = d["scope_kind"].replace("_", " ")
     return [
@@ -64,7 +64,7 @@ class RecalcUsage(Command):
     )
 
     def run(self) -> None:
-        from hub_ext.compute import maintenance
+        from labfleet.compute import maintenance
 
         dry_run = bool(self.opts.dry_run)
         result = self.transaction(lambda db: maintenance.recalculate_usage(db, self.actor, dry_run=dry_run))

@@ -1,7 +1,7 @@
 """``labfleet node``: the nodes (list, drain, undrain) and node tokens for node agents; and
-``labfleet agent``, the node agent itself (:mod:`hub_ext.agent`).
+``labfleet agent``, the node agent itself (:mod:`labfleet.agent`).
 
-Every change goes through :mod:`hub_ext.compute.agents`, like the REST API's.
+Every change goes through :mod:`labfleet.compute.agents`, like the REST API's.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hub_ext.cli.base import CliError, Command, Group, ListCommand, Option, UsageError, bytes_text, one_line
+from labfleet.cli.base import CliError, Command, Group, ListCommand, Option, UsageError, bytes_text, one_line
 
 
 def _node_row(v: dict[str, Any]) -> list[Any]:
@@ -42,7 +42,7 @@ class NodeList(ListCommand):
     them, and their MPS daemon (on, off or failed, with the reason)."""
 
     def run(self) -> None:
-        from hub_ext.compute import nodes
+        from labfleet.compute import nodes
 
         views = self.transaction(
             lambda db: [nodes.node_view(db, n) for n in nodes.list_nodes(db, self.actor)]
@@ -61,7 +61,7 @@ class NodeDrain(Command):
     schedulable = False
 
     def run(self) -> None:
-        from hub_ext.compute import agents
+        from labfleet.compute import agents
 
         name = self.args[0]
         self.transaction(
@@ -90,7 +90,7 @@ class TokenCreate(Command):
     examples = ("labfleet node token create --node gpu-02 --resource-group a100",)
 
     def run(self) -> None:
-        from hub_ext.compute import agents
+        from labfleet.compute import agents
 
         body = {
             k: v
@@ -130,7 +130,7 @@ class TokenList(ListCommand):
     description = "List the node tokens (never their secret)."
 
     def run(self) -> None:
-        from hub_ext.compute import agents
+        from labfleet.compute import agents
 
         views = self.transaction(
             lambda db: [agents.token_view(db, t) for t in agents.list_tokens(db, self.actor)]
@@ -144,7 +144,7 @@ class TokenRevoke(Command):
     arguments = ("ID",)
 
     def run(self) -> None:
-        from hub_ext.compute import agents
+        from labfleet.compute import agents
 
         token_id = self.args[0]
         self.transaction(lambda db: agents.revoke_token(db, self.actor, token_id))
@@ -164,12 +164,12 @@ class Agent(Command):
 
     @classmethod
     def help_text(cls) -> str:
-        from hub_ext.agent.app import LabfleetAgent
+        from labfleet.agent.app import LabfleetAgent
 
         return LabfleetAgent.help_text()
 
     def run(self) -> None:
-        from hub_ext.agent.app import main
+        from labfleet.agent.app import main
 
         main(self.args)
 
@@ -181,7 +181,7 @@ def _cidr(value: str) -> str:
 
 
 class NodeNetwork(Command):
-    """``labfleet node network``: this node's part of the Swarm sessions' network (spawner.swarmnet)."""
+    """``labfleet node network``: this node's part of the Swarm sessions' network (labfleet.spawner.swarmnet)."""
 
     name = "labfleet node network"
     description = """Make this Swarm node's sessions' network, as root, before it takes sessions: the
@@ -236,7 +236,7 @@ class NodeNetwork(Command):
 
         import docker
 
-        from spawner import sessionnet, swarmnet
+        from labfleet.spawner import sessionnet, swarmnet
 
         deny = [*sessionnet.DEFAULT_DENY, *(self.opts.deny or [])]
         try:

@@ -1,6 +1,6 @@
 """``labfleet policy``: resource policies of keypairs, users and projects.
 
-Every change goes through :mod:`hub_ext.tenancy.policies`, like the REST API's.
+Every change goes through :mod:`labfleet.tenancy.policies`, like the REST API's.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hub_ext.cli.base import (
+from labfleet.cli.base import (
     Command,
     Group,
     ListCommand,
@@ -106,7 +106,7 @@ USER_OPTIONS = (
 
 
 def _kind(value: str) -> str:
-    from hub_ext.tenancy import policies
+    from labfleet.tenancy import policies
 
     return policies.parse_kind(value)
 
@@ -184,7 +184,7 @@ class PolicyCreate(Command):
     options = (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS, *USER_OPTIONS)
 
     def run(self) -> None:
-        from hub_ext.tenancy import policies
+        from labfleet.tenancy import policies
 
         kind = _kind(self.args[0])
         body = {"name": self.args[1], **_body(self, kind)}
@@ -201,7 +201,7 @@ class PolicyList(ListCommand):
     arguments = ("KIND",)
 
     def run(self) -> None:
-        from hub_ext.tenancy import policies
+        from labfleet.tenancy import policies
 
         kind = _kind(self.args[0])
         views = self.transaction(
@@ -218,7 +218,7 @@ class PolicyUpdate(Command):
     options = (*KEYPAIR_OPTIONS, *FOLDER_OPTIONS, *USER_OPTIONS)
 
     def run(self) -> None:
-        from hub_ext.tenancy import policies
+        from labfleet.tenancy import policies
 
         kind, name = _kind(self.args[0]), self.args[1]
         body = _body(self, kind)
@@ -234,7 +234,7 @@ class PolicyDelete(Command):
     arguments = ("KIND", "NAME")
 
     def run(self) -> None:
-        from hub_ext.tenancy import policies
+        from labfleet.tenancy import policies
 
         kind, name = _kind(self.args[0]), self.args[1]
         self.transaction(lambda db: policies.delete_policy(db, self.actor, kind, name))

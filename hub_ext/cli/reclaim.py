@@ -1,6 +1,6 @@
 """``labfleet idle-checker``: the rules that reclaim idle sessions, and what they would reclaim now.
 
-Every change goes through :mod:`hub_ext.reclaim.rules`, like the REST API's (``/api/idle-checkers``).
+Every change goes through :mod:`labfleet.reclaim.rules`, like the REST API's (``/api/idle-checkers``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
-from hub_ext.cli.base import Command, Group, ListCommand, Option, UsageError
+from labfleet.cli.base import Command, Group, ListCommand, Option, UsageError
 
 
 def _options(text: str) -> dict[str, Any]:
@@ -59,7 +59,7 @@ class CheckerCreate(Command):
     )
 
     def run(self) -> None:
-        from hub_ext.reclaim import rules
+        from labfleet.reclaim import rules
 
         if self.opts.kind is None or self.opts.options is None:
             raise UsageError(f"{self.name}: --kind and --options are required")
@@ -85,7 +85,7 @@ class CheckerList(ListCommand):
     description = "List the idle checkers, their options and what they are bound to."
 
     def run(self) -> None:
-        from hub_ext.reclaim import rules
+        from labfleet.reclaim import rules
 
         views = self.transaction(lambda db: [rules.view(c) for c in rules.list_checkers(db, self.actor)])
         self.emit(views, ["checker", "kind", "options", "bound to"], _row)
@@ -97,7 +97,7 @@ class CheckerDelete(Command):
     arguments = ("NAME",)
 
     def run(self) -> None:
-        from hub_ext.reclaim import rules
+        from labfleet.reclaim import rules
 
         name = self.args[0]
         self.transaction(lambda db: rules.delete(db, self.actor, name))
@@ -122,7 +122,7 @@ class CheckerPreview(ListCommand):
     that reclaim only when someone waits list the idle sessions they keep."""
 
     def run(self) -> None:
-        from hub_ext.reclaim import engine
+        from labfleet.reclaim import engine
 
         now = datetime.now(timezone.utc)
         # The service's global default, as the service would read it here

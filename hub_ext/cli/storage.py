@@ -1,6 +1,6 @@
 """``labfleet storage-host``: the directories where virtual folders live.
 
-Every change goes through :mod:`hub_ext.storage.hosts`, like the REST API's.
+Every change goes through :mod:`labfleet.storage.hosts`, like the REST API's.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from hub_ext.cli.base import (
+from labfleet.cli.base import (
     Command,
     Group,
     ListCommand,
@@ -18,7 +18,7 @@ from hub_ext.cli.base import (
     bytes_text,
     split_list,
 )
-from hub_ext.core.slots import format_amount
+from labfleet.core.slots import format_amount
 
 
 class StorageHostAdd(Command):
@@ -53,7 +53,7 @@ class StorageHostAdd(Command):
     )
 
     def run(self) -> None:
-        from hub_ext.storage import hosts
+        from labfleet.storage import hosts
 
         opts = self.opts
         if opts.path is None:
@@ -90,7 +90,7 @@ class StorageHostList(ListCommand):
     description = "List the storage hosts, their capacity, use and default rights."
 
     def run(self) -> None:
-        from hub_ext.storage import hosts
+        from labfleet.storage import hosts
 
         views = self.transaction(
             lambda db: [hosts.host_view(db, h, admin=True) for h in hosts.list_hosts(db)]
@@ -104,7 +104,7 @@ class StorageHostRemove(Command):
     arguments = ("NAME",)
 
     def run(self) -> None:
-        from hub_ext.storage import hosts
+        from labfleet.storage import hosts
 
         name = self.args[0]
         self.transaction(lambda db: hosts.delete_host(db, self.actor, name))

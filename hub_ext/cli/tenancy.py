@@ -1,13 +1,13 @@
 """``labfleet domain``, ``labfleet project`` and ``labfleet user``: the tenants.
 
-Every change goes through :mod:`hub_ext.tenancy.directory`, like the REST API's.
+Every change goes through :mod:`labfleet.tenancy.directory`, like the REST API's.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hub_ext.cli.base import (
+from labfleet.cli.base import (
     ACTIVE_OPTIONS,
     ASK,
     Command,
@@ -23,9 +23,9 @@ from hub_ext.cli.base import (
     slots_text,
     split_list,
 )
-from hub_ext.core.authz import ROLES
-from hub_ext.core.passwords import check_password_strength
-from hub_ext.core.validate import parse_project_ref
+from labfleet.core.authz import ROLES
+from labfleet.core.passwords import check_password_strength
+from labfleet.core.validate import parse_project_ref
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -48,7 +48,7 @@ def _cap_body(cmd: Command) -> dict[str, Any]:
 def _domain_body(cmd: Command) -> dict[str, Any]:
     body = _cap_body(cmd)
     if cmd.opts.allowed_keypair_policies is not None:
-        # '' clears the list; the names are checked (and must exist) in hub_ext.tenancy.directory
+        # '' clears the list; the names are checked (and must exist) in labfleet.tenancy.directory
         body["allowed_keypair_policies"] = split_list([cmd.opts.allowed_keypair_policies])
     return body
 
@@ -82,7 +82,7 @@ class DomainCreate(Command):
     options = DOMAIN_OPTIONS
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         body = {"name": self.args[0], **_domain_body(self)}
         view = self.transaction(
@@ -100,7 +100,7 @@ class DomainList(ListCommand):
     examples = ("labfleet domain list --json",)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         views = self.transaction(
             lambda db: [directory.domain_view(d, detail=True) for d in directory.list_domains(db, self.actor)]
@@ -129,7 +129,7 @@ class DomainUpdate(Command):
     options = (*DOMAIN_OPTIONS, *ACTIVE_OPTIONS)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         body = _domain_body(self)
         if self.opts.active is not None:
@@ -155,7 +155,7 @@ class DomainDelete(Command):
     arguments = ("NAME",)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         name = self.args[0]
         self.transaction(lambda db: directory.delete_domain(db, self.actor, name))
@@ -198,7 +198,7 @@ class ProjectCreate(Command):
     options = PROJECT_OPTIONS
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         domain, project = parse_project_ref(self.args[0])
         body = {"domain": domain, "name": project, **_project_body(self)}
@@ -215,7 +215,7 @@ class ProjectList(ListCommand):
     options = (Option("--domain", "Only the projects of this domain.", metavar="DOMAIN"),)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         def work(db: Session) -> list[dict[str, Any]]:
             # An unknown domain is "not found": list_projects checks it.
@@ -244,7 +244,7 @@ class ProjectUpdate(Command):
     options = (*PROJECT_OPTIONS, *ACTIVE_OPTIONS)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         domain, project = parse_project_ref(self.args[0])
         body = _project_body(self)
@@ -264,7 +264,7 @@ class ProjectDelete(Command):
     arguments = ("DOMAIN/PROJECT",)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         domain, project = parse_project_ref(self.args[0])
         members = self.transaction(lambda db: directory.delete_project(db, self.actor, domain, project))
@@ -278,7 +278,7 @@ class ProjectAddMember(Command):
     arguments = ("DOMAIN/PROJECT", "USER")
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         (domain, project), username = parse_project_ref(self.args[0]), self.args[1]
         self.transaction(
@@ -294,7 +294,7 @@ class ProjectRemoveMember(Command):
     arguments = ("DOMAIN/PROJECT", "USER")
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         (domain, project), username = parse_project_ref(self.args[0]), self.args[1]
         self.transaction(lambda db: directory.remove_member(db, self.actor, domain, project, username))
@@ -364,7 +364,7 @@ class UserCreate(Command):
     )
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         username, opts = self.args[0], self.opts
         if opts.domain is None:
@@ -400,7 +400,7 @@ class UserList(ListCommand):
     options = (Option("--domain", "Only the users of this domain.", metavar="DOMAIN"),)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         def work(db: Session) -> list[dict[str, Any]]:
             # An unknown domain is "not found": list_users checks it.
@@ -444,7 +444,7 @@ class UserUpdate(Command):
     )
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         username, opts = self.args[0], self.opts
         body = _user_body(self)
@@ -477,7 +477,7 @@ class UserDeactivate(Command):
     arguments = ("NAME",)
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         username = self.args[0]
         self.transaction(lambda db: directory.update_user(db, self.actor, username, {"status": "inactive"}))
@@ -508,7 +508,7 @@ class UserPasswd(Command):
     )
 
     def run(self) -> None:
-        from hub_ext.tenancy import directory
+        from labfleet.tenancy import directory
 
         username, given = self.args[0], self.opts.password
         if given is not None and given is not ASK:

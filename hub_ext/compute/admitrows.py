@@ -1,7 +1,7 @@
 """The rows an admission writes (the session, its allocations and folder mounts), and the ORM
-object it hands back, on the hot path of :func:`hub_ext.compute.sessions.admit`.
+object it hands back, on the hot path of :func:`labfleet.compute.sessions.admit`.
 
-The statements are compiled once (:class:`hub_ext.core.db.Prepared`), the rows are plain dicts,
+The statements are compiled once (:class:`labfleet.core.db.Prepared`), the rows are plain dicts,
 and the session becomes an ORM object only at the end, already persistent: no unit of work, no
 flush, no second read.  On PostgreSQL the ledger's charge and every insert go in one statement
 (:func:`write_in_one`): each statement there is a round trip to the server.
@@ -18,10 +18,10 @@ from sqlalchemy import Table, bindparam, func, insert, inspect, literal, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, make_transient_to_detached
 
-from hub_ext.compute.tenants import Tenants
-from hub_ext.core import audit, ledger
-from hub_ext.core.db import Prepared
-from hub_ext.core.models import Allocation, AuditEntry, ComputeSession, VFolderMount
+from labfleet.compute.tenants import Tenants
+from labfleet.core import audit, ledger
+from labfleet.core.db import Prepared
+from labfleet.core.models import Allocation, AuditEntry, ComputeSession, VFolderMount
 
 
 def _table(model: type) -> Table:
@@ -63,7 +63,7 @@ def session_row(t: Tenants, req: Mapping[str, Any], now: datetime) -> dict[str, 
 
 def set_first_status(row: dict[str, Any], status: str, reason: str, now: datetime) -> None:
     """The status an admission gives (SCHEDULED or PENDING), with its history entry, as
-    :func:`hub_ext.compute.sessions.set_status` writes one (the ledger is charged by the caller)."""
+    :func:`labfleet.compute.sessions.set_status` writes one (the ledger is charged by the caller)."""
     row["status"] = status
     row["status_reason"] = reason
     row["status_changed_at"] = now
@@ -148,7 +148,7 @@ def write_in_one(
     mounts: list[tuple[str, str]],
     entry: Mapping[str, Any],
 ) -> ledger.Rows:
-    """The ledger's ``charge`` (:func:`hub_ext.core.ledger.charge_values`), the session, its
+    """The ledger's ``charge`` (:func:`labfleet.core.ledger.charge_values`), the session, its
     allocations, its folder mounts and its audit ``entry`` in one statement (PostgreSQL: one round
     trip instead of four); the ledger's rows as they are now when ``returning``."""
     params: dict[str, Any] = ledger.array_params(charge)

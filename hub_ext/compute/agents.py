@@ -1,7 +1,7 @@
 """Node agents (``labfleet agent``), service side: node tokens, registration, heartbeats, the node
 lifecycle (ALIVE -> LOST -> ALIVE) and draining.
 
-- A **node token** is issued by a superadmin, shown once and stored hashed (:mod:`hub_ext.core.passwords`);
+- A **node token** is issued by a superadmin, shown once and stored hashed (:mod:`labfleet.core.passwords`);
   it reads ``lfnode_<id>_<secret>``. A token bound to a node name registers only that node; an unbound
   one any name that no other live token's agent holds. Revoked tokens authenticate nothing.
 - An agent **registers** its node (CPU, memory, devices as ``describe_node`` gives them, labels) and
@@ -34,14 +34,14 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from hub_ext.compute import clustercache, nodes, sessions
-from hub_ext.compute.devices.base import DeviceInfo, NodeInfo
-from hub_ext.compute.devices.mps import MAX_REASON, MPS_STATES, MpsStatus
-from hub_ext.core import audit, passwords
-from hub_ext.core.authz import Actor
-from hub_ext.core.bootstrap import DEFAULT_GROUP, ensure_default_group
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from hub_ext.core.models import (
+from labfleet.compute import clustercache, nodes, sessions
+from labfleet.compute.devices.base import DeviceInfo, NodeInfo
+from labfleet.compute.devices.mps import MAX_REASON, MPS_STATES, MpsStatus
+from labfleet.core import audit, passwords
+from labfleet.core.authz import Actor
+from labfleet.core.bootstrap import DEFAULT_GROUP, ensure_default_group
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from labfleet.core.models import (
     FINAL_STATUSES,
     HOLDING_STATUSES,
     RECLAIM_REASONS,
@@ -53,7 +53,7 @@ from hub_ext.core.models import (
     ResourceGroup,
     utcnow,
 )
-from hub_ext.core.validate import check_bool, check_fields, check_int, check_name, check_text
+from labfleet.core.validate import check_bool, check_fields, check_int, check_name, check_text
 
 TOKEN_PREFIX = "lfnode_"
 _TOKEN_RE = re.compile(r"^lfnode_([0-9]{1,10})_([A-Za-z0-9_-]{20,100})$")
@@ -386,7 +386,7 @@ class Beat:
     running: tuple[str, ...]
     ended: tuple[Ended, ...]
     mps: MpsStatus | None = None  # the node's MPS daemon now (None: not reported, unchanged)
-    # What the agent did of the kills it was handed, raw: checked by hub_ext.usage.overuse.parse_kill_reports.
+    # What the agent did of the kills it was handed, raw: checked by labfleet.usage.overuse.parse_kill_reports.
     kill_reports: tuple[Any, ...] = ()
 
 
@@ -398,8 +398,8 @@ def _check_session_id(value: Any, field: str) -> str:
 
 def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     """A heartbeat body, checked whole but for its readings (returned raw, for
-    :func:`hub_ext.usage.records.parse_agent_readings`) and its kill reports (``kill_reports``, a
-    list kept raw for :func:`hub_ext.usage.overuse.parse_kill_reports`)."""
+    :func:`labfleet.usage.records.parse_agent_readings`) and its kill reports (``kill_reports``, a
+    list kept raw for :func:`labfleet.usage.overuse.parse_kill_reports`)."""
     body = check_fields(
         body, required=["node"], optional=["running", "ended", "readings", "mps", "kill_reports"]
     )

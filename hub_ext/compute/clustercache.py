@@ -1,6 +1,6 @@
 """Each resource group's placement state, kept in memory between decisions and checked against the DB.
 
-Rebuilding a placement :class:`~hub_ext.compute.scheduler.placement.Cluster` from every node, device and
+Rebuilding a placement :class:`~labfleet.compute.scheduler.placement.Cluster` from every node, device and
 allocation of a group costs tens of milliseconds at a thousand nodes, while a decision on a built
 one takes well under a millisecond.  So each process keeps, per (engine, group), the last Cluster
 it built, tagged with the group's ``alloc_version`` (a column of ``resource_groups``).
@@ -20,7 +20,7 @@ Why a cached Cluster is never wrong:
    an owned entry as missing, and a rollback drops it: the DB keeps the old version, and another
    process may later commit that same next version with a different state.
 
-A :class:`~hub_ext.compute.scheduler.placement.Cluster` is not thread-safe; the group lock serialises
+A :class:`~labfleet.compute.scheduler.placement.Cluster` is not thread-safe; the group lock serialises
 the decisions that use one, and a plain lock guards the cache's dict.  Caches are per engine (a
 weak key), so two databases never share one.
 """
@@ -38,12 +38,12 @@ from typing import Any, cast
 from sqlalchemy import Engine, Table, and_, bindparam, event, inspect, or_, select, update
 from sqlalchemy.orm import Session
 
-from hub_ext.compute.scheduler.placement import Cluster
-from hub_ext.compute.scheduler.placement import Device as PDevice
-from hub_ext.compute.scheduler.placement import Node as PNode
-from hub_ext.core import versions
-from hub_ext.core.db import Prepared
-from hub_ext.core.models import (
+from labfleet.compute.scheduler.placement import Cluster
+from labfleet.compute.scheduler.placement import Device as PDevice
+from labfleet.compute.scheduler.placement import Node as PNode
+from labfleet.core import versions
+from labfleet.core.db import Prepared
+from labfleet.core.models import (
     Allocation,
     ComputeSession,
     Device,
@@ -54,7 +54,7 @@ from hub_ext.core.models import (
     ResourceGroup,
     User,
 )
-from hub_ext.core.versions import engine_of as _engine
+from labfleet.core.versions import engine_of as _engine
 
 _INFO_KEY = "labfleet.clustercache"
 
@@ -194,7 +194,7 @@ def lock_for_decision(db: Session, group_id: int, *counters: str) -> tuple[Entry
 
     Returns the entry valid before the bump (cached, or built now and cached: the transaction has
     changed nothing yet, so what it reads is what is committed), the new version, and the state
-    version ``counters`` (:mod:`hub_ext.core.versions` names) read in the same statement.  The
+    version ``counters`` (:mod:`labfleet.core.versions` names) read in the same statement.  The
     entry is not claimed: call :func:`settle` before changing it or before commit, so that it
     carries the new version; a rollback without it leaves the entry valid (the version it carries
     is the committed one).

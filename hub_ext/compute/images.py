@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hub_ext.core import audit
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import Image, Project, User
-from hub_ext.core.validate import (
+from labfleet.core import audit
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import Image, Project, User
+from labfleet.core.validate import (
     check_bool,
     check_fields,
     check_slots,

@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hub_ext.compute import images, nodes
-from hub_ext.compute.quota import allocated
-from hub_ext.core.models import Image, User
-from hub_ext.core.slots import ResourceSlots
-from hub_ext.storage import folders as vfolders
+from labfleet.compute import images, nodes
+from labfleet.compute.quota import allocated
+from labfleet.core.models import Image, User
+from labfleet.core.slots import ResourceSlots
+from labfleet.storage import folders as vfolders
 
 SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 

@@ -17,14 +17,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hub_ext.compute import reconcile
-from hub_ext.compute.reconcile import HubServer
-from hub_ext.core import audit, authz
-from hub_ext.core import ledger as usage_ledger
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden
-from hub_ext.core.models import ComputeSession, Domain, Keypair, Project, ResourceGroup, User
-from hub_ext.core.slots import quantum_of
+from labfleet.compute import reconcile
+from labfleet.compute.reconcile import HubServer
+from labfleet.core import audit, authz
+from labfleet.core import ledger as usage_ledger
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Forbidden
+from labfleet.core.models import ComputeSession, Domain, Keypair, Project, ResourceGroup, User
+from labfleet.core.slots import quantum_of
 
 ACTION = "maintenance.recalculate-usage"
 

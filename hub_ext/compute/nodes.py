@@ -10,21 +10,21 @@ from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session, joinedload, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
-from hub_ext.compute import clustercache
-from hub_ext.compute.devices.mps import MpsStatus
-from hub_ext.core import audit
-from hub_ext.core.authz import Actor
-from hub_ext.core.bootstrap import (
+from labfleet.compute import clustercache
+from labfleet.compute.devices.mps import MpsStatus
+from labfleet.core import audit
+from labfleet.core.authz import Actor
+from labfleet.core.bootstrap import (
     DEFAULT_GROUP,
     GPU_OVERUSE_POLICIES,
     SESSION_TYPES,
     ensure_default_group,
     new_group,
 )
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import Allocation, Device, Node, ResourceGroup, ResourceGroupGrant, User, utcnow
-from hub_ext.core.pages import Page, page_of
-from hub_ext.core.validate import (
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import Allocation, Device, Node, ResourceGroup, ResourceGroupGrant, User, utcnow
+from labfleet.core.pages import Page, page_of
+from labfleet.core.validate import (
     check_bool,
     check_choice,
     check_fields,

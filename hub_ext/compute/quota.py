@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from hub_ext.core import ledger
-from hub_ext.core.models import Keypair, Project, User
-from hub_ext.core.slots import ResourceSlots
-from hub_ext.tenancy import snapshot
-from hub_ext.tenancy.policies import policy_view
+from labfleet.core import ledger
+from labfleet.core.models import Keypair, Project, User
+from labfleet.core.slots import ResourceSlots
+from labfleet.tenancy import snapshot
+from labfleet.tenancy.policies import policy_view
 
 
 def allocated(db: Session, **scope: Any) -> ResourceSlots:

@@ -15,10 +15,10 @@ from datetime import datetime, timezone
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hub_ext.compute.sessions import lock_current, release, schedule_group, set_status
-from hub_ext.core import audit
-from hub_ext.core.authz import Actor
-from hub_ext.core.models import (
+from labfleet.compute.sessions import lock_current, release, schedule_group, set_status
+from labfleet.core import audit
+from labfleet.core.authz import Actor
+from labfleet.core.models import (
     FINAL_STATUSES,
     HOLDING_STATUSES,
     ComputeSession,

@@ -16,8 +16,8 @@ from sqlalchemy import Select, false, or_, select
 from sqlalchemy.orm import Session, joinedload, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.models import (
+from labfleet.core.authz import Actor
+from labfleet.core.models import (
     HOLDING_STATUSES,
     Allocation,
     ComputeSession,
@@ -27,7 +27,7 @@ from hub_ext.core.models import (
     VFolder,
     VFolderMount,
 )
-from hub_ext.core.pages import Page, page_of
+from labfleet.core.pages import Page, page_of
 
 # What session_view reads: user, project and its domain, domain, resource group, node,
 # allocations and their devices, mounts and their folders (and the folder's host: mount_view).

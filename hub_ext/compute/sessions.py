@@ -2,8 +2,8 @@
 
 Each decision runs in one transaction that first takes the locks it needs (the
 session's domain row and its resource group's row on PostgreSQL; the database write
-lock on SQLite, see hub_ext.core.db), then reads usage, calls the pure admission checks
-(:mod:`hub_ext.compute.scheduler.admission`) and placement (:mod:`hub_ext.compute.scheduler.placement`),
+lock on SQLite, see labfleet.core.db), then reads usage, calls the pure admission checks
+(:mod:`labfleet.compute.scheduler.admission`) and placement (:mod:`labfleet.compute.scheduler.placement`),
 and writes the outcome.  So two concurrent decisions never see the same free share.
 """
 
@@ -22,15 +22,15 @@ from typing import Any, NamedTuple
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
-from hub_ext.compute import admitrows, clustercache, shapes, tenants
-from hub_ext.compute.nodes import DEFAULT_GROUP, SESSION_TYPES, mps_view
-from hub_ext.compute.scheduler import admission, queueing
-from hub_ext.compute.scheduler.placement import Placement, PlacementError, Request
-from hub_ext.core import audit, authz, quanta, versions
-from hub_ext.core import ledger as usage_ledger
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
-from hub_ext.core.models import (
+from labfleet.compute import admitrows, clustercache, shapes, tenants
+from labfleet.compute.nodes import DEFAULT_GROUP, SESSION_TYPES, mps_view
+from labfleet.compute.scheduler import admission, queueing
+from labfleet.compute.scheduler.placement import Placement, PlacementError, Request
+from labfleet.core import audit, authz, quanta, versions
+from labfleet.core import ledger as usage_ledger
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
+from labfleet.core.models import (
     FINAL_STATUSES,
     HOLDING_STATUSES,
     RECLAIM_REASONS,
@@ -43,16 +43,16 @@ from hub_ext.core.models import (
     User,
     VFolderMount,
 )
-from hub_ext.core.slots import ResourceSlots, charged
-from hub_ext.core.validate import (
+from labfleet.core.slots import ResourceSlots, charged
+from labfleet.core.validate import (
     check_choice,
     check_fields,
     check_int,
     check_text,
     check_username,
 )
-from hub_ext.storage import folders as vfolders
-from hub_ext.tenancy import snapshot
+from labfleet.storage import folders as vfolders
+from labfleet.tenancy import snapshot
 
 REQUEST_SLOTS = shapes.REQUEST_SLOTS
 # Where the spawner may move a session; the scheduler alone makes SCHEDULED and CANCELLED.
@@ -187,7 +187,7 @@ def admit(
     upsert and the inserts of the session, its allocations and the audit entry (six in all), on
     PostgreSQL all of those as one statement (two in all).  The ledger reads back only the rows
     a cap checks (none when nothing is capped).  Tenancy, the request's derived values
-    (:mod:`hub_ext.compute.shapes`) and, where nothing is capped, the checks' verdict come
+    (:mod:`labfleet.compute.shapes`) and, where nothing is capped, the checks' verdict come
     from per-process caches.
     """
     if launch is not None and isinstance(body, Mapping):
@@ -860,8 +860,8 @@ def check_runtime(value: Any) -> dict[str, Any]:
 
 def list_sessions(db: Session, actor: Actor, filters: dict[str, str | None]) -> list[ComputeSession]:
     """Every session ``actor`` may read that matches ``filters``, oldest first; the REST API
-    answers pages of the same query (hub_ext.compute.sessionlist.page_sessions)."""
-    from hub_ext.compute.sessionlist import all_sessions  # authz and filters in SQL
+    answers pages of the same query (labfleet.compute.sessionlist.page_sessions)."""
+    from labfleet.compute.sessionlist import all_sessions  # authz and filters in SQL
 
     return all_sessions(db, actor, filters)
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from hub_ext.compute.scheduler.fragmentation import Workload
-from hub_ext.compute.scheduler.placement import Request
-from hub_ext.core import quanta
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.slots import ResourceSlots, charged
-from hub_ext.core.validate import check_slots, check_string_list
+from labfleet.compute.scheduler.fragmentation import Workload
+from labfleet.compute.scheduler.placement import Request
+from labfleet.core import quanta
+from labfleet.core.errors import InvalidInput
+from labfleet.core.slots import ResourceSlots, charged
+from labfleet.core.validate import check_slots, check_string_list
 
 REQUEST_SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 _CACHE_LIMIT = 4096
@@ -63,7 +63,7 @@ def _key(slots: Mapping[str, Any], models: Any) -> Any:
 
 def shape_of(slots: Any, models: Any) -> Shape:
     """The checked shape of a request's ``slots`` and ``gpu_models``; InvalidInput as
-    :func:`hub_ext.compute.sessions.parse_request` says it."""
+    :func:`labfleet.compute.sessions.parse_request` says it."""
     if not isinstance(slots, dict):
         raise InvalidInput('slots must be an object like {"cpu": 2, "mem": "8g", "gpu.shares": 0.5}')
     key = _key(slots, models)

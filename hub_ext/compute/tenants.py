@@ -1,8 +1,8 @@
 """What an admission reads besides the ledger: who asks, for which project, group, keypair and
-image, from the per-process tenancy cache (:mod:`hub_ext.tenancy.snapshot`); and the pure
+image, from the per-process tenancy cache (:mod:`labfleet.tenancy.snapshot`); and the pure
 admission context built from those values and the ledger's rows.
 
-Nothing here reads a session: usage comes from the ledger (:mod:`hub_ext.compute.ledger`).
+Nothing here reads a session: usage comes from the ledger (:mod:`labfleet.compute.ledger`).
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from hub_ext.compute.scheduler import admission
-from hub_ext.compute.shapes import Shape
-from hub_ext.core import quanta, versions
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, NotFound
-from hub_ext.core.models import Image, ResourceGroup, User, VFolder
-from hub_ext.core.slots import ResourceSlots, charged
-from hub_ext.core.validate import parse_project_ref
-from hub_ext.storage import folders as vfolders
-from hub_ext.tenancy import snapshot
-from hub_ext.tenancy.snapshot import KeypairSnap, PolicySnap, ProjectSnap, UserSnap
+from labfleet.compute.scheduler import admission
+from labfleet.compute.shapes import Shape
+from labfleet.core import quanta, versions
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, NotFound
+from labfleet.core.models import Image, ResourceGroup, User, VFolder
+from labfleet.core.slots import ResourceSlots, charged
+from labfleet.core.validate import parse_project_ref
+from labfleet.storage import folders as vfolders
+from labfleet.tenancy import snapshot
+from labfleet.tenancy.snapshot import KeypairSnap, PolicySnap, ProjectSnap, UserSnap
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ def _keypair_policy_scope(t: Tenants) -> tuple[str, int]:
 
 def reads(t: Tenants, keys: Iterable[str]) -> dict[tuple[str, int], list[str]]:
     """The ledger rows admission's checks read (see :func:`context`), per scope: the request's
-    rows (``keys``, :func:`hub_ext.core.quanta.request_keys`) of each scope whose cap could refuse
+    rows (``keys``, :func:`labfleet.core.quanta.request_keys`) of each scope whose cap could refuse
     it, and the user's session counts where the keypair's policy limits them.  The rows the
     session's own charge changes come back too; every other row would be read for nothing."""
     slot_keys = [k for k in keys if k not in quanta.COUNTS]

@@ -8,10 +8,10 @@ from typing import Any, cast
 from sqlalchemy import Select, Table, and_, func, insert, or_, select
 from sqlalchemy.orm import Session
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.db import Prepared
-from hub_ext.core.models import AuditEntry, User, utcnow
-from hub_ext.core.pages import Page, page_of
+from labfleet.core.authz import Actor
+from labfleet.core.db import Prepared
+from labfleet.core.models import AuditEntry, User, utcnow
+from labfleet.core.pages import Page, page_of
 
 # Keys that must never reach the log, whatever a caller passes in details.
 _SECRET_KEYS = {"password", "secret_key", "secret", "token", "api_token"}

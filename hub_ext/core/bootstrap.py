@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.core import db as lfdb
-from hub_ext.core import secretbox
-from hub_ext.core.models import Keypair, KeypairResourcePolicy, ResourceGroup
+from labfleet.core import db as lfdb
+from labfleet.core import secretbox
+from labfleet.core.models import Keypair, KeypairResourcePolicy, ResourceGroup
 
 DEFAULT_GROUP = "default"
 SESSION_TYPES = ("interactive", "batch", "inference")
 # A resource group's answer to a session whose processes hold more of a device's memory than its share
-# (hub_ext.usage.overuse): auto is kill when another session shares the device, warn when alone.
+# (labfleet.usage.overuse): auto is kill when another session shares the device, warn when alone.
 GPU_OVERUSE_POLICIES = ("auto", "warn", "kill", "stop")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, CursorResult, Engine, create_engine, event, exc, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.core.dburl import default_db_url, normalize_url
+from labfleet.core.dburl import default_db_url, normalize_url
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -314,5 +314,5 @@ def is_initialized(engine: Engine) -> bool:
 # Flush hooks every process that writes must have: state versions (caches learn of changes) and
 # the usage ledger's part in deletions. Imported here, where every session factory comes from; at
 # the end, since the ledger uses this module's Prepared.
-from hub_ext.core import ledger as _ledger  # noqa: E402,F401
-from hub_ext.core import versions as _versions  # noqa: E402,F401
+from labfleet.core import ledger as _ledger  # noqa: E402,F401
+from labfleet.core import versions as _versions  # noqa: E402,F401

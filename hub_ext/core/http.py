@@ -1,8 +1,8 @@
 """One way to make an HTTP request, for every labfleet client (tornado's AsyncHTTPClient only).
 
-The Hub calling the labfleet service (``hub_ext.hub.client``), the service calling the Hub's REST API
-(``hub_ext.service.hubsync``), a session's server calling both (``server_ext.calls``) and the widgets
-calling their session (``widgets.client``) all go through :func:`request` and get an :class:`HTTPReply`.
+The Hub calling the labfleet service (``labfleet.hub.client``), the service calling the Hub's REST API
+(``labfleet.service.hubsync``), a session's server calling both (``labfleet.session.calls``) and the widgets
+calling their session (``labfleet.widgets.client``) all go through :func:`request` and get an :class:`HTTPReply`.
 
 :func:`request` never raises for an HTTP answer nor for an upstream that cannot be reached or does not
 answer in time: the reply says so (``status`` 0). Each caller turns a reply into what its own layer

@@ -1,13 +1,13 @@
 """The usage ledger (its rows in the DB): what each scope's live sessions hold, kept as the sessions change.
 
-One row per (scope, slot) in ``usage_ledger`` (see :class:`hub_ext.core.models.UsageLedger` and
-:mod:`hub_ext.core.quanta`), for the scopes a quota names: the session's domain, project, user,
+One row per (scope, slot) in ``usage_ledger`` (see :class:`labfleet.core.models.UsageLedger` and
+:mod:`labfleet.core.quanta`), for the scopes a quota names: the session's domain, project, user,
 keypair and resource group.  Every change is an increment in SQL (``amount = amount + delta``),
 written in the transaction that admits, places or ends the session, so concurrent changes never
 lose one another; admission reads the rows it needs back from the same statement
 (``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``), which on PostgreSQL also locks them until
 commit: two admissions that share a scope are serialised on its rows, and rows are always taken
-in one order (:data:`~hub_ext.core.models.LEDGER_SCOPES`, then id), so they never deadlock.
+in one order (:data:`~labfleet.core.models.LEDGER_SCOPES`, then id), so they never deadlock.
 
 ``recalculate`` rebuilds the ledger from the sessions (Backend.AI's "recalculate usage"), with
 every writer kept out: the whole table is locked on PostgreSQL, the database on SQLite.
@@ -38,9 +38,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from hub_ext.core import quanta
-from hub_ext.core.db import Prepared
-from hub_ext.core.models import (
+from labfleet.core import quanta
+from labfleet.core.db import Prepared
+from labfleet.core.models import (
     HOLDING_STATUSES,
     LEDGER_SCOPES,
     ComputeSession,
@@ -50,7 +50,7 @@ from hub_ext.core.models import (
     UsageLedger,
     User,
 )
-from hub_ext.core.slots import ResourceSlots
+from labfleet.core.slots import ResourceSlots
 
 LIVE_STATUSES = (*HOLDING_STATUSES, "PENDING")
 _RANK = {kind: i for i, kind in enumerate(LEDGER_SCOPES)}

@@ -2,7 +2,7 @@
 
 Tenancy (domains, projects, users, memberships), resource policies, keypairs and
 the audit log.  Resource slot mappings are stored as JSON objects of decimal
-strings (see :mod:`hub_ext.core.slots`), never as floats.
+strings (see :mod:`labfleet.core.slots`), never as floats.
 
 The schema is created and upgraded by the Alembic migrations in
 ``hub_ext/core/migrations``; ``tests/test_migrations.py`` checks that they match
@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy import true as sa_true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from hub_ext.core.slots import ResourceSlots
+from labfleet.core.slots import ResourceSlots
 
 
 def utcnow() -> datetime:
@@ -86,10 +86,10 @@ class Domain(Base):
     description: Mapped[str] = mapped_column(Text, default="")
     is_active: Mapped[bool] = mapped_column(Boolean, default=True)
     total_resource_slots: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    # {storage host: [rights]} granted to everyone in the domain (see hub_ext.storage.hosts).
+    # {storage host: [rights]} granted to everyone in the domain (see labfleet.storage.hosts).
     allowed_vfolder_hosts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # Names of the keypair policies the domain's admins may hand out, set by superadmins
-    # (hub_ext.tenancy.keypairs; migration 0013).
+    # (labfleet.tenancy.keypairs; migration 0013).
     allowed_keypair_policies: Mapped[list[str]] = mapped_column(JSON, server_default="[]")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
@@ -121,11 +121,11 @@ class ProjectResourcePolicy(_FolderPolicy, Base):
 class UserResourcePolicy(_FolderPolicy, Base):
     __tablename__ = "user_resource_policies"
 
-    # Model serving's limits (hub_ext.serving), 0 = unlimited (migration 0011).
+    # Model serving's limits (labfleet.serving), 0 = unlimited (migration 0011).
     max_endpoints: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     max_replicas_per_endpoint: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Active keypairs the user may mint, the main one included; 0 = unlimited (migration 0013).
-    # A user with no user policy may mint hub_ext.tenancy.keypairs.DEFAULT_MAX_KEYPAIRS.
+    # A user with no user policy may mint labfleet.tenancy.keypairs.DEFAULT_MAX_KEYPAIRS.
     max_keypairs: Mapped[int] = mapped_column(Integer, server_default="10")
 
 
@@ -162,7 +162,7 @@ class Project(Base):
     resource_policy_id: Mapped[int | None] = mapped_column(
         ForeignKey("project_resource_policies.id", ondelete="RESTRICT"), nullable=True
     )
-    # {storage host: [rights]} granted for this project's folders (see hub_ext.storage.hosts).
+    # {storage host: [rights]} granted for this project's folders (see labfleet.storage.hosts).
     allowed_vfolder_hosts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
@@ -193,7 +193,7 @@ class User(Base):
     domain_id: Mapped[int] = mapped_column(ForeignKey("domains.id", ondelete="RESTRICT"), index=True)
     role: Mapped[str] = mapped_column(String(_ENUM_LEN), default="user")
     status: Mapped[str] = mapped_column(String(_ENUM_LEN), default="active")
-    # A PBKDF2 hash (see hub_ext.core.passwords); NULL when the user logs in through another authenticator.
+    # A PBKDF2 hash (see labfleet.core.passwords); NULL when the user logs in through another authenticator.
     password_hash: Mapped[str | None] = mapped_column(String(255), nullable=True)
     resource_policy_id: Mapped[int | None] = mapped_column(
         ForeignKey("user_resource_policies.id", ondelete="RESTRICT"), nullable=True
@@ -246,7 +246,7 @@ class Keypair(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     access_key: Mapped[str] = mapped_column(String(20), unique=True)
-    # The secret, encrypted with the service's key (hub_ext.core.secretbox): never stored in plain text.
+    # The secret, encrypted with the service's key (labfleet.core.secretbox): never stored in plain text.
     secret_key_encrypted: Mapped[str] = mapped_column(Text)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     resource_policy_id: Mapped[int] = mapped_column(
@@ -294,7 +294,7 @@ SESSION_STATUSES = (
 # Sessions in these states hold their allocation (and count against quotas).
 HOLDING_STATUSES = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
 FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
-# Why the service itself stopped a running session (hub_ext.reclaim; gpu-overuse: hub_ext.usage.enforce):
+# Why the service itself stopped a running session (labfleet.reclaim; gpu-overuse: labfleet.usage.enforce):
 # the first word of its status reason, which the spawner's later reports of the stop keep.
 RECLAIM_REASONS = ("idle-timeout", "idle-utilization", "lifetime", "gpu-overuse")
 
@@ -316,7 +316,7 @@ class ResourceGroup(Base):
     gpu_overuse: Mapped[str] = mapped_column(String(_ENUM_LEN), server_default="auto")  # GPU_OVERUSE_POLICIES
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # Bumped by every transaction that changes the group's allocations, nodes or devices, so
-    # a process's cached placement state (hub_ext.compute.clustercache) knows when it is out of date.
+    # a process's cached placement state (labfleet.compute.clustercache) knows when it is out of date.
     alloc_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     nodes: Mapped[list[Node]] = relationship(back_populates="resource_group", order_by="Node.name")
@@ -351,10 +351,10 @@ class Node(Base):
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # False: drained, no new placement (its running sessions stay).
     schedulable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sa_true())
-    # The node token whose agent registered it (hub_ext.compute.agents); None: the service's own node,
+    # The node token whose agent registered it (labfleet.compute.agents); None: the service's own node,
     # kept alive by the service. No foreign key: the column is added in place on SQLite (migration 0010).
     agent_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # Its MPS daemon as the node reports it (hub_ext.compute.devices.mps): on | off | failed, why it
+    # Its MPS daemon as the node reports it (labfleet.compute.devices.mps): on | off | failed, why it
     # is not on, and the pipe directory its clients reach it through (when on). Migration 0015.
     mps: Mapped[str] = mapped_column(String(16), default="off", server_default="off")
     mps_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -376,7 +376,7 @@ class NodeToken(Base):
     __tablename__ = "node_tokens"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    token_hash: Mapped[str] = mapped_column(String(255))  # hub_ext.core.passwords format
+    token_hash: Mapped[str] = mapped_column(String(255))  # labfleet.core.passwords format
     node: Mapped[str | None] = mapped_column(String(255), nullable=True)
     resource_group: Mapped[str | None] = mapped_column(String(64), nullable=True)
     note: Mapped[str] = mapped_column(Text, default="")
@@ -504,7 +504,7 @@ class Image(Base):
 class StorageHost(Base):
     """A named root where folders live: a local directory, or a file system mounted at the same
     path on every node (NFS, CephFS, ...).  ``default_permissions`` are the rights everyone has on
-    it; domains, projects and keypair policies add theirs (hub_ext.storage.hosts)."""
+    it; domains, projects and keypair policies add theirs (labfleet.storage.hosts)."""
 
     __tablename__ = "storage_hosts"
 
@@ -645,7 +645,7 @@ class UsageLedger(Base):
     ``slot`` is a slot name (``cpu``: milli-cores, ``mem``: bytes, ``gpu``: devices, ``gpu.shares``:
     hundredths, ``gpu:A100``: its base slot's quantum), ``gpu:*`` the sum of a base slot's per-model
     slots, ``@sessions`` the live sessions (admitted, not ended) and ``@pending`` the queued ones.
-    Changed by :mod:`hub_ext.compute.ledger` in the transaction that admits, places or ends a session.
+    Changed by :mod:`labfleet.compute.ledger` in the transaction that admits, places or ends a session.
     """
 
     __tablename__ = "usage_ledger"
@@ -660,7 +660,7 @@ class UsageLedger(Base):
 
 class StateVersion(Base):
     """A counter bumped by every transaction that changes one kind of state (``tenancy``, ``folders``),
-    so each process can cache what it read and know when it went stale (see hub_ext.core.versions)."""
+    so each process can cache what it read and know when it went stale (see labfleet.core.versions)."""
 
     __tablename__ = "state_versions"
 
@@ -672,7 +672,7 @@ class StateVersion(Base):
 
 
 class UsageSessionState(Base):
-    """Where the usage accounting of one session stands (hub_ext.usage.records).
+    """Where the usage accounting of one session stands (labfleet.usage.records).
 
     One row per session that held slots, from the first accrual on: its names (kept: the records
     outlive the session, its user and its project), what it holds per second (``alloc_*``: cores,
@@ -755,7 +755,7 @@ class UsageDay(_UsageAmounts, Base):
 
 
 class UsageSample(Base):
-    """One trusted reading of a live session (hub_ext.usage.sampler), kept a day for the idle
+    """One trusted reading of a live session (labfleet.usage.sampler), kept a day for the idle
     checkers' windows: ``cpu_total`` cumulative core-seconds, ``mem`` bytes, ``gpu`` devices' worth
     of busy time, ``gpu_mem`` bytes (None: not measured)."""
 
@@ -781,7 +781,7 @@ IDLE_BINDING_SCOPES = ("domain", "project", "resource_group")
 
 
 class IdleChecker(Base):
-    """A rule that reclaims idle sessions (hub_ext.reclaim): ``kind`` activity (no traffic, no busy
+    """A rule that reclaims idle sessions (labfleet.reclaim): ``kind`` activity (no traffic, no busy
     kernel for ``options.timeout`` seconds) or utilization (thresholds over a window); applies to the
     sessions of the scopes it is bound to."""
 
@@ -838,7 +838,7 @@ ANNOUNCEMENT_LEVELS = ("info", "warning")
 
 
 class Announcement(Base):
-    """A banner for everyone, on the Hub's pages and in the Fleet sidebar (hub_ext.tenancy.announcements).
+    """A banner for everyone, on the Hub's pages and in the Fleet sidebar (labfleet.tenancy.announcements).
 
     Each publication is a row; the announcement in force is the newest one not cleared (publishing
     a new one clears the one before), so the table is also its history."""
@@ -855,7 +855,7 @@ class Announcement(Base):
     cleared_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
-# ---------------------------------------------------------------- model serving (hub_ext.serving)
+# ---------------------------------------------------------------- model serving (labfleet.serving)
 
 ENDPOINT_STATUSES = ("PENDING", "DEPLOYING", "READY", "DEGRADED", "DESTROYING", "DESTROYED")
 ROUTE_STATUSES = ("PROVISIONING", "RUNNING", "TERMINATING", "TERMINATED", "FAILED")
@@ -937,7 +937,7 @@ class ServingRoute(Base):
 
 class ServingToken(Base):
     """A token that calls an endpoint (``Authorization: Bearer``): shown once, stored hashed
-    (:mod:`hub_ext.core.passwords`); it reads ``lfsrv_<id>_<secret>``."""
+    (:mod:`labfleet.core.passwords`); it reads ``lfsrv_<id>_<secret>``."""
 
     __tablename__ = "serving_tokens"
 
@@ -962,7 +962,7 @@ class ServingToken(Base):
 class ServingUsage(Base):
     """Requests to one endpoint with one token (``token_id`` None: no token, an endpoint open to the
     public) in one 15-minute bucket (``bucket_start``, UTC), written by the serving engine each tick
-    (hub_ext.usage.serving): how many, how many failed (5xx, or refused by the rate limit), their
+    (labfleet.usage.serving): how many, how many failed (5xx, or refused by the rate limit), their
     summed latency in ms. Names are copied, as in the usage buckets, so a row outlives its endpoint,
     owner and project; retention deletes old ones with the usage buckets."""
 

@@ -1,7 +1,7 @@
 """Slot amounts as the usage ledger keeps them: integers in each slot's quantum (pure).
 
 A session charges its scopes (domain, project, user, keypair, resource group) its charged slots
-(:func:`hub_ext.core.slots.charged`: whole devices count as shares too).  The ledger stores, per
+(:func:`labfleet.core.slots.charged`: whole devices count as shares too).  The ledger stores, per
 scope and slot, the sum over the scope's live sessions as an integer number of the slot's quantum
 (milli-cores, bytes, devices, hundredths of a device), so adding and taking away is exact on every
 database and can be done in SQL (``amount = amount + :delta``).
@@ -9,7 +9,7 @@ database and can be done in SQL (``amount = amount + :delta``).
 Besides the slots themselves a scope has:
 
 - ``<base>:*`` for each base slot with per-model slots (``gpu:*`` = every ``gpu:<model>``): a cap
-  that names the base counts every model (:func:`hub_ext.compute.scheduler.admission.quota_view`),
+  that names the base counts every model (:func:`labfleet.compute.scheduler.admission.quota_view`),
   and admission reads only the rows of the slots it asks for;
 - ``@sessions``: live sessions (admitted and not ended, queued ones included);
 - ``@pending``: queued (PENDING) ones.
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from hub_ext.core.slots import ResourceSlots, base_slot, charged, quantum_of
+from labfleet.core.slots import ResourceSlots, base_slot, charged, quantum_of
 
 SESSIONS = "@sessions"
 PENDING = "@pending"

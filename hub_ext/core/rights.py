@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.validate import check_name
+from labfleet.core.errors import InvalidInput
+from labfleet.core.validate import check_name
 
 RIGHTS = (
     "create-vfolder",

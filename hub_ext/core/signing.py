@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from hub_ext.core.errors import LabfleetError, RateLimited, Unauthorized
+from labfleet.core.errors import LabfleetError, RateLimited, Unauthorized
 
 SCHEME = "LABFLEET-HMAC-SHA256"
 DATE_HEADER = "X-Labfleet-Date"

@@ -1,6 +1,6 @@
 """Checks for untrusted input (REST bodies, CLI arguments): names, fields, numbers.
 
-Every function raises :class:`~hub_ext.core.errors.InvalidInput` with a message that
+Every function raises :class:`~labfleet.core.errors.InvalidInput` with a message that
 names the field and says what is expected.
 """
 
@@ -10,8 +10,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.slots import ResourceSlots, SlotError
+from labfleet.core.errors import InvalidInput
+from labfleet.core.slots import ResourceSlots, SlotError
 
 # Domain, project and policy names: lower-case, DNS-label-like, so they fit Hub group names.
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62}[a-z0-9])?$")

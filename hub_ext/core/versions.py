@@ -5,7 +5,7 @@ memberships, keypairs, policies, resource groups and their grants, images, stora
 ``folders``: folders and their permissions).  A flush hook bumps the counter of every kind the
 flush changes, in the same transaction, so a reader that sees version ``n`` sees exactly the
 state of the transactions up to ``n``.  A cache tags what it read with the version read in the
-same transaction and throws it away when the counter moves (see hub_ext.tenancy.snapshot).
+same transaction and throws it away when the counter moves (see labfleet.tenancy.snapshot).
 
 Columns that change all the time and that no cache reads (a keypair's ``last_used``, a user's
 ``last_login``, a group's ``alloc_version``, a folder's measured usage) do not bump.
@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, event, inspect, select, update
 from sqlalchemy.orm import Session
 
-from hub_ext.core.models import (
+from labfleet.core.models import (
     Domain,
     Image,
     Keypair,

@@ -3,7 +3,7 @@
 The Hub never writes labfleet's database: every login and every refresh asks the labfleet service
 (a Hub-managed service) over HTTP, authenticated with the service's own API token, which the Hub and
 the service share. The service answers with a Hub auth model (name, admin, groups, roles, built by
-:mod:`hub_ext.core.hubmap`), so Hub groups (``domain:<d>``, ``project:<d>/<p>``) and roles
+:mod:`labfleet.core.hubmap`), so Hub groups (``domain:<d>``, ``project:<d>/<p>``) and roles
 (``labfleet-user``, ``labfleet-monitor``, ``labfleet-domain-admin-<d>``) follow labfleet's tenancy.
 
 Two ways of logging in:
@@ -26,9 +26,9 @@ from jupyterhub.auth import Authenticator
 from jupyterhub.utils import maybe_future
 from traitlets import Bool, Dict, Float, List, Unicode, default, import_item, validate
 
-from hub_ext.hub import proxy_errors, users_api
-from hub_ext.hub.client import LabfleetServiceClient
-from hub_ext.hub.client import Reply as _Reply
+from labfleet.hub import proxy_errors, users_api
+from labfleet.hub.client import LabfleetServiceClient
+from labfleet.hub.client import Reply as _Reply
 
 LABFLEET_ROLES = ("superadmin", "admin", "user", "monitor")
 
@@ -238,8 +238,8 @@ class LabfleetBaseAuthenticator(LabfleetServiceClient, Authenticator):
         return True if hub_state_matches(user, model) else model
 
     def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
-        """The login handler, the Hub user API kept consistent with labfleet (hub_ext.hub.users_api)
-        and the proxy's error pages as JSON for the service's API (hub_ext.hub.proxy_errors)."""
+        """The login handler, the Hub user API kept consistent with labfleet (labfleet.hub.users_api)
+        and the proxy's error pages as JSON for the service's API (labfleet.hub.proxy_errors)."""
         return [*users_api.handlers(), *proxy_errors.handlers(), *super().get_handlers(app)]
 
     async def load_managed_roles(self) -> list[dict]:
@@ -585,7 +585,7 @@ def labfleet_authenticator_for(spec: type | str) -> type:
 
 
 # Classes for well-known delegates, importable (and usable as entry points) as
-# hub_ext.hub.authenticator:Labfleet<Name>; built on first access, so their packages stay optional.
+# labfleet.hub.authenticator:Labfleet<Name>; built on first access, so their packages stay optional.
 _LAZY_DELEGATES = {
     "LabfleetGenericOAuthenticator": "generic-oauth",
     "LabfleetGitHubOAuthenticator": "github",

@@ -3,7 +3,7 @@
 The authenticator and the spawners share it.  They call the service with the service's own API
 token, which the service treats as the Hub (``Actor.hub``).  A call never raises for an HTTP
 answer or an unreachable service; it returns a :class:`Reply` (``code`` 0 when unreachable),
-and never logs the token or a body.  The request itself is :func:`hub_ext.core.http.request`.
+and never logs the token or a body.  The request itself is :func:`labfleet.core.http.request`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from traitlets import Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from hub_ext.core import http
+from labfleet.core import http
 
 DEFAULT_SERVICE_URL = "http://127.0.0.1:10101/services/labfleet/api"
 SERVICE_URL_ENV = "LABFLEET_SERVICE_API_URL"

@@ -16,16 +16,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hub_ext.core import hubmap
-from hub_ext.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE
-from hub_ext.core.hubmap import ADMIN_SERVICE_NAME, SERVICE_NAME
-from hub_ext.core.rights import RIGHTS
-from hub_ext.core.secretbox import KEY_FILE_ENV, ensure_key_file
+from labfleet.core import hubmap
+from labfleet.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE
+from labfleet.core.hubmap import ADMIN_SERVICE_NAME, SERVICE_NAME
+from labfleet.core.rights import RIGHTS
+from labfleet.core.secretbox import KEY_FILE_ENV, ensure_key_file
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
 # Every LABFLEET_* variable of the Hub's environment reaches the service (which describes this node
 # with them, takes its clocks, the metrics token, the sampler's and the idle engine's settings from
-# them; see hub_ext.service.app), and so do these:
+# them; see labfleet.service.app), and so do these:
 NODE_ENV = ("DOCKER_HOST",)  # the engine whose containers the usage sampler reads
 
 
@@ -50,8 +50,8 @@ DEFAULT_SERVICE_PORT = 10101
 # listens there), and the labfleet service's URL as sessions on those nodes reach it.
 HUB_ADDRESS_ENV = "LABFLEET_HUB_ADDRESS"
 SESSION_SERVICE_URL_ENV = "LABFLEET_SESSION_SERVICE_URL"
-SWARM_NETWORK_ENV = "LABFLEET_SWARM_NETWORK"  # spawner.swarm.NETWORK_ENV
-SWARM_SPAWNER = "spawner.swarm.LabfleetSwarmSpawner"
+SWARM_NETWORK_ENV = "LABFLEET_SWARM_NETWORK"  # labfleet.spawner.swarm.NETWORK_ENV
+SWARM_SPAWNER = "labfleet.spawner.swarm.LabfleetSwarmSpawner"
 
 # What the labfleet service may do on the Hub: keep users and groups in step, read servers.
 SERVICE_SCOPES = [
@@ -110,14 +110,14 @@ def admin_service(service_port: int, repo_root: str, state_dir: str | Path | Non
     (``state_dir``, else $LABFLEET_STATE_DIR, else the working directory, as for :func:`configure`),
     which the console keeps private (0700; admin_dashboards/__main__.py), not the Hub user's home."""
     port = int(os.environ.get(ADMIN_PORT_ENV) or service_port + 1)
-    config = str(Path(repo_root) / "admin_dashboards" / "jupyter_server_config.py")
+    config = str(Path(__file__).parents[1] / "console" / "jupyter_server_config.py")
     state = Path(state_dir or os.environ.get("LABFLEET_STATE_DIR") or os.getcwd()).absolute()
     return {
         "name": ADMIN_SERVICE_NAME,
         "display": True,
         "url": f"http://127.0.0.1:{port}",
         # jupyterhub-singleuser, stopping with the Hub (admin_dashboards/__main__.py)
-        "command": [sys.executable, "-m", "admin_dashboards", f"--config={config}"],
+        "command": [sys.executable, "-m", "labfleet.console", f"--config={config}"],
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": [f"access:services!service={SERVICE_NAME}"],
         "environment": {
@@ -224,7 +224,7 @@ def configure(
             "name": SERVICE_NAME,
             "display": True,
             "url": f"http://127.0.0.1:{port}",
-            "command": [sys.executable, "-m", "hub_ext.service", *service_args(settings)],
+            "command": [sys.executable, "-m", "labfleet.service", *service_args(settings)],
             "api_token": token,
             "oauth_no_confirm": True,
             "environment": {
@@ -312,7 +312,7 @@ def configure_spawner(c, backend: str, state: Path) -> list[dict]:
         c.JupyterHub.spawner_class = "labfleet-docker"
         c.LabfleetSpawnerMixin.default_image = image
         # Sessions join their own bridge network (LabfleetDockerSpawner.network_name, made when
-        # missing, guarded by spawner.sessionnet): they reach the Hub and the service only through
+        # missing, guarded by labfleet.spawner.sessionnet): they reach the Hub and the service only through
         # the Hub's public proxy; the Hub's API stays on 127.0.0.1 (see the README).
         c.JupyterHub.hub_connect_ip = "127.0.0.1"
         return [{"name": image, "inspect": True}]

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from jupyterhub.handlers.pages import ProxyErrorHandler
 from jupyterhub.utils import url_path_join
 
-from hub_ext.core.hubmap import SERVICE_NAME
+from labfleet.core.hubmap import SERVICE_NAME
 
 
 def api_prefix(base_url: str) -> str:

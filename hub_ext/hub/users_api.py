@@ -19,7 +19,7 @@ from typing import Any
 from jupyterhub.apihandlers.users import UserAPIHandler, UserListAPIHandler
 from tornado import web
 
-from hub_ext.core.hubmap import SERVICE_NAME
+from labfleet.core.hubmap import SERVICE_NAME
 
 WHERE = (
     "labfleet manages users: {what} in the Fleet admin console (Users), with `labfleet user ...`, or "

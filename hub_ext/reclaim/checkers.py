@@ -1,12 +1,12 @@
 """Idle checkers' judgments: plain values in, plain values out (no DB, no clock, no Hub).
 
-Three checkers, as Backend.AI has them, in one engine (:mod:`hub_ext.reclaim.engine`):
+Three checkers, as Backend.AI has them, in one engine (:mod:`labfleet.reclaim.engine`):
 
 - ``activity`` (:func:`judge_activity`): no activity for ``timeout`` seconds. Activity is the
   session's own report (jupyter-server's last activity: API requests, kernel and terminal traffic,
   and a kernel that is computing counts as activity now, whether anyone is connected or not), its
   user's "I'm still here", and its start; whichever is latest.
-- ``utilization`` (:func:`judge_utilization`): the trusted samples (hub_ext.usage.sampler) averaged
+- ``utilization`` (:func:`judge_utilization`): the trusted samples (labfleet.usage.sampler) averaged
   over ``window`` seconds are under the thresholds (percent of what the session was given:
   ``cpu_util``, ``mem``, ``gpu_util``, ``gpu_mem``), all of them (``combine: and``) or any
   (``or``); a resource the session was not given is not looked at; nothing is judged in the first
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.models import IDLE_CHECKER_KINDS, RECLAIM_REASONS
+from labfleet.core.errors import InvalidInput
+from labfleet.core.models import IDLE_CHECKER_KINDS, RECLAIM_REASONS
 
 MAX_SECONDS = 366 * 86400
 # Seconds a session's server may take from RUNNING to its first report before its idle clock runs

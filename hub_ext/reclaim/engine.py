@@ -1,7 +1,7 @@
 """The idle reclamation engine: which running sessions to reclaim now, and the ``idle`` object.
 
 :func:`judge_all` reads every RUNNING session with what its rules need (in a handful of
-statements whatever the fleet's size) and asks :mod:`hub_ext.reclaim.checkers` for the judgments
+statements whatever the fleet's size) and asks :mod:`labfleet.reclaim.checkers` for the judgments
 of the rules that apply to it:
 
 - the keypair policy's ``idle_timeout`` (0 never; negative: the service's default,
@@ -30,13 +30,13 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.compute import sessions
-from hub_ext.compute.reconcile import STARTING
-from hub_ext.core import audit
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput
-from hub_ext.core.models import (
+from labfleet.compute import sessions
+from labfleet.compute.reconcile import STARTING
+from labfleet.core import audit
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput
+from labfleet.core.models import (
     Allocation,
     ComputeSession,
     Device,
@@ -49,9 +49,9 @@ from hub_ext.core.models import (
     UsageSample,
     User,
 )
-from hub_ext.core.validate import check_fields, check_int
-from hub_ext.reclaim import rules as lfrules
-from hub_ext.reclaim.checkers import (
+from labfleet.core.validate import check_fields, check_int
+from labfleet.reclaim import rules as lfrules
+from labfleet.reclaim.checkers import (
     Facts,
     Judgment,
     Sample,
@@ -60,7 +60,7 @@ from hub_ext.reclaim.checkers import (
     judge_lifetime,
     judge_utilization,
 )
-from hub_ext.usage import accrual
+from labfleet.usage import accrual
 
 log = logging.getLogger(__name__)
 

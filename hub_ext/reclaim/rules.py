@@ -1,7 +1,7 @@
 """Idle checker definitions and their bindings: ``/api/idle-checkers``.
 
 A checker (``activity`` or ``utilization``, options checked by
-:func:`hub_ext.reclaim.checkers.parse_options`) applies to the sessions of the domains, projects
+:func:`labfleet.reclaim.checkers.parse_options`) applies to the sessions of the domains, projects
 and resource groups it is bound to; with the keypair policy's ``idle_timeout`` they make a
 session's rules, and every rule that applies is judged (the strictest wins).
 
@@ -19,10 +19,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from hub_ext.core import audit
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import (
+from labfleet.core import audit
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import (
     IDLE_BINDING_SCOPES,
     Domain,
     IdleChecker,
@@ -30,8 +30,8 @@ from hub_ext.core.models import (
     Project,
     ResourceGroup,
 )
-from hub_ext.core.validate import check_fields, check_name, check_text, parse_project_ref
-from hub_ext.reclaim.checkers import parse_options
+from labfleet.core.validate import check_fields, check_name, check_text, parse_project_ref
+from labfleet.reclaim.checkers import parse_options
 
 MAX_BINDINGS = 100
 

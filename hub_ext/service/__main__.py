@@ -1,3 +1,3 @@
-from hub_ext.service.app import main
+from labfleet.service.app import main
 
 main()

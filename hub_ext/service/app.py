@@ -1,7 +1,7 @@
 """The labfleet service: a Hub-managed tornado application at ``/services/labfleet/``.
 
 It is the single writer of labfleet state.  The Hub starts it from
-``jupyterhub_config.py`` (see ``hub_ext.hub.configure``) with the usual service
+``jupyterhub_config.py`` (see ``labfleet.hub.configure``) with the usual service
 environment (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_SERVICE_URL``, ...).
 """
 
@@ -30,9 +30,9 @@ from tornado import web
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Application, catch_config_error
 
-from hub_ext.compute import agents, images, nodes, reconcile, sessions
-from hub_ext.compute.devices import DevicePlugin, describe_node, get_plugin
-from hub_ext.compute.devices.mps import (
+from labfleet.compute import agents, images, nodes, reconcile, sessions
+from labfleet.compute.devices import DevicePlugin, describe_node, get_plugin
+from labfleet.compute.devices.mps import (
     CONTROL_BINARY,
     DEFAULT_LOG_DIR,
     DEFAULT_PIPE_DIR,
@@ -43,27 +43,27 @@ from hub_ext.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
-from hub_ext.compute.scheduler.admission import QueueLimits
-from hub_ext.core import audit, bootstrap, hubmap
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.dburl import default_db_url
-from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import Node, User
-from hub_ext.core.secretbox import SecretBox
-from hub_ext.core.signing import NonceCache, RateLimiter
-from hub_ext.reclaim import engine
-from hub_ext.service import jobs
-from hub_ext.service.base import NotFoundHandler, PathOnlyLogs, ServiceHubAuth
-from hub_ext.service.handlers import routes
-from hub_ext.service.hubsync import HubSync
-from hub_ext.serving.engine import ServingEngine
-from hub_ext.storage import hosts
-from hub_ext.storage.hosts import RIGHTS
-from hub_ext.storage.usage import FolderUsage
-from hub_ext.usage import enforce, overuse, records
-from hub_ext.usage.metrics import Metrics
-from hub_ext.usage.sampler import Reading, Sampler, sample_interval
+from labfleet.compute.scheduler.admission import QueueLimits
+from labfleet.core import audit, bootstrap, hubmap
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.dburl import default_db_url
+from labfleet.core.errors import LabfleetError
+from labfleet.core.models import Node, User
+from labfleet.core.secretbox import SecretBox
+from labfleet.core.signing import NonceCache, RateLimiter
+from labfleet.reclaim import engine
+from labfleet.service import jobs
+from labfleet.service.base import NotFoundHandler, PathOnlyLogs, ServiceHubAuth
+from labfleet.service.handlers import routes
+from labfleet.service.hubsync import HubSync
+from labfleet.serving.engine import ServingEngine
+from labfleet.storage import hosts
+from labfleet.storage.hosts import RIGHTS
+from labfleet.storage.usage import FolderUsage
+from labfleet.usage import enforce, overuse, records
+from labfleet.usage.metrics import Metrics
+from labfleet.usage.sampler import Reading, Sampler, sample_interval
 
 
 class OAuthCallbackHandler(PathOnlyLogs, ServiceHubAuth, HubOAuthCallbackHandler):
@@ -321,7 +321,7 @@ class LabfleetService(Application):
         hubmap.DEFAULT_MAX_QUEUED_SESSIONS,
         help="""The most sessions the whole fleet keeps waiting for capacity (PENDING) at once; past it a
         session that does not fit now is refused (409, "queue-full"), one that fits still starts. Each
-        queued session is a spawn the Hub has pending: hub_ext.hub.configure raises the Hub's
+        queued session is a spawn the Hub has pending: labfleet.hub.configure raises the Hub's
         concurrent_spawn_limit by this (set in the service_config you give it), so a full queue never
         locks out sessions that start at once. 0: no limit (and the Hub's own limit decides).""",
     ).tag(config=True)
@@ -734,7 +734,7 @@ class LabfleetService(Application):
         )
 
     async def enforce_gpu_shares(self, readings: list[Reading]) -> list[tuple[str, str]]:
-        """Act on the sessions over their share of a device's memory (hub_ext.usage.enforce)."""
+        """Act on the sessions over their share of a device's memory (labfleet.usage.enforce)."""
         return await enforce.enforce(
             self.session_factory,
             readings,
@@ -776,7 +776,7 @@ class LabfleetService(Application):
         )
 
     async def reclaim_idle(self) -> list[engine.Decision]:
-        """Reclaim idle sessions and those past their max lifetime (see ``hub_ext.reclaim.engine``)."""
+        """Reclaim idle sessions and those past their max lifetime (see ``labfleet.reclaim.engine``)."""
         return await engine.reclaim(
             self.session_factory,
             self.hub_sync.stop_server,

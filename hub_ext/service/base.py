@@ -22,16 +22,16 @@ from tornado import iostream, web
 from tornado.concurrent import Future
 from tornado.httputil import HTTPServerRequest
 
-from hub_ext.compute.sessions import take_queue_waits
-from hub_ext.core import authz, signing
-from hub_ext.core.authz import Actor
-from hub_ext.core.db import session_scope
-from hub_ext.core.errors import Forbidden, InvalidInput, LabfleetError, RateLimited, Unauthorized
-from hub_ext.core.pages import DEFAULT_LIMIT, MAX_LIMIT, Page
-from hub_ext.core.secretbox import SecretKeyMissing
-from hub_ext.core.validate import check_int
-from hub_ext.tenancy import keypairs, snapshot
-from hub_ext.tenancy.directory import actor_for, why_inactive
+from labfleet.compute.sessions import take_queue_waits
+from labfleet.core import authz, signing
+from labfleet.core.authz import Actor
+from labfleet.core.db import session_scope
+from labfleet.core.errors import Forbidden, InvalidInput, LabfleetError, RateLimited, Unauthorized
+from labfleet.core.pages import DEFAULT_LIMIT, MAX_LIMIT, Page
+from labfleet.core.secretbox import SecretKeyMissing
+from labfleet.core.validate import check_int
+from labfleet.tenancy import keypairs, snapshot
+from labfleet.tenancy.directory import actor_for, why_inactive
 
 MAX_BODY = 1 << 20  # JSON bodies; file uploads (vfolders) have their own streaming handlers
 MAX_JSON_DEPTH = 64  # nesting levels of a JSON body; no API body needs more than a few

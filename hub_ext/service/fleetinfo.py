@@ -2,7 +2,7 @@
 settings in force with where each came from (``GET /api/info`` and ``GET /api/configuration``).
 
 Plain functions over the service's parts (its engine, its Hub client's address and token, its
-job loop, the LabfleetService object itself), assembled by ``hub_ext.service.handlers.console``.
+job loop, the LabfleetService object itself), assembled by ``labfleet.service.handlers.console``.
 
 Nothing here ever answers a secret: the service token and the metrics token are told as set or not,
 the DB URL loses its password, and :func:`scrub` replaces any known secret that turns up anywhere
@@ -28,12 +28,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from hub_ext.compute import nodes
-from hub_ext.core import bootstrap, http
-from hub_ext.core.authz import Actor
-from hub_ext.core.dburl import normalize_url
-from hub_ext.core.errors import Forbidden
-from hub_ext.storage import hosts
+from labfleet.compute import nodes
+from labfleet.core import bootstrap, http
+from labfleet.core.authz import Actor
+from labfleet.core.dburl import normalize_url
+from labfleet.core.errors import Forbidden
+from labfleet.storage import hosts
 
 HIDDEN = "***"
 
@@ -464,7 +464,7 @@ def sections_of(settings: Iterable[Mapping[str, Any]]) -> list[str]:
 def _own(app: Any, trait: Any) -> bool:
     """A trait of labfleet's own classes (not traitlets' Application's)."""
     owner = getattr(trait, "this_class", None)
-    return owner is not None and owner.__module__.startswith("hub_ext")
+    return owner is not None and owner.__module__.startswith("labfleet")
 
 
 def _section_rank(name: str) -> int:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from hub_ext.compute.reconcile import HubServer
-from hub_ext.core import http, hubmap
-from hub_ext.core.db import session_scope
-from hub_ext.tenancy.directory import get_user
+from labfleet.compute.reconcile import HubServer
+from labfleet.core import http, hubmap
+from labfleet.core.db import session_scope
+from labfleet.tenancy.directory import get_user
 
 
 def _when(value: Any) -> str | None:

@@ -9,10 +9,10 @@ Jobs (see ``LabfleetService.start_async``):
 - ``reconcile``: make sessions agree with the Hub's servers (at start, then on a clock): statuses
   follow what the Hub reports, and slots held with no server go back after a grace period.
 - ``usage``: sample this node's sessions from outside them (in a worker thread) and accrue every
-  session's usage records (hub_ext.usage.records); then act on the sessions over their share of
-  a device's memory (hub_ext.usage.enforce).
+  session's usage records (labfleet.usage.records); then act on the sessions over their share of
+  a device's memory (labfleet.usage.enforce).
 - ``nodes``: mark LOST the agent nodes that missed their heartbeats; their sessions end in ERROR
-  (hub_ext.compute.agents), their slots go back and the Hub is asked to stop their servers.
+  (labfleet.compute.agents), their slots go back and the Hub is asked to stop their servers.
 - ``parent``: stop the service when the Hub that started it is gone (a killed Hub's service must
   not keep the port from the next Hub's).
 
@@ -33,13 +33,13 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.compute import agents, reconcile, sessions
-from hub_ext.core import audit
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.models import ResourceGroup
-from hub_ext.usage import records
-from hub_ext.usage.sampler import Reading, Sampler
+from labfleet.compute import agents, reconcile, sessions
+from labfleet.core import audit
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.models import ResourceGroup
+from labfleet.usage import records
+from labfleet.usage.sampler import Reading, Sampler
 
 # ---------------------------------------------------------------- the jobs
 

@@ -1,12 +1,12 @@
 """The credential of a replica: what the router sends with every call to it, and what the replica's
-front (:mod:`server_ext.front`) demands before it passes a byte on to the model (pure).
+front (:mod:`labfleet.session.front`) demands before it passes a byte on to the model (pure).
 
 A replica's port can be reached by more than its router: anyone on the host, and other sessions where
 sessions share the host's network (Docker or Swarm host networking, a local Hub that is not root).
 So each replica answers only calls that carry ``X-Labfleet-Replica-Credential: <its credential>``:
 
 - derived, never stored: ``HMAC-SHA256(K, "<endpoint id>/<route id>")`` where ``K`` is itself an HMAC
-  of the service's secret key (:mod:`hub_ext.core.secretbox`) for this one use; the service (router,
+  of the service's secret key (:mod:`labfleet.core.secretbox`) for this one use; the service (router,
   health checks) computes it when it needs it, and no row or migration holds it;
 - one per replica: a credential leaked from one replica opens no other;
 - delivered to the replica's session by a call the session makes with its own Hub token,

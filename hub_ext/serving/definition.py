@@ -21,7 +21,7 @@ The subset::
             initial_delay: 60.0
 
 A replica's command listens on its session's loopback, ``$HOST`` (127.0.0.1), at ``$PORT``, a port the
-session's runner picks; the runner's authenticating front (:mod:`server_ext.front`) listens on the
+session's runner picks; the runner's authenticating front (:mod:`labfleet.session.front`) listens on the
 replica's own port (where the router calls it) and passes on only the calls that carry the replica's
 credential. A list ``start_command`` whose argument is exactly the definition's ``port`` gets ``$PORT``
 there instead, so Backend.AI definitions that name their port run unchanged; ``{port}`` in a command
@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from hub_ext.core.errors import InvalidInput
+from labfleet.core.errors import InvalidInput
 
 DEFINITION_FILES = ("model-definition.yaml", "model-definition.yml")
 MAX_DEFINITION_BYTES = 256 * 1024

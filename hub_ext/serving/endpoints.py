@@ -2,7 +2,7 @@
 
 Who sees what, as everywhere: a user their own endpoints, a domain admin their domain's, a monitor
 and a superadmin all; what an actor may not read is *not found*. Changing needs the owner, their
-domain admin or a superadmin. The engine (:mod:`hub_ext.serving.engine`) does what the rows ask.
+domain admin or a superadmin. The engine (:mod:`labfleet.serving.engine`) does what the rows ask.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.compute import sessions
-from hub_ext.core import audit, passwords
-from hub_ext.core.authz import Actor
-from hub_ext.core.db import session_scope
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import Domain, ServingEndpoint, ServingRoute, ServingToken, User, VFolder
-from hub_ext.core.validate import (
+from labfleet.compute import sessions
+from labfleet.core import audit, passwords
+from labfleet.core.authz import Actor
+from labfleet.core.db import session_scope
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import Domain, ServingEndpoint, ServingRoute, ServingToken, User, VFolder
+from labfleet.core.validate import (
     check_bool,
     check_fields,
     check_int,
@@ -30,9 +30,9 @@ from hub_ext.core.validate import (
     check_text,
     parse_project_ref,
 )
-from hub_ext.serving import definition
-from hub_ext.storage import folders
-from hub_ext.tenancy.directory import get_project, get_user
+from labfleet.serving import definition
+from labfleet.storage import folders
+from labfleet.tenancy.directory import get_project, get_user
 
 LIVE = ("PENDING", "DEPLOYING", "READY", "DEGRADED", "DESTROYING")
 ACTIVE_ROUTES = ("PROVISIONING", "RUNNING")

@@ -12,12 +12,12 @@ Each tick (``LABFLEET_SERVING_INTERVAL`` seconds, 2 by default, and at once afte
    the failures in a row: 2, 4, 8, ... at most 60 s); too many: the unhealthy, then the newest, stopped;
    the endpoint's status and reason from what its routes are;
 4. then asks the Hub to start and to stop (and remove) servers, and rebuilds the routing table that
-   :mod:`hub_ext.serving.router` reads: per endpoint, the replicas that carry traffic, and its tokens.
+   :mod:`labfleet.serving.router` reads: per endpoint, the replicas that carry traffic, and its tokens.
 
 A replica is called at its session's own address when the spawner reported one (a session with a
 network of its own: ``runtime["address"]``), else at its node's address label, else on the loopback;
 every call (the router's, the health checks) carries the replica's credential
-(:mod:`hub_ext.serving.credentials`), which the replica's front demands.
+(:mod:`labfleet.serving.credentials`), which the replica's front demands.
 
 A replica is a named Hub server of the endpoint's owner (``<endpoint>-r<route id>``) started with the
 spawn options of an inference session: the Hub's spawner asks this service for admission and
@@ -44,13 +44,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from hub_ext.compute import sessions
-from hub_ext.core import http
-from hub_ext.core.db import session_scope
-from hub_ext.core.models import ComputeSession, ServingEndpoint, ServingRoute, ServingToken
-from hub_ext.core.secretbox import load_key
-from hub_ext.serving import credentials, definition, endpoints
-from hub_ext.usage import serving as serving_usage
+from labfleet.compute import sessions
+from labfleet.core import http
+from labfleet.core.db import session_scope
+from labfleet.core.models import ComputeSession, ServingEndpoint, ServingRoute, ServingToken
+from labfleet.core.secretbox import load_key
+from labfleet.serving import credentials, definition, endpoints
+from labfleet.usage import serving as serving_usage
 
 LOCAL_HOST = "127.0.0.1"
 _HOSTNAME = re.compile(
@@ -130,7 +130,7 @@ class Replica:
     port: int
     outstanding: int = 0  # requests in flight through the router
     down: bool = False  # refused a connection: out of rotation until a health check passes
-    credential: str = ""  # what the replica's front demands (hub_ext.serving.credentials)
+    credential: str = ""  # what the replica's front demands (labfleet.serving.credentials)
 
 
 @dataclass
@@ -162,7 +162,7 @@ class Stats:
 
 
 class HubServers(Protocol):
-    """What the engine needs of :class:`hub_ext.service.hubsync.HubSync`."""
+    """What the engine needs of :class:`labfleet.service.hubsync.HubSync`."""
 
     api_url: str
     token: str

@@ -2,7 +2,7 @@
 
 A request is checked (``Authorization: Bearer <token>`` unless the endpoint is open to the public;
 401 without it or with a wrong one; 429 past the token's requests per minute; 403 while the endpoint's
-domain or owner is deactivated, see :func:`hub_ext.serving.engine.suspension`), then passed to one of
+domain or owner is deactivated, see :func:`labfleet.serving.engine.suspension`), then passed to one of
 the endpoint's healthy replicas, chosen round robin (``LABFLEET_SERVING_BALANCE=least_outstanding``:
 the one with the fewest requests in flight). A replica that refuses the connection is taken out of
 rotation and the request goes to the next one; the answer streams back as it comes (server-sent
@@ -10,12 +10,12 @@ events arrive piece by piece); a websocket is bridged to one replica's, message 
 Requests, errors and latency are counted per endpoint and per token.
 
 Every call to a replica carries that replica's credential (``X-Labfleet-Replica-Credential``, see
-:mod:`hub_ext.serving.credentials`): its front refuses anything else with 401, so the router is the only
+:mod:`labfleet.serving.credentials`): its front refuses anything else with 401, so the router is the only
 way in. A caller's own ``X-Labfleet-Replica-*`` headers are dropped. The front's 502 that says its
 command refused the connection (``X-Labfleet-Replica-Refused``) counts as a refused connection.
 
 :func:`choose` is the pure part; :class:`ServeHandler` the tornado handler (the service's routes list
-it). The routing table is the engine's (:mod:`hub_ext.serving.engine`), rebuilt at every tick.
+it). The routing table is the engine's (:mod:`labfleet.serving.engine`), rebuilt at every tick.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from tornado import httputil, web, websocket
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.ioloop import IOLoop
 
-from hub_ext.core import passwords
-from hub_ext.core.db import session_scope
-from hub_ext.core.models import ServingToken
-from hub_ext.core.signing import RateLimiter
-from hub_ext.serving import credentials, endpoints
-from hub_ext.serving.engine import Entry, Replica, ServingEngine, token_key
+from labfleet.core import passwords
+from labfleet.core.db import session_scope
+from labfleet.core.models import ServingToken
+from labfleet.core.signing import RateLimiter
+from labfleet.serving import credentials, endpoints
+from labfleet.serving.engine import Entry, Replica, ServingEngine, token_key
 
 POLICIES = ("round_robin", "least_outstanding")
 # Not passed on, either way (RFC 9110 7.6.1), nor what the router sets itself.

@@ -19,13 +19,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import LabfleetError, NotFound
-from hub_ext.core.models import VFolder
-from hub_ext.core.validate import parse_project_ref
-from hub_ext.serving import definition
-from hub_ext.storage import folders
-from hub_ext.storage.store import FolderStore
+from labfleet.core.authz import Actor
+from labfleet.core.errors import LabfleetError, NotFound
+from labfleet.core.models import VFolder
+from labfleet.core.validate import parse_project_ref
+from labfleet.serving import definition
+from labfleet.storage import folders
+from labfleet.storage.store import FolderStore
 
 README_FILES = ("README.md", "Readme.md", "readme.md")
 MAX_README_BYTES = 64 * 1024

@@ -1,4 +1,4 @@
-"""Low-level, fd-relative file system steps for the folder store (hub_ext.storage.store).
+"""Low-level, fd-relative file system steps for the folder store (labfleet.storage.store).
 
 Nothing here follows a symlink or hands the kernel a whole path: entries are opened relative
 to their parent's fd with ``O_NOFOLLOW``, trees are walked and removed holding one directory fd
@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from hub_ext.core.errors import Conflict
+from labfleet.core.errors import Conflict
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 O_PATH: int = getattr(os, "O_PATH", 0)

@@ -1,10 +1,10 @@
-"""A folder's files through the API: who may do what to them (hub_ext.storage.folders.open_files
+"""A folder's files through the API: who may do what to them (labfleet.storage.folders.open_files
 decides), the store call that does it, and the views of entries.
 
 Reading needs ``ro`` on the folder's files, creating and moving ``rw``, whatever removes or
 replaces ``wd``; a download (a file, or a directory as tar) needs the ``download-file`` right
 on the storage host too.  Purging the trash is for those who manage the folder.  Uploads are
-hub_ext.storage.uploads.
+labfleet.storage.uploads.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden
-from hub_ext.storage import folders, hosts
-from hub_ext.storage.store import Entry, FolderStore, TrashEntry, check_relpath
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Forbidden
+from labfleet.storage import folders, hosts
+from labfleet.storage.store import Entry, FolderStore, TrashEntry, check_relpath
 
 
 def entry_view(e: Entry) -> dict[str, Any]:

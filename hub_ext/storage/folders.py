@@ -1,13 +1,13 @@
 """Virtual folders: create, find, list, change, trash, restore and purge; who reaches what.
 
 Permissions rank ``ro`` < ``rw`` < ``wd`` (write and delete).  A user folder's owner has ``wd``
-and shares it by invitation (hub_ext.storage.sharing); a project folder gives its members the project's
+and shares it by invitation (labfleet.storage.sharing); a project folder gives its members the project's
 permission, which a project's domain admin may override per user.  Admins (superadmin, the
 folder's domain admin) manage every folder in their reach but read a user's files only when the
 owner shared them.  A folder nobody may see is *not found*, whatever the route.
 
-The folder's data lives at ``<host path>/<id>/data`` (hub_ext.storage.store); ``open_files`` decides
-who reaches it and how far.  Sizes are kept by hub_ext.storage.quota.
+The folder's data lives at ``<host path>/<id>/data`` (labfleet.storage.store); ``open_files`` decides
+who reaches it and how far.  Sizes are kept by labfleet.storage.quota.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 from sqlalchemy import Select, false, or_, select
 from sqlalchemy.orm import Session, joinedload
 
-from hub_ext.core import audit
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import (
+from labfleet.core import audit
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import (
     HOLDING_STATUSES,
     ComputeSession,
     Domain,
@@ -37,12 +37,12 @@ from hub_ext.core.models import (
     VFolderMount,
     VFolderPermission,
 )
-from hub_ext.core.pages import Page, contains_text, page_of
-from hub_ext.core.validate import check_choice, check_fields, check_int, check_username, parse_project_ref
-from hub_ext.storage import hosts
-from hub_ext.storage import quota as vfquota
-from hub_ext.storage.store import FolderStore
-from hub_ext.tenancy.directory import actor_for
+from labfleet.core.pages import Page, contains_text, page_of
+from labfleet.core.validate import check_choice, check_fields, check_int, check_username, parse_project_ref
+from labfleet.storage import hosts
+from labfleet.storage import quota as vfquota
+from labfleet.storage.store import FolderStore
+from labfleet.tenancy.directory import actor_for
 
 PERMISSIONS = ("ro", "rw", "wd")
 RANK = {p: i for i, p in enumerate(PERMISSIONS, 1)}

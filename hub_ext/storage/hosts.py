@@ -16,12 +16,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from hub_ext.core import audit, authz
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import Project, StorageHost, User, VFolder
-from hub_ext.core.rights import RIGHTS, check_rights, rights_union
-from hub_ext.core.validate import check_bool, check_fields, check_int, check_name, check_text
+from labfleet.core import audit, authz
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import Project, StorageHost, User, VFolder
+from labfleet.core.rights import RIGHTS, check_rights, rights_union
+from labfleet.core.validate import check_bool, check_fields, check_int, check_name, check_text
 
 MAX_BYTES = 2**62
 

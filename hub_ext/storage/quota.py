@@ -1,7 +1,7 @@
 """Folder sizes against their limits: the folder's own, its quota scope's (the owning user or
 project, from their resource policy) and the storage host's capacity.
 
-Usage is what the last scan of the folder found (hub_ext.storage.store.FolderStore.usage), kept
+Usage is what the last scan of the folder found (labfleet.storage.store.FolderStore.usage), kept
 current by the service after every change through the API and periodically for what sessions
 write.  An upload reserves its whole size (a ``vfolder_uploads`` row) in the same transaction
 that checks the room left, under a lock on the scope's owner row, so two uploads at a limit
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from hub_ext.core.errors import Conflict, LabfleetError, NotFound
-from hub_ext.core.models import Project, User, VFolder, VFolderUpload
+from labfleet.core.errors import Conflict, LabfleetError, NotFound
+from labfleet.core.models import Project, User, VFolder, VFolderUpload
 
 if TYPE_CHECKING:
-    from hub_ext.storage.store import Usage
+    from labfleet.storage.store import Usage
 
 
 class QuotaExceeded(LabfleetError):

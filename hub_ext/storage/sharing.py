@@ -14,13 +14,13 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from hub_ext.core import audit
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import User, VFolderInvitation, VFolderPermission
-from hub_ext.core.validate import check_fields
-from hub_ext.storage import hosts
-from hub_ext.storage.folders import check_permission, find_user, host_rights, need_ready, readable
+from labfleet.core import audit
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import User, VFolderInvitation, VFolderPermission
+from labfleet.core.validate import check_fields
+from labfleet.storage import hosts
+from labfleet.storage.folders import check_permission, find_user, host_rights, need_ready, readable
 
 
 def _grant(db: Session, folder_id: str, user_id: int) -> VFolderPermission | None:

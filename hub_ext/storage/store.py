@@ -33,8 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
-from hub_ext.storage.fdops import (
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
+from labfleet.storage.fdops import (
     DIR_FLAGS,
     NotRegular,
     iter_tree,

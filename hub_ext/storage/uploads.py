@@ -1,7 +1,7 @@
 """Uploads into a folder, from the reservation to the file in place.
 
     begin   check the caller's rights and the room left, reserve the upload's whole size (a
-            ``vfolder_uploads`` row, hub_ext.storage.quota.reserve) and make its temp file
+            ``vfolder_uploads`` row, labfleet.storage.quota.reserve) and make its temp file
     append  write a request's bytes at the upload's offset (a ``Body``; one writer at a time);
             a resumable upload reserves its whole size again for the request (quota.hold), and
             when the request ends unfinished (done or dropped) holds only what it received
@@ -19,7 +19,7 @@ arrived when its request drops, and finishes with its last byte.
 
 ``begin``, ``status``, ``cancel``, ``abort`` and ``expire`` work in the caller's transaction.
 The streaming steps (``start``, ``append``, ``finish``, ``abandon``) span several: they take the
-service's FolderUsage (hub_ext.storage.usage), which holds the session factory and the locks.
+service's FolderUsage (labfleet.storage.usage), which holds the session factory and the locks.
 """
 
 from __future__ import annotations
@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import InvalidInput, LabfleetError, NotFound
-from hub_ext.core.models import VFolder, VFolderUpload
-from hub_ext.storage import folders, hosts
-from hub_ext.storage import quota as vfquota
-from hub_ext.storage.files import entry_view
-from hub_ext.storage.store import Entry, FolderStore, check_relpath
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.errors import InvalidInput, LabfleetError, NotFound
+from labfleet.core.models import VFolder, VFolderUpload
+from labfleet.storage import folders, hosts
+from labfleet.storage import quota as vfquota
+from labfleet.storage.files import entry_view
+from labfleet.storage.store import Entry, FolderStore, check_relpath
 
 if TYPE_CHECKING:
-    from hub_ext.storage.usage import FolderUsage
+    from labfleet.storage.usage import FolderUsage
 
 MAX_UPLOAD = 1 << 40  # one upload's size; the quotas are the real limit
 

@@ -1,7 +1,7 @@
 """How much each folder holds on disk: rescans, and the per-folder locks that keep them right.
 
 A rescan measures a folder (in a thread) and records its usage; an upload turns its reservation
-into usage (hub_ext.storage.uploads.finish). One lock per folder, held by a rescan from measuring
+into usage (labfleet.storage.uploads.finish). One lock per folder, held by a rescan from measuring
 to recording and by an upload while it finishes: a measurement taken before an upload landed can
 then never overwrite the usage that upload added. (One service process holds the locks.)
 """
@@ -14,11 +14,11 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.core import db as lfdb
-from hub_ext.core.errors import LabfleetError
-from hub_ext.core.models import FINAL_STATUSES, ComputeSession, VFolder
-from hub_ext.storage import folders, uploads
-from hub_ext.storage import quota as vfquota
+from labfleet.core import db as lfdb
+from labfleet.core.errors import LabfleetError
+from labfleet.core.models import FINAL_STATUSES, ComputeSession, VFolder
+from labfleet.storage import folders, uploads
+from labfleet.storage import quota as vfquota
 
 
 class FolderUsage:

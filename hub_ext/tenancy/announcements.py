@@ -13,11 +13,11 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from hub_ext.core import audit
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden, InvalidInput
-from hub_ext.core.models import ANNOUNCEMENT_LEVELS, Announcement, utcnow
-from hub_ext.core.validate import check_choice, check_fields, check_text
+from labfleet.core import audit
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Forbidden, InvalidInput
+from labfleet.core.models import ANNOUNCEMENT_LEVELS, Announcement, utcnow
+from labfleet.core.validate import check_choice, check_fields, check_text
 
 MAX_TEXT = 2000
 DEFAULT_LEVEL = "info"

@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from hub_ext.core import audit, authz
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.ledger import LIVE_STATUSES
-from hub_ext.core.models import (
+from labfleet.core import audit, authz
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.ledger import LIVE_STATUSES
+from labfleet.core.models import (
     ComputeSession,
     Domain,
     Keypair,
@@ -27,9 +27,9 @@ from hub_ext.core.models import (
     User,
     UserResourcePolicy,
 )
-from hub_ext.core.passwords import check_password_strength, hash_password
-from hub_ext.core.rights import check_host_grants
-from hub_ext.core.validate import (
+from labfleet.core.passwords import check_password_strength, hash_password
+from labfleet.core.rights import check_host_grants
+from labfleet.core.validate import (
     check_bool,
     check_choice,
     check_fields,
@@ -40,7 +40,7 @@ from hub_ext.core.validate import (
     check_username,
     parse_project_ref,
 )
-from hub_ext.tenancy.keypairs import new_keypair, new_user_policy
+from labfleet.tenancy.keypairs import new_keypair, new_user_policy
 
 # ---------------------------------------------------------------- lookups
 
@@ -347,7 +347,7 @@ def create_user(db: Session, actor: Actor, body: Any, *, password_hash: str | No
     a superadmin may name any (``default`` unnamed); a domain admin one of the domain's
     ``allowed_keypair_policies`` (its first unnamed; a domain with no list is bounded by its caps
     only, and its admins' new users get ``default``): see
-    :func:`hub_ext.tenancy.keypairs.new_user_policy`."""
+    :func:`labfleet.tenancy.keypairs.new_user_policy`."""
     body = check_fields(body, required=["username", "domain"], optional=USER_CREATE_FIELDS)
     username = check_username(body["username"])
     dname = check_name(body["domain"], "domain")
@@ -484,8 +484,8 @@ def delete_user(db: Session, actor: Actor, username: str) -> None:
 
 def list_users(db: Session, actor: Actor, domain: str | None = None) -> list[User]:
     """Every user ``actor`` may read (of ``domain``), by name; the REST API answers pages of the
-    same query (hub_ext.tenancy.userlist.page_users)."""
-    from hub_ext.tenancy.userlist import all_users  # authz in SQL
+    same query (labfleet.tenancy.userlist.page_users)."""
+    from labfleet.tenancy.userlist import all_users  # authz in SQL
 
     return all_users(db, actor, domain)
 

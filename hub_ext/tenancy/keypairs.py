@@ -1,20 +1,20 @@
 """Keypairs: issue, list, revoke; look-up for signed requests.
 
 A keypair is an access key (20 chars, public) and a secret key (40 chars) that is
-shown once, when issued, and stored only encrypted (see :mod:`hub_ext.core.secretbox`).
+shown once, when issued, and stored only encrypted (see :mod:`labfleet.core.secretbox`).
 
 A keypair's policy cannot be walked around:
 
 - a keypair takes its user's main keypair's policy unless one is named, and whoever names one
   may name only a policy no looser than the main keypair's (every limit compared:
-  :func:`hub_ext.tenancy.policies.looser_limits`), except that a domain admin may also hand out
+  :func:`labfleet.tenancy.policies.looser_limits`), except that a domain admin may also hand out
   the policies a superadmin allowed for the domain (``allowed_keypair_policies``), and a
   superadmin any (:func:`assign_refusal`);
 - a user mints at most ``max_keypairs`` active keypairs, the main one included (their user
   policy says how many; :data:`DEFAULT_MAX_KEYPAIRS` without one); an admin of their domain
   may issue (or reactivate) past it, as for any change an admin makes on purpose;
 - admission counts a keypair policy's sessions and slots over all of the user's keypairs
-  (:mod:`hub_ext.compute.tenants`), so a second keypair under the same policy adds nothing;
+  (:mod:`labfleet.compute.tenants`), so a second keypair under the same policy adds nothing;
 - when an admin changes the main keypair's policy, the user's other active keypairs that held the
   old one (they inherited it) follow to the new one; a keypair given another policy on purpose
   keeps it (:func:`inheritors`; the update's audit entry names the keypairs moved);
@@ -30,14 +30,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from hub_ext.core import audit, authz
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import Keypair, KeypairResourcePolicy, User
-from hub_ext.core.secretbox import SecretBox
-from hub_ext.core.signing import new_access_key, new_secret_key
-from hub_ext.core.validate import check_bool, check_fields, check_int, check_name, check_username
-from hub_ext.tenancy.policies import looser_limits, policy_view
+from labfleet.core import audit, authz
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import Keypair, KeypairResourcePolicy, User
+from labfleet.core.secretbox import SecretBox
+from labfleet.core.signing import new_access_key, new_secret_key
+from labfleet.core.validate import check_bool, check_fields, check_int, check_name, check_username
+from labfleet.tenancy.policies import looser_limits, policy_view
 
 DEFAULT_RATE_LIMIT = 10_000
 MAX_RATE_LIMIT = 10_000_000

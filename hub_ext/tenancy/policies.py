@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from hub_ext.core import audit, authz
-from hub_ext.core.authz import Actor
-from hub_ext.core.bootstrap import ensure_default_keypair_policy  # noqa: F401 (re-exported)
-from hub_ext.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from hub_ext.core.models import (
+from labfleet.core import audit, authz
+from labfleet.core.authz import Actor
+from labfleet.core.bootstrap import ensure_default_keypair_policy  # noqa: F401 (re-exported)
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import (
     Domain,
     Keypair,
     KeypairResourcePolicy,
@@ -22,9 +22,9 @@ from hub_ext.core.models import (
     User,
     UserResourcePolicy,
 )
-from hub_ext.core.rights import RIGHTS, check_host_grants
-from hub_ext.core.slots import ResourceSlots, base_slot, format_amount
-from hub_ext.core.validate import check_choice, check_fields, check_int, check_name, check_slots
+from labfleet.core.rights import RIGHTS, check_host_grants
+from labfleet.core.slots import ResourceSlots, base_slot, format_amount
+from labfleet.core.validate import check_choice, check_fields, check_int, check_name, check_slots
 
 MAX_SECONDS = 10 * 365 * 24 * 3600
 MAX_BYTES = 2**62
@@ -50,8 +50,8 @@ _FOLDER_FIELDS = {
     "max_quota_scope_size": lambda v: check_int(v, "max_quota_scope_size", maximum=MAX_BYTES),
     "max_vfolder_size": lambda v: check_int(v, "max_vfolder_size", maximum=MAX_BYTES),
 }
-# A user policy also limits model serving (hub_ext.serving): endpoints, and replicas of one endpoint;
-# and the keypairs its user may hold (hub_ext.tenancy.keypairs).
+# A user policy also limits model serving (labfleet.serving): endpoints, and replicas of one endpoint;
+# and the keypairs its user may hold (labfleet.tenancy.keypairs).
 _USER_FIELDS = {
     **_FOLDER_FIELDS,
     "max_keypairs": lambda v: check_int(v, "max_keypairs", maximum=100_000),
@@ -180,7 +180,7 @@ def parse_kind(kind: str) -> str:
 
 def _cap(slots: ResourceSlots, unlimited: bool, name: str) -> Decimal | None:
     """What a policy allows of slot ``name`` in all (None: no limit), as admission counts it
-    (:func:`hub_ext.compute.scheduler.admission.quota_view`): a per-model slot is held to its own
+    (:func:`labfleet.compute.scheduler.admission.quota_view`): a per-model slot is held to its own
     cap and to its base slot's; a slot the policy names neither way follows the policy's rule."""
     caps = [slots.get_amount(n) for n in {name, base_slot(name)} if n in slots]
     if caps:

@@ -2,7 +2,7 @@
 
 Users (with their domain, projects and main keypair), projects (with their members) and keypairs
 (with their resource policy) as frozen values, loaded once per version of the ``tenancy``
-counter (:mod:`hub_ext.core.versions`): any change to tenancy bumps the counter in its own
+counter (:mod:`labfleet.core.versions`): any change to tenancy bumps the counter in its own
 transaction, and a reader that sees the new number loads afresh, so a change is never missed.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, and_, bindparam, select
 from sqlalchemy.orm import Session, selectinload
 
-from hub_ext.core import versions
-from hub_ext.core.models import (
+from labfleet.core import versions
+from labfleet.core.models import (
     Domain,
     Keypair,
     KeypairResourcePolicy,
@@ -24,7 +24,7 @@ from hub_ext.core.models import (
     User,
     UserStatus,
 )
-from hub_ext.core.slots import ResourceSlots
+from labfleet.core.slots import ResourceSlots
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from hub_ext.core.authz import ROLES, Actor
-from hub_ext.core.models import Domain, Project, User
-from hub_ext.core.pages import Page, contains_text, page_of
-from hub_ext.core.validate import check_choice
-from hub_ext.tenancy.directory import readable_domain
+from labfleet.core.authz import ROLES, Actor
+from labfleet.core.models import Domain, Project, User
+from labfleet.core.pages import Page, contains_text, page_of
+from labfleet.core.validate import check_choice
+from labfleet.tenancy.directory import readable_domain
 
 # What user_view reads: the domain, the projects (and their domains), the resource policy.
 VIEW_LOADS = (

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from hub_ext.core.models import FINAL_STATUSES, HOLDING_STATUSES
-from hub_ext.core.slots import ResourceSlots, SlotError, base_slot
+from labfleet.core.models import FINAL_STATUSES, HOLDING_STATUSES
+from labfleet.core.slots import ResourceSlots, SlotError, base_slot
 
 BUCKET_SECONDS = 900  # 15 minutes
 BUCKET = timedelta(seconds=BUCKET_SECONDS)

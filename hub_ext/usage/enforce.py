@@ -1,4 +1,4 @@
-"""The backstop at the edge: act on the sessions :mod:`hub_ext.usage.overuse` finds over their share
+"""The backstop at the edge: act on the sessions :mod:`labfleet.usage.overuse` finds over their share
 of a device's memory, at each usage tick of the service (after the readings are accrued).
 
 Each action writes the audit entry ``session.gpu-overuse`` (``details.action``: warn, kill or stop,
@@ -12,7 +12,7 @@ it in the metric ``labfleet_gpu_overuse_total{action, resource_group}``:
   the process the sampler read, by its start time); each one audited with its pid, command line and
   device memory (``details.killed``, ``details.not_killed`` with why).  On the service's own node
   the service kills at once.  On a node run by an agent the kill is queued
-  (:class:`hub_ext.usage.overuse.AgentKills`, in the service's memory) and handed to the agent in
+  (:class:`labfleet.usage.overuse.AgentKills`, in the service's memory) and handed to the agent in
   its heartbeats' answers (:func:`agent_heartbeat`); the agent kills a pid only while it belongs to
   that session as it last sampled it, and reports; the audit entry, the status reason and the
   metric are written when it has reported every kill, or when the kill is given up (not reported
@@ -33,11 +33,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.compute import sessions
-from hub_ext.core import audit
-from hub_ext.core import db as lfdb
-from hub_ext.core.authz import Actor
-from hub_ext.core.models import (
+from labfleet.compute import sessions
+from labfleet.core import audit
+from labfleet.core import db as lfdb
+from labfleet.core.authz import Actor
+from labfleet.core.models import (
     HOLDING_STATUSES,
     Allocation,
     ComputeSession,
@@ -47,8 +47,8 @@ from hub_ext.core.models import (
     ResourceGroup,
     User,
 )
-from hub_ext.usage import overuse
-from hub_ext.usage.sampler import Reading, kill_if_same
+from labfleet.usage import overuse
+from labfleet.usage.sampler import Reading, kill_if_same
 
 AUDIT_ACTION = "session.gpu-overuse"
 # Only where the service was given no queue for its agents' kills (see act's ``agent_kills``).

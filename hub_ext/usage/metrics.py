@@ -30,9 +30,9 @@ their labels:
 - counters: ``sessions_reclaimed_total`` (reason: idle-timeout, idle-utilization, lifetime,
   gpu-overuse);
   ``gpu_overuse_total`` (action: warn, kill, stop; resource_group), sessions over their share of a
-  device's memory acted on (hub_ext.usage.enforce).
+  device's memory acted on (labfleet.usage.enforce).
 
-Model serving (hub_ext.serving), per endpoint not destroyed (endpoint, project, domain): the counters
+Model serving (labfleet.serving), per endpoint not destroyed (endpoint, project, domain): the counters
 ``serving_requests_total`` and ``serving_errors_total``, read from the endpoints' cumulative columns
 (written by the serving engine each tick, so they survive restarts and lag by at most a tick); the
 gauges ``serving_replicas_healthy`` and ``serving_replicas_wanted``; the histogram
@@ -61,9 +61,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hub_ext.core import ledger
-from hub_ext.core.bootstrap import SESSION_TYPES
-from hub_ext.core.models import (
+from labfleet.core import ledger
+from labfleet.core.bootstrap import SESSION_TYPES
+from labfleet.core.models import (
     HOLDING_STATUSES,
     RECLAIM_REASONS,
     Allocation,
@@ -76,8 +76,8 @@ from hub_ext.core.models import (
     ServingEndpoint,
     ServingRoute,
 )
-from hub_ext.core.slots import ResourceSlots, SlotError
-from hub_ext.usage import records
+from labfleet.core.slots import ResourceSlots, SlotError
+from labfleet.usage import records
 
 # Live sessions, in the order a session goes through them.
 LIVE_STATUSES = ("PENDING", *HOLDING_STATUSES)
@@ -615,7 +615,7 @@ class Metrics:
         self.reclaimed.labels(reason if reason in RECLAIM_REASONS else "idle-timeout").inc()
 
     def observe_gpu_overuse(self, action: str, resource_group: str) -> None:
-        """A session over its GPU share acted on (hub_ext.usage.enforce); one stopped is reclaimed too."""
+        """A session over its GPU share acted on (labfleet.usage.enforce); one stopped is reclaimed too."""
         self.gpu_overuse.labels(action, resource_group).inc()
         if action == "stop":
             self.observe_reclaimed("gpu-overuse")

@@ -3,8 +3,8 @@ memory than their share, and what to do about it.  Plain values in, plain values
 
 MPS limits and framework memory caps hold a well-behaved session to its fraction; a session that
 walks around them (a second process, a framework that ignores the cap) is caught here, from the
-trusted sampler's per-process readings (:mod:`hub_ext.usage.sampler`), and acted on by the
-service (:mod:`hub_ext.usage.enforce`).
+trusted sampler's per-process readings (:mod:`labfleet.usage.sampler`), and acted on by the
+service (:mod:`labfleet.usage.enforce`).
 
 The rules:
 
@@ -39,9 +39,9 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hub_ext.core.bootstrap import GPU_OVERUSE_POLICIES
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.validate import check_bool, check_fields, check_int, check_text
+from labfleet.core.bootstrap import GPU_OVERUSE_POLICIES
+from labfleet.core.errors import InvalidInput
+from labfleet.core.validate import check_bool, check_fields, check_int, check_text
 
 TOLERANCE_FRACTION = 0.05  # of the share's bytes
 TOLERANCE_FLOOR = 256 * 2**20  # bytes: the least tolerance, whatever the share

@@ -7,10 +7,10 @@
    from its status history, so a session that started and ended between two runs, or while the
    service was down, is accounted all the same;
 2. each unfinished state row accrues its allocation up to now (or up to its end), cut at bucket
-   boundaries, and the sampler's readings (:mod:`hub_ext.usage.sampler`, measured outside the
+   boundaries, and the sampler's readings (:mod:`labfleet.usage.sampler`, measured outside the
    session) add what it used;
 3. buckets older than the retention go (model serving's too, ``serving_usage``); the raw readings
-   are kept a day (``usage_samples``), for the idle checkers' windows (hub_ext.reclaim).
+   are kept a day (``usage_samples``), for the idle checkers' windows (labfleet.reclaim).
 
 Buckets are added to with ``INSERT ... ON CONFLICT DO UPDATE`` (one statement for all of them);
 only the service writes them. Between two runs, :func:`live_tail` tells the queries what the live
@@ -30,8 +30,8 @@ from sqlalchemy import and_, delete, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.models import (
+from labfleet.core.errors import InvalidInput
+from labfleet.core.models import (
     FINAL_STATUSES,
     HOLDING_STATUSES,
     Allocation,
@@ -49,9 +49,9 @@ from hub_ext.core.models import (
     UsageSessionState,
     User,
 )
-from hub_ext.core.validate import check_bool, check_fields, check_text
-from hub_ext.usage import accrual
-from hub_ext.usage.sampler import GpuProcess, GpuReading, Reading, Target
+from labfleet.core.validate import check_bool, check_fields, check_text
+from labfleet.usage import accrual
+from labfleet.usage.sampler import GpuProcess, GpuReading, Reading, Target
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +369,7 @@ def purge(db: Session, before: datetime) -> int:
     result: Any = db.execute(delete(UsageBucket).where(UsageBucket.bucket_start < before))
     gone = result.rowcount or 0
     db.execute(delete(UsageDay).where(UsageDay.bucket_start < before - accrual.DAY))
-    db.execute(delete(ServingUsage).where(ServingUsage.bucket_start < before))  # hub_ext.usage.serving
+    db.execute(delete(ServingUsage).where(ServingUsage.bucket_start < before))  # labfleet.usage.serving
     db.execute(
         delete(UsageSessionState).where(
             UsageSessionState.finished.is_(True), UsageSessionState.held_until < before

@@ -1,6 +1,6 @@
 """The trusted usage sampler: what each live compute session really uses, measured from outside it.
 
-A session's own numbers (its ``server_ext`` usage endpoint) can be faked by its user, so accounting
+A session's own numbers (its ``labfleet.session`` usage endpoint) can be faked by its user, so accounting
 and idle reclamation read this instead: the node's ``/proc`` (through psutil), the Docker engine's
 stats and the device plugins, none of which a session can write.  The labfleet service runs a
 :class:`Sampler` every ``$LABFLEET_SAMPLE_INTERVAL`` seconds (:func:`sample_interval`, default 15)
@@ -29,7 +29,7 @@ Per :class:`Target` (one live session on this node), one :class:`Reading`:
   ``gpu_util``; otherwise ``None`` (cannot tell).  Memory likewise, from ``mem_used``.  A session with
   no process on a device whose processes are known uses 0 of it.  Each reading also lists the
   session's processes on the device (pid, memory, start time), for the share enforcement
-  (:mod:`hub_ext.usage.overuse`), whose kills (the service's on its node, an agent's on its own)
+  (:mod:`labfleet.usage.overuse`), whose kills (the service's on its node, an agent's on its own)
   go through :func:`kill_if_same`: a pid is killed only while it still has that start time.
 
 ``cpu_seconds`` is cumulative since the session started: consumers take differences between
@@ -55,7 +55,7 @@ from typing import Any
 
 import psutil
 
-from hub_ext.compute.devices.base import DevicePlugin, plugin_for_device
+from labfleet.compute.devices.base import DevicePlugin, plugin_for_device
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import InvalidInput
-from hub_ext.core.models import ServingEndpoint, ServingToken, ServingUsage
-from hub_ext.usage import accrual
-from hub_ext.usage.stats import MAX_ROWS, UsageQuery, bucket_expr, bucket_value, scope_filter
+from labfleet.core.authz import Actor
+from labfleet.core.errors import InvalidInput
+from labfleet.core.models import ServingEndpoint, ServingToken, ServingUsage
+from labfleet.usage import accrual
+from labfleet.usage.stats import MAX_ROWS, UsageQuery, bucket_expr, bucket_value, scope_filter
 
 
 class Counted(Protocol):
@@ -203,7 +203,7 @@ def _none() -> dict[str, Any]:
 
 
 def add_to_me(db: Session, actor: Actor, answer: dict[str, Any]) -> dict[str, Any]:
-    """``answer`` (:func:`hub_ext.usage.stats.me`) with serving: per period the caller's endpoints'
+    """``answer`` (:func:`labfleet.usage.stats.me`) with serving: per period the caller's endpoints'
     totals, per endpoint and per token; per day the totals."""
     mine = Actor(name=actor.name, role="user", domain=actor.domain, kind="user")
     now = datetime.fromisoformat(answer["now"])

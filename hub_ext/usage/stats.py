@@ -1,12 +1,12 @@
 """Usage statistics: ``GET /api/usage`` and ``GET /api/usage/me`` (and ``labfleet usage``).
 
 :func:`parse_query` turns the query arguments into a :class:`UsageQuery` (400 for anything it
-cannot take); :func:`report` sums the 15-minute buckets of :mod:`hub_ext.usage.records` in SQL,
+cannot take); :func:`report` sums the 15-minute buckets of :mod:`labfleet.usage.records` in SQL,
 grouped by user, project, domain, resource group or session and by 15 minutes, hour, day or not at
 all, scoped to what the caller may read, and adds what live sessions held since their last accrual
 (so a running session's figures reach now). :func:`as_csv` writes the same rows for chargeback.
 
-Amounts are slot-seconds (see :mod:`hub_ext.usage.accrual`); a range is widened to whole
+Amounts are slot-seconds (see :mod:`labfleet.usage.accrual`); a range is widened to whole
 15-minute buckets.
 """
 
@@ -22,10 +22,10 @@ from typing import Any
 from sqlalchemy import Select, func, select, union_all
 from sqlalchemy.orm import Session
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import InvalidInput, NotFound
-from hub_ext.core.models import UsageBucket, UsageDay, UsageSessionState
-from hub_ext.usage import accrual, records
+from labfleet.core.authz import Actor
+from labfleet.core.errors import InvalidInput, NotFound
+from labfleet.core.models import UsageBucket, UsageDay, UsageSessionState
+from labfleet.usage import accrual, records
 
 GROUPS = ("user", "project", "domain", "resource_group", "session")
 BUCKETS = {"15m": accrual.BUCKET_SECONDS, "hour": 3600, "day": 86400, "none": 0}

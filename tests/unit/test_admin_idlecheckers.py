@@ -8,8 +8,8 @@ from typing import Any
 import ipywidgets as W
 import pytest
 
-from admin_dashboards import idlecheckers as I
-from admin_dashboards.console import ServiceError
+from labfleet.console import idlecheckers as I
+from labfleet.console.console import ServiceError
 
 GPU_IDLE = {
     "name": "gpu-idle",

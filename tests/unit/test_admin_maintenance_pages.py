@@ -9,8 +9,8 @@ from typing import Any
 import ipywidgets as W
 import pytest
 
-from admin_dashboards import configurations, information, maintenance
-from admin_dashboards.console import ServiceError
+from labfleet.console import configurations, information, maintenance
+from labfleet.console.console import ServiceError
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 

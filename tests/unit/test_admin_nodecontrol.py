@@ -7,8 +7,8 @@ from typing import Any
 
 import ipywidgets as W
 
-from admin_dashboards import nodecontrol as N
-from admin_dashboards.console import ServiceError
+from labfleet.console import nodecontrol as N
+from labfleet.console.console import ServiceError
 
 
 def test_what_each_state_reads_as_and_what_a_click_sends():

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from admin_dashboards import domains as D
-from admin_dashboards import environments as E
-from admin_dashboards import policies as P
-from admin_dashboards import storage as S
-from admin_dashboards.console import ServiceError
+from labfleet.console import domains as D
+from labfleet.console import environments as E
+from labfleet.console import policies as P
+from labfleet.console import storage as S
+from labfleet.console.console import ServiceError
 
 GIB = 2**30
 KEYPAIR = {

@@ -12,10 +12,10 @@ from datetime import datetime, timedelta, timezone
 import ipywidgets as W
 import pytest
 
-from admin_dashboards import gpuoveruse as O
-from admin_dashboards import resources as R
-from admin_dashboards import scheduler as S
-from admin_dashboards.console import ServiceError
+from labfleet.console import gpuoveruse as O
+from labfleet.console import resources as R
+from labfleet.console import scheduler as S
+from labfleet.console.console import ServiceError
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 GIB = 2**30
@@ -234,7 +234,7 @@ def test_the_patch_holds_the_gpu_overuse_policy_and_refuses_one_the_service_woul
     assert R.group_patch(GROUP, same) == {}  # a group from before the policy reads as auto
     assert R.group_patch(dict(GROUP, gpu_overuse="warn"), same) == {"gpu_overuse": "auto"}
     assert R.group_patch(GROUP, dict(same, gpu_overuse="kill")) == {"gpu_overuse": "kill"}
-    # The service's own words (hub_ext.core.validate.check_choice): 400 there, nothing sent here
+    # The service's own words (labfleet.core.validate.check_choice): 400 there, nothing sent here
     with pytest.raises(
         ValueError, match=r"^gpu_overuse must be one of auto, warn, kill, stop \(got 'nuke'\)$"
     ):

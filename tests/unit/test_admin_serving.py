@@ -9,8 +9,8 @@ from typing import Any
 import ipywidgets as W
 import pytest
 
-from admin_dashboards import serving as S
-from admin_dashboards.console import ServiceError
+from labfleet.console import serving as S
+from labfleet.console.console import ServiceError
 
 NOW = datetime(2026, 11, 24, 5, 0, tzinfo=timezone.utc)
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-import admin_dashboards.console as console
-from admin_dashboards import userforms as F
-from admin_dashboards import users as U
-from admin_dashboards.console import ServiceError
+import labfleet.console.console as console
+from labfleet.console import userforms as F
+from labfleet.console import users as U
+from labfleet.console.console import ServiceError
 
 HEADER = "username,email,domain,role,projects,password\n"
 

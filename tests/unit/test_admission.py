@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub_ext.compute.scheduler.admission import (
+from labfleet.compute.scheduler.admission import (
     DOMAIN_QUOTA,
     IMAGE_MIN_RESOURCES,
     IMAGE_NOT_ALLOWED,
@@ -36,14 +36,14 @@ from hub_ext.compute.scheduler.admission import (
     check_queue_room,
     quota_view,
 )
-from hub_ext.compute.scheduler.queueing import (
+from labfleet.compute.scheduler.queueing import (
     PendingItem,
     dominant_share,
     order_queue,
     queue_positions,
     schedule_pass,
 )
-from hub_ext.core.slots import ResourceSlots
+from labfleet.core.slots import ResourceSlots
 
 S = ResourceSlots
 KEY = "AKTESTKEY00000000001"

@@ -10,8 +10,8 @@ import pytest
 from jupyter_server_proxy.config import ServerProcess
 from traitlets.config import Config, Configurable
 
-from server_ext import apps
-from server_ext.apps_server import configured_servers, link_apps
+from labfleet.session import apps
+from labfleet.session.apps_server import configured_servers, link_apps
 
 PORTS = [
     {"name": "echo", "protocol": "http", "port": 8080},

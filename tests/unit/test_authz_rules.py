@@ -1,9 +1,9 @@
-"""Who may act at all (hub_ext.core.authz.inactive_reason): an inactive user never; a user of a
+"""Who may act at all (labfleet.core.authz.inactive_reason): an inactive user never; a user of a
 deactivated domain not until it is active again; a superadmin always, so someone can reactivate it."""
 
 import pytest
 
-from hub_ext.core.authz import inactive_reason
+from labfleet.core.authz import inactive_reason
 
 
 @pytest.mark.parametrize(

@@ -15,16 +15,16 @@ from typing import Any
 import pynvml
 import pytest
 
-from hub_ext.compute.devices import DeviceInfo, DevicePlugin, NodeInfo, describe_node, get_plugin
-from hub_ext.compute.devices.base import (
+from labfleet.compute.devices import DeviceInfo, DevicePlugin, NodeInfo, describe_node, get_plugin
+from labfleet.compute.devices.base import (
     available_plugins,
     cgroup_cpu_limit,
     cgroup_memory_limit,
     host_cpu,
     host_memory,
 )
-from hub_ext.compute.devices.mock import MockPlugin, mock_uuid
-from hub_ext.compute.devices.nvidia import NvidiaPlugin
+from labfleet.compute.devices.mock import MockPlugin, mock_uuid
+from labfleet.compute.devices.nvidia import NvidiaPlugin
 
 GiB = 2**30
 
@@ -64,7 +64,7 @@ def test_mock_through_the_registry():
 
 
 def test_mock_with_nothing_configured_says_so(caplog):
-    with caplog.at_level(logging.WARNING, logger="hub_ext.compute.devices"):
+    with caplog.at_level(logging.WARNING, logger="labfleet.compute.devices"):
         plugin = MockPlugin(devices=[{"model": "T4", "memory": "16g", "count": 0}], node="n1")
         assert plugin.discover() == []
     assert plugin.reason and "no mock devices" in plugin.reason
@@ -114,7 +114,7 @@ class ThirdParty(DevicePlugin):
 def test_registry_loads_entry_points(monkeypatch):
     from importlib.metadata import EntryPoint
 
-    from hub_ext.compute.devices import base
+    from labfleet.compute.devices import base
 
     eps = [
         EntryPoint("third", f"{__name__}:ThirdParty", base.ENTRY_POINT_GROUP),
@@ -282,7 +282,7 @@ def test_nvidia_gpus_and_mig_instances(as_bytes: bool):
 def test_nvidia_without_the_library_reports_empty_with_reason(caplog):
     nvml = FakeNVML([], init_error=pynvml.NVMLError_LibraryNotFound())
     plugin = NvidiaPlugin(nvml=nvml)
-    with caplog.at_level(logging.WARNING, logger="hub_ext.compute.devices"):
+    with caplog.at_level(logging.WARNING, logger="labfleet.compute.devices"):
         assert plugin.discover() == []
     assert plugin.reason == "NVML not available: NVML Shared Library Not Found"
     assert "NVML not available" in caplog.text

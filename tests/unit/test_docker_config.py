@@ -1,4 +1,4 @@
-"""spawner.docker_config: a LaunchSpec as DockerSpawner settings, the sessions' network (pure, no daemon)."""
+"""labfleet.spawner.docker_config: a LaunchSpec as DockerSpawner settings, the sessions' network (pure, no daemon)."""
 
 from dataclasses import replace
 from decimal import Decimal
@@ -6,8 +6,8 @@ from decimal import Decimal
 import pytest
 from docker.types import DeviceRequest
 
-from spawner import sessionnet
-from spawner.docker_config import (
+from labfleet.spawner import sessionnet
+from labfleet.spawner.docker_config import (
     ContainerConfig,
     container_config,
     gateway_environment,
@@ -15,8 +15,8 @@ from spawner.docker_config import (
     network_bridge,
     session_network_spec,
 )
-from spawner.launch import LaunchSpec, Mount, build_launch, mps_withheld_for
-from spawner.options import parse_options
+from labfleet.spawner.launch import LaunchSpec, Mount, build_launch, mps_withheld_for
+from labfleet.spawner.options import parse_options
 
 U0 = "GPU-11111111-2222-3333-4444-555555555555"
 U1 = "GPU-66666666-7777-8888-9999-000000000000"
@@ -334,7 +334,7 @@ class _OrmSpawner:
 
 
 def _docker_spawner(**config):
-    from spawner.docker import LabfleetDockerSpawner
+    from labfleet.spawner.docker import LabfleetDockerSpawner
 
     s = LabfleetDockerSpawner(user=_User(), orm_spawner=_OrmSpawner(), **config)
 
@@ -442,7 +442,7 @@ async def test_backend_hands_the_containers_environment_to_the_session():
 
 
 async def test_backend_gives_mps_only_to_its_numeric_non_root_container_user():
-    from spawner.launch import mps_withheld_for
+    from labfleet.spawner.launch import mps_withheld_for
 
     assert _docker_spawner().lf_mps_withheld() is None  # 1000:1000
     for user in ("", "0:0", "root", "jovyan"):
@@ -628,7 +628,7 @@ def test_backend_network_defaults_and_environment(monkeypatch):
 def test_configure_docker_backend_leaves_the_network_to_the_spawner(tmp_path, monkeypatch):
     from traitlets.config import Config
 
-    from hub_ext.hub.configure import configure
+    from labfleet.hub.configure import configure
 
     monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
     c = Config()
@@ -641,7 +641,7 @@ def test_configure_docker_backend_leaves_the_network_to_the_spawner(tmp_path, mo
 async def test_backend_makes_the_missing_network_and_guards_it_once(monkeypatch):
     import docker
 
-    import spawner.docker as backend
+    import labfleet.spawner.docker as backend
 
     s = _docker_spawner(network_name="lf-n", session_bridge="lfu1", session_subnet="10.220.9.0/24")
     s.user.settings = {"proxy": type("P", (), {"public_url": "http://127.0.0.1:8000/"})()}

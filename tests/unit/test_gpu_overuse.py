@@ -1,12 +1,12 @@
-"""The GPU share backstop's judgment (hub_ext.usage.overuse): plain values in, plain values out."""
+"""The GPU share backstop's judgment (labfleet.usage.overuse): plain values in, plain values out."""
 
 from __future__ import annotations
 
 import pytest
 
-from hub_ext.agent.app import gpu_processes, kill_order
-from hub_ext.core.errors import InvalidInput
-from hub_ext.usage.overuse import (
+from labfleet.agent.app import gpu_processes, kill_order
+from labfleet.core.errors import InvalidInput
+from labfleet.usage.overuse import (
     KILL_HANDOVERS,
     TOLERANCE_FLOOR,
     AgentKills,
@@ -20,7 +20,7 @@ from hub_ext.usage.overuse import (
     parse_kill_reports,
     victims,
 )
-from hub_ext.usage.sampler import GpuProcess, GpuReading, Reading
+from labfleet.usage.sampler import GpuProcess, GpuReading, Reading
 
 GiB = 2**30
 DEVICE = 80 * GiB

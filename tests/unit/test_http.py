@@ -1,4 +1,4 @@
-"""hub_ext.core.http, the request helper every labfleet HTTP client uses, against a real tornado server
+"""labfleet.core.http, the request helper every labfleet HTTP client uses, against a real tornado server
 on 127.0.0.1 (a free port): JSON and text answers, errors with the upstream's words, an upstream that
 is not there and one that does not answer in time."""
 
@@ -12,8 +12,8 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from hub_ext.core import http
-from hub_ext.core.http import HTTPReply, loggable, request
+from labfleet.core import http
+from labfleet.core.http import HTTPReply, loggable, request
 
 TOKEN = "s3cret-token"
 

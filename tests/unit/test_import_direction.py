@@ -1,4 +1,4 @@
-"""Imports inside hub_ext run one way (../shared/DESIGN.md, "The house").
+"""Imports inside labfleet (the folder hub_ext/) run one way (../shared/DESIGN.md, "The house").
 
     core  <-  tenancy  <-  storage  <-  compute  <-  usage  <-  reclaim  <-  serving  <-  service, agent  <-  cli
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-HUB_EXT = Path(__file__).resolve().parents[2] / "hub_ext"
+HUB_EXT = Path(__file__).resolve().parents[2] / "hub_ext"  # installed as the package `labfleet`
+PACKAGE = "labfleet"
 
 # A context's rank: it may import contexts of a lower or equal rank only.
 RANKS = {
@@ -29,26 +30,26 @@ RANKS = {
     "agent": 7,  # the node agent: a process of its own, on top like the service
     "cli": 8,  # the `labfleet` command, which starts the agent too (`labfleet agent`)
 }
-# What the Hub process may import of hub_ext: modules that touch neither SQLAlchemy nor the DB.
+# What the Hub process may import of labfleet: modules that touch neither SQLAlchemy nor the DB.
 HUB_MAY_IMPORT = {
-    "hub_ext.hub",
-    "hub_ext.core.dburl",
-    "hub_ext.core.errors",
-    "hub_ext.core.hubmap",
-    "hub_ext.core.http",
-    "hub_ext.core.rights",
-    "hub_ext.core.secretbox",
-    "hub_ext.core.signing",
-    "hub_ext.core.slots",
-    "hub_ext.core.validate",
+    "labfleet.hub",
+    "labfleet.core.dburl",
+    "labfleet.core.errors",
+    "labfleet.core.hubmap",
+    "labfleet.core.http",
+    "labfleet.core.rights",
+    "labfleet.core.secretbox",
+    "labfleet.core.signing",
+    "labfleet.core.slots",
+    "labfleet.core.validate",
 }
 DB_PACKAGES = ("sqlalchemy", "alembic")
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module) for every import in the file, relative ones resolved."""
-    rel = path.relative_to(HUB_EXT.parent).with_suffix("")
-    package = list(rel.parts[:-1])
+    rel = path.relative_to(HUB_EXT).with_suffix("")
+    package = [PACKAGE, *rel.parts[:-1]]
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -59,16 +60,26 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            if mod.count(".") < 2:  # `from hub_ext.core import db` imports hub_ext.core.db
+            if mod.count(".") < 2:  # `from labfleet.core import db` imports labfleet.core.db
                 out += [(node.lineno, f"{mod}.{a.name}") for a in node.names]
             else:
                 out.append((node.lineno, mod))
     return out
 
 
+# labfleet's subpackages from the other folders (spawner/, server_ext/, widgets/, admin_dashboards/):
+# outside the house, as they were before they became subpackages of labfleet.
+OUTSIDE = {"spawner", "session", "widgets", "console"}
+
+
+def in_house(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == PACKAGE and (len(parts) == 1 or parts[1] not in OUTSIDE)
+
+
 def context_of(module: str) -> str | None:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[0] == "hub_ext" else None
+    return parts[1] if len(parts) > 1 and in_house(module) else None
 
 
 def sources() -> list[Path]:
@@ -76,16 +87,14 @@ def sources() -> list[Path]:
 
 
 def violations(path: Path) -> list[str]:
-    ctx = context_of(".".join(path.relative_to(HUB_EXT.parent).with_suffix("").parts))
+    ctx = context_of(".".join([PACKAGE, *path.relative_to(HUB_EXT).with_suffix("").parts]))
     found = []
     for line, mod in imports_of(path):
         where = f"{path.relative_to(HUB_EXT.parent)}:{line} imports {mod}"
         if ctx == "hub":
             if mod.split(".")[0] in DB_PACKAGES:
                 found.append(f"{where}: the Hub process never touches the DB")
-            elif mod.startswith("hub_ext") and not any(
-                mod == ok or mod.startswith(ok + ".") for ok in HUB_MAY_IMPORT
-            ):
+            elif in_house(mod) and not any(mod == ok or mod.startswith(ok + ".") for ok in HUB_MAY_IMPORT):
                 found.append(f"{where}: hub/ may import only {sorted(HUB_MAY_IMPORT)}")
             continue
         target = context_of(mod)
@@ -115,9 +124,9 @@ def test_imports_run_one_way():
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ("from hub_ext.compute import sessions\n", "tenancy sits below compute"),
+        ("from labfleet.compute import sessions\n", "tenancy sits below compute"),
         ("from ..storage.hosts import RIGHTS\n", "tenancy sits below storage"),
-        ("from hub_ext.hub.client import Reply\n", "only the Hub process imports hub/"),
+        ("from labfleet.hub.client import Reply\n", "only the Hub process imports hub/"),
     ],
 )
 def test_a_wrong_way_import_is_caught(tmp_path, monkeypatch, source, expected):
@@ -132,7 +141,7 @@ def test_a_wrong_way_import_is_caught(tmp_path, monkeypatch, source, expected):
 
 @pytest.mark.parametrize(
     "source",
-    ["import sqlalchemy\n", "from hub_ext.core import db\n", "from hub_ext.core.models import User\n"],
+    ["import sqlalchemy\n", "from labfleet.core import db\n", "from labfleet.core.models import User\n"],
 )
 def test_the_hub_process_may_not_reach_the_db(tmp_path, monkeypatch, source):
     fake = tmp_path / "hub_ext"

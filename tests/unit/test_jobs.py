@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.compute.reconcile import (
+from labfleet.compute.reconcile import (
     Fix,
     HubServer,
     LiveSession,
@@ -24,9 +24,9 @@ from hub_ext.compute.reconcile import (
     orphan_servers,
     plan_reconcile,
 )
-from hub_ext.core.http import HTTPReply
-from hub_ext.service.hubsync import HubSync
-from hub_ext.service.jobs import JobLoop, parent_changed
+from labfleet.core.http import HTTPReply
+from labfleet.service.hubsync import HubSync
+from labfleet.service.jobs import JobLoop, parent_changed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -295,7 +295,7 @@ def test_parent_changed():
 def test_the_parent_death_signal_ends_a_child_whose_parent_is_killed(tmp_path):
     pidfile = tmp_path / "child.pid"
     child = (
-        "import os, signal, sys, time; from hub_ext.service.app import exit_with_parent_signal; "
+        "import os, signal, sys, time; from labfleet.service.app import exit_with_parent_signal; "
         "assert exit_with_parent_signal(signal.SIGTERM); "
         f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     )

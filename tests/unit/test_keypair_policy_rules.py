@@ -1,21 +1,21 @@
 """The pure judgments behind keypair policies nobody walks around: one policy against another
-(hub_ext.tenancy.policies.looser_limits), who may hand out which (keypairs.assign_refusal), which
+(labfleet.tenancy.policies.looser_limits), who may hand out which (keypairs.assign_refusal), which
 keypairs follow their main keypair to a new policy (keypairs.inheritors), a new user's main keypair's
 policy (keypairs.new_user_policy), and admission's words when a keypair policy counts all of a
 user's keypairs."""
 
 import pytest
 
-from hub_ext.compute.scheduler import admission
-from hub_ext.core.errors import Forbidden
-from hub_ext.tenancy.keypairs import (
+from labfleet.compute.scheduler import admission
+from labfleet.core.errors import Forbidden
+from labfleet.tenancy.keypairs import (
     DEFAULT_MAX_KEYPAIRS,
     assign_refusal,
     inheritors,
     keypair_limit,
     new_user_policy,
 )
-from hub_ext.tenancy.policies import looser_limits, policy_no_looser
+from labfleet.tenancy.policies import looser_limits, policy_no_looser
 
 
 def policy(**kw):

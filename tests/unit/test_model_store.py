@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hub_ext.serving import store
-from hub_ext.serving.store import (
+from labfleet.serving import store
+from labfleet.serving.store import (
     Candidate,
     card,
     cards,
@@ -16,7 +16,7 @@ from hub_ext.serving.store import (
     plain_text,
     title_and_summary,
 )
-from hub_ext.storage.store import FolderStore
+from labfleet.storage.store import FolderStore
 
 
 def test_first_h1_and_first_paragraph():

@@ -1,11 +1,11 @@
-"""The MPS decision and backoff (pure): hub_ext.compute.devices.mps."""
+"""The MPS decision and backoff (pure): labfleet.compute.devices.mps."""
 
 from __future__ import annotations
 
 import pytest
 
-from hub_ext.compute.devices.base import DeviceInfo, NodeInfo
-from hub_ext.compute.devices.mps import MpsStatus, backoff, check_mode, decide, nvidia_devices
+from labfleet.compute.devices.base import DeviceInfo, NodeInfo
+from labfleet.compute.devices.mps import MpsStatus, backoff, check_mode, decide, nvidia_devices
 
 GPU = DeviceInfo(uuid="GPU-1", index=0, model="H200", memory_bytes=2**30)
 MIG = DeviceInfo(uuid="MIG-1", index=0, model="H200 MIG", memory_bytes=2**30, kind="mig", parent_uuid="GPU-1")

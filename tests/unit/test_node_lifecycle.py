@@ -1,4 +1,4 @@
-"""The node lifecycle's pure judgment (hub_ext.compute.agents.judge) and the agent's pure helpers."""
+"""The node lifecycle's pure judgment (labfleet.compute.agents.judge) and the agent's pure helpers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hub_ext.agent.app import mock_devices_of, reading_json, target_of
-from hub_ext.compute.agents import NodeBeat, judge
-from hub_ext.core.errors import InvalidInput
-from hub_ext.usage.records import parse_agent_readings
-from hub_ext.usage.sampler import GpuProcess, GpuReading, Reading, Target
+from labfleet.agent.app import mock_devices_of, reading_json, target_of
+from labfleet.compute.agents import NodeBeat, judge
+from labfleet.core.errors import InvalidInput
+from labfleet.usage.records import parse_agent_readings
+from labfleet.usage.sampler import GpuProcess, GpuReading, Reading, Target
 
 NOW = datetime(2026, 11, 24, 5, 0, tzinfo=timezone.utc)
 

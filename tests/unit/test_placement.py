@@ -1,4 +1,4 @@
-"""Pure placement (hub_ext.compute.scheduler): hand-made clusters with known answers, plus properties."""
+"""Pure placement (labfleet.compute.scheduler): hand-made clusters with known answers, plus properties."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hub_ext.compute.scheduler import (
+from labfleet.compute.scheduler import (
     POLICIES,
     Cluster,
     Device,
@@ -22,7 +22,7 @@ from hub_ext.compute.scheduler import (
     place,
     release,
 )
-from hub_ext.compute.scheduler.fragmentation import Shape, shape_of
+from labfleet.compute.scheduler.fragmentation import Shape, shape_of
 
 GIB = 2**30
 

@@ -1,4 +1,4 @@
-"""fgd's memos (hub_ext.compute.scheduler.placement): a cluster that keeps its evaluators per
+"""fgd's memos (labfleet.compute.scheduler.placement): a cluster that keeps its evaluators per
 workload and its groups' scores per query picks exactly what a fresh cluster with a fresh
 evaluator picks, over random sequences of placements, releases, workload changes and new nodes."""
 
@@ -12,8 +12,8 @@ from decimal import Decimal as D
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hub_ext.compute.scheduler import Cluster, Node, Placement, Request, Workload, apply, place, release
-from hub_ext.compute.scheduler import placement as placement_mod
+from labfleet.compute.scheduler import Cluster, Node, Placement, Request, Workload, apply, place, release
+from labfleet.compute.scheduler import placement as placement_mod
 from tests.unit.test_placement import GIB, clusters, node, reference_place, requests
 
 

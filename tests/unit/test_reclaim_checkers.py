@@ -1,4 +1,4 @@
-"""Idle checkers' judgments (hub_ext.reclaim.checkers): plain values, no DB, no clock."""
+"""Idle checkers' judgments (labfleet.reclaim.checkers): plain values, no DB, no clock."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hub_ext.core.errors import InvalidInput
-from hub_ext.reclaim.checkers import (
+from labfleet.core.errors import InvalidInput
+from labfleet.reclaim.checkers import (
     STARTUP_ALLOWANCE,
     Facts,
     Sample,

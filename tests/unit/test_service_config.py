@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
-from hub_ext.core.secretbox import ensure_key_file
-from hub_ext.hub.configure import configure, service_args
-from hub_ext.service.app import LabfleetService
+from labfleet.core.secretbox import ensure_key_file
+from labfleet.hub.configure import configure, service_args
+from labfleet.service.app import LabfleetService
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -144,7 +144,7 @@ def test_the_service_reads_its_config_file_and_the_command_line_wins(tmp_path, m
 
 def test_help_all_lists_every_option_with_its_help():
     out = subprocess.run(
-        [sys.executable, "-m", "hub_ext.service", "--help-all"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "labfleet.service", "--help-all"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     for trait in LabfleetService.class_own_traits(config=True):
@@ -159,7 +159,7 @@ def test_a_hub_started_with_sigint_ignored_starts_interruptible_children():
     interruptible_children(), a child it starts neither ignores SIGINT nor outlives one."""
     code = (
         "import signal, subprocess, sys\n"
-        "from hub_ext.hub.configure import interruptible_children\n"
+        "from labfleet.hub.configure import interruptible_children\n"
         "before = subprocess.run(['grep', 'SigIgn', '/proc/self/status'], capture_output=True, text=True).stdout\n"
         "interruptible_children()\n"
         "after = subprocess.run(['grep', 'SigIgn', '/proc/self/status'], capture_output=True, text=True).stdout\n"

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from hub_ext.core.errors import InvalidInput
-from hub_ext.serving.definition import (
+from labfleet.core.errors import InvalidInput
+from labfleet.serving.definition import (
     HealthCheck,
     ModelService,
     check_env,

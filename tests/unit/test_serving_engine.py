@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.db import session_scope
-from hub_ext.core.http import HTTPReply
-from hub_ext.core.models import ServingEndpoint
-from hub_ext.serving import credentials, endpoints
-from hub_ext.serving.definition import HealthCheck, parse_definition
-from hub_ext.serving.engine import ServingEngine, _Probe, replica_address, replica_host, suspension
-from hub_ext.tenancy import directory
-from hub_ext.tenancy.policies import ensure_default_keypair_policy
-from server_ext.front import ReplicaFront
+from labfleet.core.authz import Actor
+from labfleet.core.db import session_scope
+from labfleet.core.http import HTTPReply
+from labfleet.core.models import ServingEndpoint
+from labfleet.serving import credentials, endpoints
+from labfleet.serving.definition import HealthCheck, parse_definition
+from labfleet.serving.engine import ServingEngine, _Probe, replica_address, replica_host, suspension
+from labfleet.session.front import ReplicaFront
+from labfleet.tenancy import directory
+from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.dbfixture import fresh_db
 
 DEFINITION = "models:\n- service:\n    start_command: [python3, server.py, '8000']\n    port: 8000\n"

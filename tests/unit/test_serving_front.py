@@ -1,4 +1,4 @@
-"""A replica's authenticating front (server_ext.front): the request head's checks (pure), and a real
+"""A replica's authenticating front (labfleet.session.front): the request head's checks (pure), and a real
 front on 127.0.0.1 in front of real servers: 401 without the credential, a wrong one or two of them;
 what passes has the credential taken out and streams both ways (a body, server-sent events piece by
 piece, a websocket); its own answers (the command down, the connect probe, bad heads); and how a
@@ -18,8 +18,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from hub_ext.serving import credentials
-from server_ext.front import (
+from labfleet.serving import credentials
+from labfleet.session.front import (
     MAX_HEAD,
     UNAUTHORIZED,
     ReplicaFront,

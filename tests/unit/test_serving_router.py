@@ -18,10 +18,10 @@ from tornado.httpserver import HTTPServer
 from tornado.httputil import HTTPHeaders
 from tornado.netutil import bind_sockets
 
-from hub_ext.serving import credentials
-from hub_ext.serving.engine import Entry, Replica, ServingEngine, backoff
-from hub_ext.serving.router import ServeHandler, _front_refused, _refused, choose, replica_url
-from server_ext.front import ReplicaFront
+from labfleet.serving import credentials
+from labfleet.serving.engine import Entry, Replica, ServingEngine, backoff
+from labfleet.serving.router import ServeHandler, _front_refused, _refused, choose, replica_url
+from labfleet.session.front import ReplicaFront
 
 
 def _reps(n):

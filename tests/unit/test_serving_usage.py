@@ -1,12 +1,12 @@
 """Model serving's numbers, the pure parts: one tick's counts split per endpoint and token
-(hub_ext.usage.serving.split) and the Prometheus families built from plain endpoint rows
-(hub_ext.usage.metrics.serving_families)."""
+(labfleet.usage.serving.split) and the Prometheus families built from plain endpoint rows
+(labfleet.usage.metrics.serving_families)."""
 
 from __future__ import annotations
 
-from hub_ext.usage import metrics
-from hub_ext.usage.metrics import EndpointRow
-from hub_ext.usage.serving import Counts, split
+from labfleet.usage import metrics
+from labfleet.usage.metrics import EndpointRow
+from labfleet.usage.serving import Counts, split
 
 
 def test_what_an_endpoint_has_beyond_its_tokens_came_without_one():

@@ -1,4 +1,4 @@
-"""The pure parts of the session's labfleet endpoints (server_ext.fleet) and the device plugins' process
+"""The pure parts of the session's labfleet endpoints (labfleet.session.fleet) and the device plugins' process
 readings that feed them."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from hub_ext.compute.devices.base import plugin_for_device
-from hub_ext.compute.devices.mock import MockPlugin, mock_uuid
-from hub_ext.compute.devices.nvidia import NvidiaPlugin
-from server_ext import fleet
-from server_ext.runner import SessionEnv
+from labfleet.compute.devices.base import plugin_for_device
+from labfleet.compute.devices.mock import MockPlugin, mock_uuid
+from labfleet.compute.devices.nvidia import NvidiaPlugin
+from labfleet.session import fleet
+from labfleet.session.runner import SessionEnv
 from tests.unit.test_devices import FakeNVML, two_gpus
 
 GiB = 2**30
@@ -73,8 +73,8 @@ def test_session_summary_without_the_service_and_without_a_limit():
 
 
 def test_session_summary_tells_the_share_and_how_it_is_held_from_the_spawners_environment():
-    from spawner.launch import build_launch
-    from spawner.options import parse_options
+    from labfleet.spawner.launch import build_launch
+    from labfleet.spawner.options import parse_options
 
     session = {"id": "s1", "project": "acme/ml", "devices": [dict(DEVICE, shares=0.25)]}
     options = parse_options({"project": "ml", "gpu": 0.25})

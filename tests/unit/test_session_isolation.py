@@ -1,13 +1,19 @@
-"""The pure plans of a local session's isolation: its network (spawner.sessionnet) and its control
-groups (spawner.cgroups). The real-Hub tests (tests/test_tenant_boundary.py) run them."""
+"""The pure plans of a local session's isolation: its network (labfleet.spawner.sessionnet) and its control
+groups (labfleet.spawner.cgroups). The real-Hub tests (tests/test_tenant_boundary.py) run them."""
 
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from spawner.cgroups import SessionGroup, limit_files, startup_cpu
-from spawner.sessionnet import SESSION_IFGROUP, SessionNetwork, ruleset, session_commands, used_indexes
+from labfleet.spawner.cgroups import SessionGroup, limit_files, startup_cpu
+from labfleet.spawner.sessionnet import (
+    SESSION_IFGROUP,
+    SessionNetwork,
+    ruleset,
+    session_commands,
+    used_indexes,
+)
 
 
 def _net(**kw):

@@ -1,7 +1,7 @@
 import pytest
 
-from hub_ext.core import signing
-from hub_ext.core.errors import LabfleetError, RateLimited, Unauthorized
+from labfleet.core import signing
+from labfleet.core.errors import LabfleetError, RateLimited, Unauthorized
 
 
 def test_sign_and_check_roundtrip():

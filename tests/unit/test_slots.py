@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from hub_ext.core.slots import ResourceSlots, SlotError, over_limit, parse_slot_string
+from labfleet.core.slots import ResourceSlots, SlotError, over_limit, parse_slot_string
 
 
 def test_exact_share_arithmetic():

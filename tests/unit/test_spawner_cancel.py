@@ -12,8 +12,8 @@ import logging
 import time
 from typing import Any
 
-from hub_ext.hub.client import Reply
-from spawner.mixin import LabfleetSpawnerMixin
+from labfleet.hub.client import Reply
+from labfleet.spawner.mixin import LabfleetSpawnerMixin
 
 
 class QueuedSpawner:

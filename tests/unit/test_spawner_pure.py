@@ -5,10 +5,10 @@ from decimal import Decimal
 
 import pytest
 
-from spawner.form import render, unavailable
-from spawner.launch import Mount, build_launch, merge_alloc_conf, with_caps
-from spawner.options import OptionsError, options_from_form, parse_mem, parse_options
-from spawner.sandbox import (
+from labfleet.spawner.form import render, unavailable
+from labfleet.spawner.launch import Mount, build_launch, merge_alloc_conf, with_caps
+from labfleet.spawner.options import OptionsError, options_from_form, parse_mem, parse_options
+from labfleet.spawner.sandbox import (
     SandboxSpec,
     environment_sources,
     link_targets,
@@ -346,8 +346,8 @@ def test_form_offers_only_the_choices_and_escapes_them():
 
 
 def test_a_session_gets_its_gpus_device_nodes_and_the_drivers_only(tmp_path):
-    from spawner.launch import GPUAssignment
-    from spawner.sandbox import gpu_device_nodes
+    from labfleet.spawner.launch import GPUAssignment
+    from labfleet.spawner.sandbox import gpu_device_nodes
 
     for name in ("nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2"):
         (tmp_path / name).write_text("")
@@ -440,7 +440,7 @@ def test_with_caps_merges_their_pytorch_setting_and_leaves_whole_devices_alone()
 
 
 def test_mps_follows_the_sessions_node_not_the_hub_host(monkeypatch, tmp_path):
-    from spawner.mixin import session_mps
+    from labfleet.spawner.mixin import session_mps
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))  # the Hub host's: never looked at
     on = {"node_mps": {"state": "on", "reason": None, "pipe_dir": "/run/labfleet/mps"}}
@@ -468,8 +468,8 @@ class _Started:
 def _mixin_spawner(withheld, tmp_path, **config):
     from types import SimpleNamespace
 
-    from hub_ext.hub.client import Reply
-    from spawner.mixin import LabfleetSpawnerMixin
+    from labfleet.hub.client import Reply
+    from labfleet.spawner.mixin import LabfleetSpawnerMixin
 
     placed = {**SESSION, **MPS_ON, "id": "s-1", "status": "SCHEDULED", "node": "node-1"}
 
@@ -497,8 +497,8 @@ def _mixin_spawner(withheld, tmp_path, **config):
 
 
 async def test_a_session_the_backend_withholds_mps_from_holds_by_caps_and_says_why(tmp_path, caplog):
-    from server_ext import fleet
-    from server_ext.runner import SessionEnv
+    from labfleet.session import fleet
+    from labfleet.session.runner import SessionEnv
 
     reason = "the session runs as root ('0:0'), who could change the node's MPS limits"
     s = _mixin_spawner(reason, tmp_path, mps="auto")
@@ -521,8 +521,8 @@ async def test_a_session_the_backend_withholds_mps_from_holds_by_caps_and_says_w
 
 
 async def test_a_session_the_backend_may_give_mps_gets_it_and_says_nothing(tmp_path):
-    from server_ext import fleet
-    from server_ext.runner import SessionEnv
+    from labfleet.session import fleet
+    from labfleet.session.runner import SessionEnv
 
     s = _mixin_spawner(None, tmp_path, mps="auto")
     await s.start()
@@ -541,8 +541,8 @@ async def test_a_session_the_backend_may_give_mps_gets_it_and_says_nothing(tmp_p
 def test_local_sessions_get_mps_unless_they_would_run_as_root(monkeypatch):
     from types import SimpleNamespace
 
-    import spawner.local as local
-    from spawner.local import LabfleetLocalSpawner
+    import labfleet.spawner.local as local
+    from labfleet.spawner.local import LabfleetLocalSpawner
 
     s = LabfleetLocalSpawner(user=SimpleNamespace(name="alice", url="/user/alice/"))
     monkeypatch.setattr(local.os, "geteuid", lambda: 1000)

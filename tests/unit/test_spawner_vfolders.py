@@ -12,15 +12,15 @@ from unittest import mock
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from hub_ext.hub.client import Reply
-from spawner.docker import LabfleetDockerSpawner
-from spawner.docker_config import container_config
-from spawner.form import render
-from spawner.launch import Mount, build_launch, vfolder_mounts
-from spawner.local import LabfleetLocalSpawner, _bwrap_works, _link
-from spawner.mixin import LabfleetSpawnerMixin
-from spawner.options import MAX_VFOLDERS, OptionsError, options_from_form, parse_options
-from spawner.sandbox import SandboxSpec, sandbox_command
+from labfleet.hub.client import Reply
+from labfleet.spawner.docker import LabfleetDockerSpawner
+from labfleet.spawner.docker_config import container_config
+from labfleet.spawner.form import render
+from labfleet.spawner.launch import Mount, build_launch, vfolder_mounts
+from labfleet.spawner.local import LabfleetLocalSpawner, _bwrap_works, _link
+from labfleet.spawner.mixin import LabfleetSpawnerMixin
+from labfleet.spawner.options import MAX_VFOLDERS, OptionsError, options_from_form, parse_options
+from labfleet.spawner.sandbox import SandboxSpec, sandbox_command
 
 FID = "0f8c2a9e-4b1d-4c3a-9e6f-1a2b3c4d5e6f"
 FID2 = "7d3e9b10-2c4f-4a8b-b1c2-d3e4f5a6b7c8"

@@ -1,13 +1,19 @@
-"""spawner.swarm_config: a LaunchSpec and the placed node's labels as a Swarm service (pure, no engine)."""
+"""labfleet.spawner.swarm_config: a LaunchSpec and the placed node's labels as a Swarm service (pure, no engine)."""
 
 from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
 
-from spawner.launch import Mount, build_launch
-from spawner.options import parse_options
-from spawner.swarm_config import SERVER_PORT, ServiceMount, node_placement, published_port, service_config
+from labfleet.spawner.launch import Mount, build_launch
+from labfleet.spawner.options import parse_options
+from labfleet.spawner.swarm_config import (
+    SERVER_PORT,
+    ServiceMount,
+    node_placement,
+    published_port,
+    service_config,
+)
 
 U0 = "GPU-11111111-2222-3333-4444-555555555555"
 U1 = "GPU-66666666-7777-8888-9999-000000000000"
@@ -111,8 +117,8 @@ def test_fraction_with_mps_runs_as_a_numeric_non_root_uid_only(user):
 
 
 async def test_the_swarm_spawner_never_gives_mps_its_sessions_cannot_reach():
-    from spawner.launch import mps_withheld_for
-    from spawner.swarm import SWARM_NO_MPS, LabfleetSwarmSpawner
+    from labfleet.spawner.launch import mps_withheld_for
+    from labfleet.spawner.swarm import SWARM_NO_MPS, LabfleetSwarmSpawner
 
     # No host IPC namespace for a service: whatever the user, MPS is withheld and the reason says why.
     for user in ("1000:1000", "", "0:0", "root", "jovyan"):
@@ -124,7 +130,7 @@ async def test_the_swarm_spawner_never_gives_mps_its_sessions_cannot_reach():
 
 
 async def test_the_service_runs_as_container_user_whatever_extra_container_spec_says():
-    from spawner.swarm import LabfleetSwarmSpawner
+    from labfleet.spawner.swarm import LabfleetSwarmSpawner
 
     spawner = LabfleetSwarmSpawner(
         node_labels={"node-2": LABELS},
@@ -265,7 +271,7 @@ def test_node_placement_accepts_host_names_and_ipv6():
 def test_configure_swarm_backend(tmp_path, monkeypatch):
     from traitlets.config import Config
 
-    from hub_ext.hub.configure import configure
+    from labfleet.hub.configure import configure
 
     monkeypatch.setenv("LABFLEET_HUB_ADDRESS", "10.77.0.1")
     monkeypatch.setenv("LABFLEET_SESSION_SERVICE_URL", "http://10.77.0.1:8000/services/labfleet/api")
@@ -273,7 +279,7 @@ def test_configure_swarm_backend(tmp_path, monkeypatch):
     monkeypatch.delenv("LABFLEET_SWARM_NETWORK", raising=False)
     c = Config()
     configure(c, tmp_path, backend="swarm", service_port=12345)
-    assert c.JupyterHub.spawner_class == "spawner.swarm.LabfleetSwarmSpawner"
+    assert c.JupyterHub.spawner_class == "labfleet.spawner.swarm.LabfleetSwarmSpawner"
     # Sessions on their own network call the Hub through its proxy: its API stays on the loopback.
     assert "network_name" not in c.SwarmSpawner
     assert "hub_ip" not in c.JupyterHub and c.JupyterHub.hub_connect_ip == "127.0.0.1"
@@ -287,7 +293,7 @@ def test_configure_swarm_backend(tmp_path, monkeypatch):
 def test_configure_swarm_on_the_nodes_network(tmp_path, monkeypatch):
     from traitlets.config import Config
 
-    from hub_ext.hub.configure import configure
+    from labfleet.hub.configure import configure
 
     monkeypatch.setenv("LABFLEET_HUB_ADDRESS", "10.77.0.1")
     monkeypatch.setenv("LABFLEET_SESSION_SERVICE_URL", "http://10.77.0.1:8000/services/labfleet/api")
@@ -301,7 +307,7 @@ def test_configure_swarm_on_the_nodes_network(tmp_path, monkeypatch):
 def test_configure_swarm_needs_the_service_url_for_remote_nodes(tmp_path, monkeypatch):
     from traitlets.config import Config
 
-    from hub_ext.hub.configure import configure
+    from labfleet.hub.configure import configure
 
     monkeypatch.setenv("LABFLEET_HUB_ADDRESS", "10.77.0.1")
     monkeypatch.delenv("LABFLEET_SESSION_SERVICE_URL", raising=False)
@@ -320,7 +326,7 @@ class _Reply:
 
 
 async def test_spawner_reads_the_placed_nodes_labels_from_the_service():
-    from spawner.swarm import LabfleetSwarmSpawner
+    from labfleet.spawner.swarm import LabfleetSwarmSpawner
 
     spawner = LabfleetSwarmSpawner(node_labels={"node-2": {"address": "10.0.0.9", "extra": "x"}})
     calls = []
@@ -348,7 +354,7 @@ async def test_spawner_reads_the_placed_nodes_labels_from_the_service():
 
 
 async def test_spawner_pins_the_service_and_listens_on_the_nodes_address():
-    from spawner.swarm import LabfleetSwarmSpawner
+    from labfleet.spawner.swarm import LabfleetSwarmSpawner
 
     spawner = LabfleetSwarmSpawner(node_labels={"node-2": LABELS}, network_name="host")
     spawner.user = SimpleNamespace(name="alice", url="/user/alice/")
@@ -370,7 +376,7 @@ async def test_spawner_pins_the_service_and_listens_on_the_nodes_address():
 
 
 async def test_on_the_sessions_network_the_session_calls_the_proxy_at_its_gateway(monkeypatch):
-    from spawner.swarm import LabfleetSwarmSpawner
+    from labfleet.spawner.swarm import LabfleetSwarmSpawner
 
     monkeypatch.delenv("LABFLEET_SWARM_NETWORK", raising=False)
     monkeypatch.delenv("LABFLEET_SWARM_SESSION_SUBNET", raising=False)
@@ -415,7 +421,7 @@ async def test_a_missing_sessions_network_fails_the_spawn_with_what_to_run(monke
     import docker
     from jupyterhub.spawner import SpawnException
 
-    from spawner.swarm import LabfleetSwarmSpawner
+    from labfleet.spawner.swarm import LabfleetSwarmSpawner
 
     spawner = LabfleetSwarmSpawner(node_labels={"node-2": LABELS}, network_name="labfleet-sessions")
     spawner.user = SimpleNamespace(name="alice", url="/user/alice/", settings={})

@@ -1,8 +1,8 @@
-"""spawner.swarmnet: the Swarm sessions' network of a node, as plain values (no engine, no nft)."""
+"""labfleet.spawner.swarmnet: the Swarm sessions' network of a node, as plain values (no engine, no nft)."""
 
 import pytest
 
-from spawner import sessionnet, swarmnet
+from labfleet.spawner import sessionnet, swarmnet
 
 
 def test_proxy_endpoint():

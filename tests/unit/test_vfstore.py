@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hub_ext.core.errors import Conflict, InvalidInput, NotFound
-from hub_ext.storage import fdops
-from hub_ext.storage import store as vfstore
-from hub_ext.storage.store import FolderStore, check_relpath, iter_tar
+from labfleet.core.errors import Conflict, InvalidInput, NotFound
+from labfleet.storage import fdops
+from labfleet.storage import store as vfstore
+from labfleet.storage.store import FolderStore, check_relpath, iter_tar
 
 # ---------------------------------------------------------------------------- fixtures
 

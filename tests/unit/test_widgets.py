@@ -1,4 +1,4 @@
-"""The notebook widgets against the in-memory fleet (widgets.fake): their models (plain attributes and the
+"""The notebook widgets against the in-memory fleet (labfleet.widgets.fake): their models (plain attributes and the
 children's traits) follow the fleet through starts, stops, uploads, refusals, auto refresh and a failing
 source; the pure formatting; the HTTP client against a real tornado server on 127.0.0.1."""
 
@@ -16,7 +16,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from widgets import (
+from labfleet.widgets import (
     FleetClient,
     FleetError,
     GPUMonitor,
@@ -26,11 +26,11 @@ from widgets import (
     UsageChart,
     VFolderBrowser,
 )
-from widgets import format as fmt
-from widgets.client import connectable, server_path
-from widgets.fake import FakeFleet, GiB
-from widgets.launcher import build_request, describe_answer, problems
-from widgets.usage import report_series, time_label
+from labfleet.widgets import format as fmt
+from labfleet.widgets.client import connectable, server_path
+from labfleet.widgets.fake import FakeFleet, GiB
+from labfleet.widgets.launcher import build_request, describe_answer, problems
+from labfleet.widgets.usage import report_series, time_label
 
 WAIT = 5.0  # seconds: the most any wait in these tests may take
 

@@ -1,9 +1,9 @@
 """Device plugins: discover a node's accelerators (NVIDIA via NVML, or mock devices from config).
 
-See :mod:`hub_ext.compute.devices.base` for the interface and the registry.
+See :mod:`labfleet.compute.devices.base` for the interface and the registry.
 """
 
-from hub_ext.compute.devices.base import (
+from labfleet.compute.devices.base import (
     ENTRY_POINT_GROUP,
     DeviceInfo,
     DevicePlugin,

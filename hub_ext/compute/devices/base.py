@@ -32,8 +32,8 @@ ENTRY_POINT_GROUP = "labfleet.device_plugins"
 
 # name -> "module:Class", used when no entry point of that name is installed
 BUILTIN_PLUGINS: dict[str, str] = {
-    "mock": "hub_ext.compute.devices.mock:MockPlugin",
-    "nvidia": "hub_ext.compute.devices.nvidia:NvidiaPlugin",
+    "mock": "labfleet.compute.devices.mock:MockPlugin",
+    "nvidia": "labfleet.compute.devices.nvidia:NvidiaPlugin",
 }
 
 DEVICE_KINDS = ("gpu", "mig")

@@ -26,8 +26,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from hub_ext.compute.devices.base import DeviceInfo, DevicePlugin
-from hub_ext.core.slots import SlotError, parse_amount
+from labfleet.compute.devices.base import DeviceInfo, DevicePlugin
+from labfleet.core.slots import SlotError, parse_amount
 
 _KEYS = frozenset({"model", "memory", "count"})
 USAGE_ENV = "LABFLEET_MOCK_GPU_USAGE"

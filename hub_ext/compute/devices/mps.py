@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hub_ext.compute.devices.base import DeviceInfo, NodeInfo, plugin_for_device
+from labfleet.compute.devices.base import DeviceInfo, NodeInfo, plugin_for_device
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from hub_ext.compute.devices.base import DeviceInfo, DevicePlugin
+from labfleet.compute.devices.base import DeviceInfo, DevicePlugin
 
 log = logging.getLogger(__name__)
 

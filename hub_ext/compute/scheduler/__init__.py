@@ -1,11 +1,11 @@
 """Placement of tasks on GPU nodes: pure, in-memory, deterministic.
 
-See :mod:`hub_ext.compute.scheduler.placement` for the API and the policies, and
-:mod:`hub_ext.compute.scheduler.fragmentation` for the fragmentation measure behind ``fgd``.
+See :mod:`labfleet.compute.scheduler.placement` for the API and the policies, and
+:mod:`labfleet.compute.scheduler.fragmentation` for the fragmentation measure behind ``fgd``.
 """
 
-from hub_ext.compute.scheduler.fragmentation import Shape, Workload, node_fragmentation, shape_of
-from hub_ext.compute.scheduler.placement import (
+from labfleet.compute.scheduler.fragmentation import Shape, Workload, node_fragmentation, shape_of
+from labfleet.compute.scheduler.placement import (
     POLICIES,
     Cluster,
     Device,

@@ -2,8 +2,8 @@
 
 No I/O, no database.  The service loads an :class:`AdmissionContext` inside the transaction that
 will record the outcome, calls :func:`check_admission`, and, when it returns ``None``, goes on to
-placement (:func:`hub_ext.compute.scheduler.placement.place`).  A session that is admitted but does not fit
-on any node now waits in its resource group's queue (:mod:`hub_ext.compute.scheduler.queueing`); every other
+placement (:func:`labfleet.compute.scheduler.placement.place`).  A session that is admitted but does not fit
+on any node now waits in its resource group's queue (:mod:`labfleet.compute.scheduler.queueing`); every other
 failure is a :class:`Refusal`.
 
 Checks, in this order; the first failure wins:
@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
-from hub_ext.core.slots import ResourceSlots, base_slot, format_amount, over_limit
+from labfleet.core.slots import ResourceSlots, base_slot, format_amount, over_limit
 
 SESSION_TYPES: tuple[str, ...] = ("interactive", "batch", "inference")
 
@@ -367,7 +367,7 @@ class QueueLimits:
     """How many sessions may wait (PENDING) at once: in the whole fleet, and of one user (0: no
     limit), whatever their policies say. A queued session is a spawn the Hub has pending, and the
     Hub refuses every spawn once too many are pending: a full queue must not lock out the sessions
-    that would start at once (hub_ext.core.hubmap)."""
+    that would start at once (labfleet.core.hubmap)."""
 
     fleet: int = 0
     per_user: int = 0

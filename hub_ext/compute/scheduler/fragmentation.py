@@ -30,7 +30,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hub_ext.compute.scheduler.placement import Node, Request
+    from labfleet.compute.scheduler.placement import Node, Request
 
 SHARE_UNITS = 100  # hundredths of a device: the gpu.shares quantum is 0.01
 CPU_UNITS = 1000  # millicores: the cpu quantum is 0.001

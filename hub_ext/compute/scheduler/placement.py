@@ -23,8 +23,8 @@ Policies (:data:`POLICIES`):
     memory), and within it the fullest device that still fits.
 ``fgd``
     Fragmentation gradient descent (Weng et al., USENIX ATC 2023): the node and device whose
-    expected GPU fragmentation w.r.t. a target :class:`~hub_ext.compute.scheduler.fragmentation.Workload`
-    grows the least.  See :mod:`hub_ext.compute.scheduler.fragmentation`.
+    expected GPU fragmentation w.r.t. a target :class:`~labfleet.compute.scheduler.fragmentation.Workload`
+    grows the least.  See :mod:`labfleet.compute.scheduler.fragmentation`.
 
 A request for ``gpu.shares`` <= 1 is placed on a single device, never split.  Whole devices go
 only on devices with nothing allocated, and take all of their share; on a node that mixes GPU
@@ -56,7 +56,7 @@ from decimal import Decimal
 from heapq import heapify, heappop, heappush
 from typing import Any
 
-from hub_ext.compute.scheduler.fragmentation import (
+from labfleet.compute.scheduler.fragmentation import (
     CPU_UNITS,
     FREE_MASK,
     MODEL_SHIFT,
@@ -64,7 +64,7 @@ from hub_ext.compute.scheduler.fragmentation import (
     FragEvaluator,
     Workload,
 )
-from hub_ext.core.slots import SlotError, base_slot, parse_amount
+from labfleet.core.slots import SlotError, base_slot, parse_amount
 
 POLICIES: tuple[str, ...] = ("whole-gpu", "spread", "pack", "fgd")
 

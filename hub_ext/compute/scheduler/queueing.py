@@ -35,7 +35,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from hub_ext.core.slots import ResourceSlots, base_slot
+from labfleet.core.slots import ResourceSlots, base_slot
 
 SCHEDULERS: tuple[str, ...] = ("fifo", "lifo", "drf")
 

@@ -1,9 +1,9 @@
-"""Alembic environment: runs with the connection handed over by hub_ext.db.upgrade()."""
+"""Alembic environment: runs with the connection handed over by labfleet.db.upgrade()."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from hub_ext.core.models import Base
+from labfleet.core.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from tornado import web
 
-from hub_ext.compute.quota import me_view
-from hub_ext.core import audit
-from hub_ext.core.errors import NotFound
-from hub_ext.service.base import APIHandler, BaseHandler, page_answer, page_args
-from hub_ext.service.handlers import (
+from labfleet.compute.quota import me_view
+from labfleet.core import audit
+from labfleet.core.errors import NotFound
+from labfleet.service.base import APIHandler, BaseHandler, page_answer, page_args
+from labfleet.service.handlers import (
     auth,
     compute,
     console,

@@ -2,7 +2,7 @@
 and the agent API (``/api/agent/...``, authenticated with a node token only).
 
 A heartbeat's answer also carries the GPU share backstop's kills for the node (``kill``; see
-:mod:`hub_ext.usage.enforce`), and its body the agent's reports of the kills it was handed
+:mod:`labfleet.usage.enforce`), and its body the agent's reports of the kills it was handed
 (``kill_reports``), taken only for kills queued for that node."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from hub_ext.compute import agents, nodes
-from hub_ext.compute.sessions import take_queue_waits
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden, LabfleetError, Unauthorized
-from hub_ext.core.models import NodeToken
-from hub_ext.service.base import APIHandler, request_json, required_body
-from hub_ext.usage import enforce, overuse, records
-from hub_ext.usage.sampler import Target
+from labfleet.compute import agents, nodes
+from labfleet.compute.sessions import take_queue_waits
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Forbidden, LabfleetError, Unauthorized
+from labfleet.core.models import NodeToken
+from labfleet.service.base import APIHandler, request_json, required_body
+from labfleet.usage import enforce, overuse, records
+from labfleet.usage.sampler import Target
 
 # ---------------------------------------------------------------- node tokens, drain
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from hub_ext.core import audit, hubmap
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden, InvalidInput, NotFound
-from hub_ext.core.passwords import verify_password
-from hub_ext.core.validate import check_bool, check_fields, check_name, check_text, check_username
-from hub_ext.service.base import APIHandler, needs_hub, request_json
-from hub_ext.tenancy import directory
+from labfleet.core import audit, hubmap
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Forbidden, InvalidInput, NotFound
+from labfleet.core.passwords import verify_password
+from labfleet.core.validate import check_bool, check_fields, check_name, check_text, check_username
+from labfleet.service.base import APIHandler, needs_hub, request_json
+from labfleet.tenancy import directory
 
 
 def _auth_model(user) -> dict:

@@ -7,14 +7,14 @@ import asyncio
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hub_ext.compute import images, nodes, sessionlist, sessions
-from hub_ext.compute.launchoptions import launch_options
-from hub_ext.core import authz
-from hub_ext.core.errors import Forbidden, LabfleetError, NotFound
-from hub_ext.core.models import SESSION_STATUSES
-from hub_ext.core.validate import check_bool, check_choice
-from hub_ext.reclaim import engine
-from hub_ext.service.base import (
+from labfleet.compute import images, nodes, sessionlist, sessions
+from labfleet.compute.launchoptions import launch_options
+from labfleet.core import authz
+from labfleet.core.errors import Forbidden, LabfleetError, NotFound
+from labfleet.core.models import SESSION_STATUSES
+from labfleet.core.validate import check_bool, check_choice
+from labfleet.reclaim import engine
+from labfleet.service.base import (
     APIHandler,
     page_answer,
     page_args,
@@ -22,8 +22,8 @@ from hub_ext.service.base import (
     required_body,
     whole_number_arg,
 )
-from hub_ext.service.handlers import agents
-from hub_ext.tenancy import directory
+from labfleet.service.handlers import agents
+from labfleet.tenancy import directory
 
 # ---------------------------------------------------------------- resource groups, nodes, sessions
 

@@ -1,16 +1,16 @@
 """REST handlers for the admin console's Maintenance, Information and Configurations pages:
 the announcement (``/api/announcement``), versions and health (``/api/info``), and the settings
-in force (``/api/configuration``). The logic is in ``hub_ext.tenancy.announcements`` and
-``hub_ext.service.fleetinfo``; these parse, check who asks, and assemble."""
+in force (``/api/configuration``). The logic is in ``labfleet.tenancy.announcements`` and
+``labfleet.service.fleetinfo``; these parse, check who asks, and assemble."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from typing import Any
 
-from hub_ext.service import fleetinfo
-from hub_ext.service.base import APIHandler, required_body
-from hub_ext.tenancy import announcements
+from labfleet.service import fleetinfo
+from labfleet.service.base import APIHandler, required_body
+from labfleet.tenancy import announcements
 
 
 class AnnouncementHandler(APIHandler):

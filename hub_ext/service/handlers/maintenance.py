@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hub_ext.compute import maintenance
-from hub_ext.core.validate import check_bool, check_fields
-from hub_ext.service import jobs
-from hub_ext.service.base import APIHandler, request_json
+from labfleet.compute import maintenance
+from labfleet.core.validate import check_bool, check_fields
+from labfleet.service import jobs
+from labfleet.service.base import APIHandler, request_json
 
 
 class RecalculateUsageHandler(APIHandler):

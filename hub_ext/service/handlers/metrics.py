@@ -1,4 +1,4 @@
-"""``/services/labfleet/metrics``: the Prometheus text exposition of the fleet (hub_ext.usage.metrics).
+"""``/services/labfleet/metrics``: the Prometheus text exposition of the fleet (labfleet.usage.metrics).
 
 Readers: monitors and superadmins (Hub token, Hub login or signed request, as everywhere in the
 API) and a Prometheus server presenting ``LabfleetService.metrics_token`` as
@@ -13,9 +13,9 @@ import hmac
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hub_ext.core.authz import Actor
-from hub_ext.core.errors import Forbidden
-from hub_ext.service.base import APIHandler
+from labfleet.core.authz import Actor
+from labfleet.core.errors import Forbidden
+from labfleet.service.base import APIHandler
 
 BEARER = "bearer "
 

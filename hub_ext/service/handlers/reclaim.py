@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from hub_ext.reclaim import engine, rules
-from hub_ext.service.base import APIHandler, request_json, required_body
+from labfleet.reclaim import engine, rules
+from labfleet.service.base import APIHandler, request_json, required_body
 
 
 def _now() -> datetime:

@@ -1,4 +1,4 @@
-"""REST handlers for model serving: endpoints and their tokens (hub_ext.serving), the Model Store,
+"""REST handlers for model serving: endpoints and their tokens (labfleet.serving), the Model Store,
 a replica's credential, and the router's route."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hub_ext.core.errors import InvalidInput, NotFound
-from hub_ext.service.base import APIHandler, request_json, required_body
-from hub_ext.serving import credentials, endpoints, store
-from hub_ext.serving.router import ServeHandler
+from labfleet.core.errors import InvalidInput, NotFound
+from labfleet.service.base import APIHandler, request_json, required_body
+from labfleet.serving import credentials, endpoints, store
+from labfleet.serving.router import ServeHandler
 
 
 class _ServingHandler(APIHandler):
@@ -83,7 +83,7 @@ class TokenHandler(_ServingHandler):
 
 
 class ModelStoreHandler(APIHandler):
-    """The team's model folders as cards (hub_ext.serving.store); files are read off the event loop."""
+    """The team's model folders as cards (labfleet.serving.store); files are read off the event loop."""
 
     async def get(self):
         search, project = self.query_arg("search"), self.query_arg("project")

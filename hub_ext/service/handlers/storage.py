@@ -12,14 +12,14 @@ from urllib.parse import quote
 
 from tornado import web
 
-from hub_ext.core.errors import InvalidInput, LabfleetError
-from hub_ext.core.validate import check_bool, check_fields, check_int
-from hub_ext.service.base import APIHandler, page_answer, page_args, request_json, required_body
-from hub_ext.storage import files as vffiles
-from hub_ext.storage import folders as vfolders
-from hub_ext.storage import hosts, uploads
-from hub_ext.storage import sharing as vfshare
-from hub_ext.storage.store import FolderStore, check_relpath, iter_tar
+from labfleet.core.errors import InvalidInput, LabfleetError
+from labfleet.core.validate import check_bool, check_fields, check_int
+from labfleet.service.base import APIHandler, page_answer, page_args, request_json, required_body
+from labfleet.storage import files as vffiles
+from labfleet.storage import folders as vfolders
+from labfleet.storage import hosts, uploads
+from labfleet.storage import sharing as vfshare
+from labfleet.storage.store import FolderStore, check_relpath, iter_tar
 
 CHUNK = 1 << 20
 
@@ -198,7 +198,7 @@ def _content_length(handler: APIHandler) -> int | None:
 
 
 class _StreamingHandler(VFolderAPIHandler):
-    """Streams a PUT or PATCH body into an upload (hub_ext.storage.uploads) as it arrives."""
+    """Streams a PUT or PATCH body into an upload (labfleet.storage.uploads) as it arrives."""
 
     upload: uploads.Body | None = None
     # The method whose body is the upload's; any other is answered by its own handler (405 where

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hub_ext.core import hubmap
-from hub_ext.service.base import (
+from labfleet.core import hubmap
+from labfleet.service.base import (
     APIHandler,
     forget_hub_user,
     page_answer,
@@ -11,8 +11,8 @@ from hub_ext.service.base import (
     request_json,
     required_body,
 )
-from hub_ext.service.hubsync import SyncPlan
-from hub_ext.tenancy import directory, keypairs, policies, userlist
+from labfleet.service.hubsync import SyncPlan
+from labfleet.tenancy import directory, keypairs, policies, userlist
 
 # ---------------------------------------------------------------- request helpers (every handler module)
 

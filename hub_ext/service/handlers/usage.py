@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from hub_ext.core.errors import LabfleetError
-from hub_ext.core.pages import page_of
-from hub_ext.service.base import APIHandler, page_answer, page_args
-from hub_ext.usage import serving, stats
+from labfleet.core.errors import LabfleetError
+from labfleet.core.pages import page_of
+from labfleet.service.base import APIHandler, page_answer, page_args
+from labfleet.usage import serving, stats
 
 
 class UsageHandler(APIHandler):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from hub_ext.core import quanta
+from labfleet.core import quanta
 
 revision: str = "0006"
 down_revision: str | None = "0005"

@@ -1,5 +1,5 @@
 """a resource group's answer to a session over its share of a device's memory: gpu_overuse
-(auto, warn, kill or stop; see hub_ext.usage.overuse)
+(auto, warn, kill or stop; see labfleet.usage.overuse)
 
 Revision ID: 0016
 Revises: 0015

@@ -1,0 +1,1 @@
+../hub_ext/__init__.py
