@@ -146,9 +146,3 @@ def error_html(message: str | None) -> str:
     if not message:
         return ""
     return f'<div class="lf-error" style="color: #b00020;">&#9888; {text(message)}</div>'
-
-
-def note_html(message: str | None) -> str:
-    if not message:
-        return ""
-    return f'<div class="lf-note">{text(message)}</div>'

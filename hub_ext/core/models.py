@@ -68,11 +68,6 @@ class UserStatus(str, enum.Enum):
     inactive = "inactive"
 
 
-class DefaultForUnspecified(str, enum.Enum):
-    LIMITED = "LIMITED"
-    UNLIMITED = "UNLIMITED"
-
-
 # Enums are stored as plain strings with CHECK-free columns: the validation layer
 # owns the allowed values, and new values need no table rebuild on SQLite.
 _ENUM_LEN = 16

@@ -181,9 +181,6 @@ class ResourceSlots(Mapping[str, Decimal]):
     def __ge__(self, other: Mapping[str, Any]) -> bool:
         return ResourceSlots.parse(other) <= self
 
-    def nonzero(self) -> ResourceSlots:
-        return ResourceSlots({n: v for n, v in self._data.items() if v != 0})
-
     def is_zero(self) -> bool:
         return all(v == 0 for v in self._data.values())
 

@@ -19,10 +19,8 @@ from labfleet.core.ledger import LIVE_STATUSES
 from labfleet.core.models import (
     ComputeSession,
     Domain,
-    Keypair,
     KeypairResourcePolicy,
     Project,
-    ProjectMember,
     ProjectResourcePolicy,
     User,
     UserResourcePolicy,
@@ -550,16 +548,3 @@ def user_view(u: User) -> dict[str, Any]:
         "created_at": u.created_at.isoformat() if u.created_at else None,
         "last_login": u.last_login.isoformat() if u.last_login else None,
     }
-
-
-def user_keypairs(db: Session, u: User) -> list[Keypair]:
-    return list(db.scalars(select(Keypair).where(Keypair.user_id == u.id).order_by(Keypair.id)))
-
-
-def membership_count(db: Session, project: Project) -> int:
-    return (
-        db.scalar(
-            select(func.count()).select_from(ProjectMember).where(ProjectMember.project_id == project.id)
-        )
-        or 0
-    )
