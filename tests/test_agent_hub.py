@@ -140,6 +140,22 @@ def _state(hub, root):
     )
 
 
+def _admit_half_gpu(hub, name: str, group: str):
+    """The Hub's spawner asking for alice's session ``name`` of one core and half a GPU in ``group``."""
+    return hub.api(
+        "POST",
+        "/sessions",
+        hub.service_token,
+        json={
+            "username": "alice",
+            "project": "acme/ml",
+            "resource_group": group,
+            "name": name,
+            "slots": {"cpu": 1, "gpu.shares": 0.5},
+        },
+    )
+
+
 def test_bad_token_and_agent_requests_change_nothing(hub, root, fleet):
     before = _state(hub, root)
     alice = fleet
@@ -202,18 +218,7 @@ def test_agent_node_alive_lost_and_back(hub, root, fleet, tmp_path):
         }
 
         # The Hub's spawner asks for a session in group edge: it lands on the agent's node.
-        r = hub.api(
-            "POST",
-            "/sessions",
-            hub.service_token,
-            json={
-                "username": "alice",
-                "project": "acme/ml",
-                "resource_group": "edge",
-                "name": "edge1",
-                "slots": {"cpu": 1, "gpu.shares": 0.5},
-            },
-        )
+        r = _admit_half_gpu(hub, "edge1", "edge")
         assert r.status_code == 201, r.text
         session = r.json()
         assert session["status"] == "SCHEDULED" and session["node"] == NODE
@@ -326,18 +331,7 @@ def test_a_kill_on_an_agent_s_node_is_done_by_its_agent(hub, root, fleet, tmp_pa
         # reports them: RUNNING, with the root pid)
         pids = []
         for name in ("k1", "k2"):
-            r = hub.api(
-                "POST",
-                "/sessions",
-                hub.service_token,
-                json={
-                    "username": "alice",
-                    "project": "acme/ml",
-                    "resource_group": "edge-kill",
-                    "name": name,
-                    "slots": {"cpu": 1, "gpu.shares": 0.5},
-                },
-            )
+            r = _admit_half_gpu(hub, name, "edge-kill")
             assert r.status_code == 201 and r.json()["node"] == node, r.text
             ids.append(r.json()["id"])
             root_pid, kids = _two_sleeps(procs)

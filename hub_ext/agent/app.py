@@ -50,7 +50,7 @@ from labfleet.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
-from labfleet.usage.sampler import GpuProcess, Reading, Sampler, Target, kill_if_same
+from labfleet.usage.sampler import GpuProcess, Reading, Sampler, Target, kill_if_same, same_start
 
 # A reading whose error says the session's process or container is gone (not that the engine did not
 # answer): reported as ended once seen twice in a row.
@@ -146,7 +146,7 @@ def kill_owned(key: KillKey, known: dict[str, dict[int, GpuProcess]]) -> dict[st
     report["mem_bytes"] = proc.mem_bytes if proc is not None else None
     if sid not in known:
         report.update(cmdline="", error="the session was not sampled running on this node")
-    elif proc is None or proc.started is None or abs(proc.started - started) > 0.01:
+    elif proc is None or not same_start(proc.started, started):
         report.update(cmdline="", error="the pid is not one of the session's processes on its devices")
     else:
         killed, cmdline, error = kill_if_same(pid, started)

@@ -53,7 +53,14 @@ from labfleet.core.models import (
     ResourceGroup,
     utcnow,
 )
-from labfleet.core.validate import check_bool, check_fields, check_int, check_name, check_text
+from labfleet.core.validate import (
+    check_bool,
+    check_fields,
+    check_int,
+    check_name,
+    check_session_id,
+    check_text,
+)
 
 TOKEN_PREFIX = "lfnode_"
 _TOKEN_RE = re.compile(r"^lfnode_([0-9]{1,10})_([A-Za-z0-9_-]{20,100})$")
@@ -390,12 +397,6 @@ class Beat:
     kill_reports: tuple[Any, ...] = ()
 
 
-def _check_session_id(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= 64 or "\x00" in value:
-        raise InvalidInput(f"{field} must be a session id (a string of 1-64 characters)")
-    return value
-
-
 def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     """A heartbeat body, checked whole but for its readings (returned raw, for
     :func:`labfleet.usage.records.parse_agent_readings`) and its kill reports (``kill_reports``, a
@@ -407,7 +408,7 @@ def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     running = body.get("running", [])
     if not isinstance(running, list) or len(running) > MAX_IDS:
         raise InvalidInput(f"running must be a list of at most {MAX_IDS} session ids")
-    ids = tuple(_check_session_id(s, "running[]") for s in running)
+    ids = tuple(check_session_id(s, "running[]") for s in running)
     raw_ended = body.get("ended", [])
     if not isinstance(raw_ended, list) or len(raw_ended) > MAX_IDS:
         raise InvalidInput(f"ended must be a list of at most {MAX_IDS} objects")
@@ -417,7 +418,7 @@ def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
         code = e.get("exit_code")
         if code is not None:
             code = check_int(code, f"ended[{i}].exit_code", minimum=-255, maximum=255)
-        ended.append(Ended(_check_session_id(e["session"], f"ended[{i}].session"), code))
+        ended.append(Ended(check_session_id(e["session"], f"ended[{i}].session"), code))
     readings = body.get("readings", [])
     if not isinstance(readings, list):
         raise InvalidInput("readings must be a list")

@@ -49,6 +49,13 @@ def check_text(value: Any, field: str, max_len: int = MAX_TEXT) -> str:
     return value
 
 
+def check_session_id(value: Any, field: str) -> str:
+    """A session id as a caller sends it: a string of 1-64 characters, no NUL."""
+    if not isinstance(value, str) or not 1 <= len(value) <= 64 or "\x00" in value:
+        raise InvalidInput(f"{field} must be a session id (a string of 1-64 characters)")
+    return value
+
+
 def check_bool(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidInput(f"{field} must be true or false")

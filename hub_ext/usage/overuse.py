@@ -41,7 +41,8 @@ from typing import Any
 
 from labfleet.core.bootstrap import GPU_OVERUSE_POLICIES
 from labfleet.core.errors import InvalidInput
-from labfleet.core.validate import check_bool, check_fields, check_int, check_text
+from labfleet.core.validate import check_bool, check_fields, check_int, check_session_id, check_text
+from labfleet.usage.sampler import same_start
 
 TOLERANCE_FRACTION = 0.05  # of the share's bytes
 TOLERANCE_FLOOR = 256 * 2**20  # bytes: the least tolerance, whatever the share
@@ -49,7 +50,6 @@ DEFAULT_TICKS = 2  # consecutive sampler ticks over the allowance before the ser
 ACTIONS = ("warn", "kill", "stop")  # what a policy comes to (auto is kill or warn)
 KILL_HANDOVERS = 3  # heartbeat answers that carry an agent's kill before it is given up unreported
 MAX_KILL_REPORTS = 1024  # in one heartbeat
-START_SLACK = 0.01  # seconds: two start times this close are the same process's
 
 
 @dataclass(frozen=True)
@@ -211,11 +211,6 @@ class AgentKill:
             self.reports[p.pid] = KillReport(self.session_id, p.pid, p.started or 0.0, False, "", None, why)
 
 
-def same_start(a: float | None, b: float | None) -> bool:
-    """Whether two start times are the same process's (None is nobody's)."""
-    return a is not None and b is not None and abs(a - b) <= START_SLACK
-
-
 @dataclass
 class AgentKills:
     """The kills queued for node agents.  The service keeps them in memory: a restart loses them,
@@ -316,12 +311,10 @@ def parse_kill_reports(raw: Any) -> list[KillReport]:
         started = r["create_time"]
         if isinstance(started, bool) or not isinstance(started, (int, float)) or not 0 <= started < 1e11:
             raise InvalidInput(f"{where}.create_time must be the process's start time (epoch seconds)")
-        sid, mem, error = r["session"], r.get("mem_bytes"), r.get("error")
-        if not isinstance(sid, str) or not 1 <= len(sid) <= 64:
-            raise InvalidInput(f"{where}.session must be a session id (a string of 1-64 characters)")
+        mem, error = r.get("mem_bytes"), r.get("error")
         out.append(
             KillReport(
-                session_id=check_text(sid, f"{where}.session", 64),
+                session_id=check_session_id(r["session"], f"{where}.session"),
                 pid=check_int(r["pid"], f"{where}.pid", minimum=1, maximum=2**22),
                 started=float(started),
                 killed=check_bool(r["killed"], f"{where}.killed"),

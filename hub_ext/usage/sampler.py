@@ -589,6 +589,14 @@ def _started(pid: int) -> float | None:
         return None
 
 
+START_SLACK = 0.01  # seconds: two start times this close are the same process's
+
+
+def same_start(a: float | None, b: float | None) -> bool:
+    """Whether two start times (psutil's create_time) are the same process's (None is nobody's)."""
+    return a is not None and b is not None and abs(a - b) <= START_SLACK
+
+
 def kill_if_same(pid: int, started: float | None) -> tuple[bool, str, str | None]:
     """SIGKILL process ``pid`` if it is still the one that started at ``started`` (epoch seconds, as
     :class:`GpuProcess` has it): (killed, its command line, why not).  The service kills on its own
@@ -596,7 +604,7 @@ def kill_if_same(pid: int, started: float | None) -> tuple[bool, str, str | None
     try:
         p = psutil.Process(pid)
         cmdline = (" ".join(p.cmdline()) or p.name())[:500]
-        if started is None or abs(p.create_time() - started) > 0.01:
+        if not same_start(p.create_time(), started):
             return False, cmdline, "its pid now belongs to another process"
         p.send_signal(signal.SIGKILL)  # psutil checks the process is still the same one
         return True, cmdline, None
