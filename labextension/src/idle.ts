@@ -23,7 +23,7 @@ import {
   idleNotificationText,
   idleWarning,
   type IIdleWarning
-} from './model';
+} from './idlewarning';
 import type { FleetStore } from './store';
 
 /** How often the session info is asked for while no one else asks (ms). */

@@ -3,7 +3,9 @@
  * form checked into the body `POST /api/endpoints` takes, a replica count for scaling, the curl
  * line that calls an endpoint with a token, and how an endpoint's tokens read in their list.
  */
-import { formatNumber, GPU_QUANTUM, parseMem, toNumber, type Level } from './model';
+import { formatNumber, parseMem, toNumber } from './format';
+import type { Level } from './quota';
+import { GPU_QUANTUM } from './slots';
 import type { IEndpoint, IEndpointCreate, IEndpointToken, Slots } from './types';
 
 /** The service's bound on replicas per endpoint. */

@@ -18,7 +18,7 @@ import { ThisSession } from './components/ThisSession';
 import { Usage } from './components/Usage';
 import { fleetIcon } from './icons';
 import type { IdleWatch } from './idle';
-import { idleWarning } from './model';
+import { idleWarning } from './idlewarning';
 import type { FleetStore, SectionId } from './store';
 import type { IApp, ISessionSummary } from './types';
 

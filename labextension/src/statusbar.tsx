@@ -10,7 +10,9 @@ import * as React from 'react';
 import type { FleetAPI } from './api';
 import { fleetIcon } from './icons';
 import type { IdleWatch } from './idle';
-import { type IIdleWarning, quotaLevel, usageSummary, usageTooltip } from './model';
+import type { IIdleWarning } from './idlewarning';
+import { quotaLevel } from './quota';
+import { usageSummary, usageTooltip } from './usage';
 import type { IUsage } from './types';
 
 export class UsageStatus extends ReactWidget {

@@ -11,7 +11,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { FleetAPI, LabfleetError } from './api';
-import { instantMs } from './model';
+import { instantMs } from './format';
 import type {
   IAnnouncement,
   IAnnouncementAnswer,

@@ -11,6 +11,7 @@ export type SlotsLeft = Record<string, number | string | null>;
 
 export type SessionType = 'interactive' | 'batch' | 'inference';
 
+// Python's labfleet.core.vocab; tests/unit/test_vocabulary.py checks this copy against it.
 export const SESSION_TYPES: SessionType[] = ['interactive', 'batch', 'inference'];
 
 export interface IDevice {
@@ -279,6 +280,7 @@ export interface IStorageHost {
   rights?: string[];
 }
 
+// Folder rights: Python's labfleet.core.vocab, checked against it (tests/unit/test_vocabulary.py).
 export const PERMISSIONS = ['ro', 'rw', 'wd'] as const;
 export const USAGE_MODES = ['general', 'model', 'data'] as const;
 

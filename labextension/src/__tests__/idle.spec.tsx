@@ -20,7 +20,7 @@ import {
   idleNotificationDue,
   idleWarning,
   lowResources
-} from '../model';
+} from '../idlewarning';
 import { FleetPanel, IFleetActions } from '../sidebar';
 import { UsageStatus } from '../statusbar';
 import { FleetStore } from '../store';

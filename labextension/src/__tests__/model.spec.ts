@@ -1,29 +1,19 @@
+import { canInvite, folderUsage } from '../folders';
+import { formatBytes, formatDuration, memInput, parseMem } from '../format';
+import { formatQuotaRow, quotaLevel, quotaRows } from '../quota';
 import {
   belowImageMinimum,
-  canInvite,
   costAgainstQuota,
-  deviceLabel,
-  folderUsage,
-  formatBytes,
-  formatDuration,
-  formatQuotaRow,
-  formatSlot,
-  formatSlots,
-  gpuShareLabel,
-  memInput,
-  parseMem,
-  quotaLevel,
-  quotaRows,
   requestedSlots,
   serverNameProblem,
   sessionStatusLabel,
   suggestServerName,
   timeLeftLevel,
-  timeLeftNow,
-  usageSummary,
-  usageTooltip
-} from '../model';
+  timeLeftNow
+} from '../sessions';
+import { deviceLabel, formatSlot, formatSlots, gpuShareLabel } from '../slots';
 import type { IFolder, IUsage } from '../types';
+import { usageSummary, usageTooltip } from '../usage';
 
 const GiB = 2 ** 30;
 

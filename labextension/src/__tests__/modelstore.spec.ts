@@ -22,7 +22,7 @@ import {
   modelStorePath,
   modelText,
   readmeNotes
-} from '../modelstore';
+} from '../modelcards';
 import { deployBody, ENDPOINT_NAME_RE } from '../serving';
 import type { IEndpoint, IEndpointCreate } from '../types';
 

@@ -9,6 +9,9 @@ import { createRoot, Root } from 'react-dom/client';
 
 import { FleetAPI, LabfleetError } from '../api';
 import { Usage } from '../components/Usage';
+import { FleetPanel, IFleetActions } from '../sidebar';
+import { FleetStore } from '../store';
+import type { IMyUsage, IUsageFigures } from '../types';
 import {
   formatDay,
   formatHours,
@@ -17,10 +20,7 @@ import {
   usageDays,
   usageEfficiency,
   usagePeriodBars
-} from '../model';
-import { FleetPanel, IFleetActions } from '../sidebar';
-import { FleetStore } from '../store';
-import type { IMyUsage, IUsageFigures } from '../types';
+} from '../usage';
 
 const H = 3600;
 const GiB = 2 ** 30;

@@ -6,14 +6,8 @@
 import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import {
-  canInvite,
-  folderUsage,
-  formatBytes,
-  parseMem,
-  permissionLabel,
-  scopeUsage
-} from '../model';
+import { canInvite, folderUsage, permissionLabel, scopeUsage } from '../folders';
+import { formatBytes, parseMem } from '../format';
 import type { FleetStore } from '../store';
 import { PERMISSIONS, USAGE_MODES, type IFolder, type IInvitation } from '../types';
 import { Bar, Empty, ErrorNote, Field, Select, useAction } from './common';

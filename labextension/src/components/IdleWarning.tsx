@@ -5,7 +5,7 @@
 import { Button } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { idleWarning } from '../model';
+import { idleWarning } from '../idlewarning';
 import type { FleetStore } from '../store';
 
 /** A warning sign in the current text colour. */

@@ -17,7 +17,7 @@ import {
   type IModelCard,
   modelText,
   readmeNotes
-} from '../modelstore';
+} from '../modelcards';
 import { deployBody, type IDeployForm } from '../serving';
 import type { IEndpoint, IEndpointCreate } from '../types';
 import { Empty, ErrorNote, Field, useAction } from './common';

@@ -5,17 +5,15 @@
 import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
+import { memInput, toNumber } from '../format';
 import {
   belowImageMinimum,
   costAgainstQuota,
-  formatSlot,
-  memInput,
   requestedSlots,
   serverNameProblem,
-  slotLabel,
-  suggestServerName,
-  toNumber
-} from '../model';
+  suggestServerName
+} from '../sessions';
+import { formatSlot, slotLabel } from '../slots';
 import type { FleetStore } from '../store';
 import { SESSION_TYPES, type ILaunchOptions, type ISpawnOptions, type SessionType } from '../types';
 import { Empty, ErrorNote, Field, Select } from './common';

@@ -1,7 +1,8 @@
 /** "Quota": used / left per slot for me (my keypair), this session's project and my domain. */
 import * as React from 'react';
 
-import { formatQuotaRow, quotaRows, slotLabel } from '../model';
+import { formatQuotaRow, quotaRows } from '../quota';
+import { slotLabel } from '../slots';
 import type { FleetStore } from '../store';
 import type { IQuotaScope } from '../types';
 import { Bar, Empty, ErrorNote } from './common';

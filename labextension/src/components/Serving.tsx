@@ -8,7 +8,7 @@ import { Clipboard, Dialog, showDialog } from '@jupyterlab/apputils';
 import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { formatSlots } from '../model';
+import { formatSlots } from '../slots';
 import {
   absoluteUrl,
   curlLine,

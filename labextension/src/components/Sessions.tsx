@@ -2,7 +2,8 @@
 import { Button } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { formatSlots, sessionDisplayName, sessionStatusLabel } from '../model';
+import { sessionDisplayName, sessionStatusLabel } from '../sessions';
+import { formatSlots } from '../slots';
 import type { FleetStore } from '../store';
 import type { ISessionSummary } from '../types';
 import { Empty, ErrorNote } from './common';

@@ -5,14 +5,9 @@
 import { Button } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import {
-  deviceLabel,
-  formatDuration,
-  formatSlots,
-  gpuShareLabel,
-  timeLeftLevel,
-  timeLeftNow
-} from '../model';
+import { formatDuration } from '../format';
+import { timeLeftLevel, timeLeftNow } from '../sessions';
+import { deviceLabel, formatSlots, gpuShareLabel } from '../slots';
 import type { FleetStore } from '../store';
 import { Empty, ErrorNote, Item } from './common';
 import { IdleWarning } from './IdleWarning';

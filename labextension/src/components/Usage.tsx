@@ -8,10 +8,12 @@
  */
 import * as React from 'react';
 
+import { formatNumber } from '../format';
+import type { FleetStore } from '../store';
+import type { IMyUsage } from '../types';
 import {
   formatDay,
   formatHours,
-  formatNumber,
   hasSlotUsage,
   hasUsage,
   IUsageBars,
@@ -22,9 +24,7 @@ import {
   USAGE_KINDS,
   usageDays,
   usagePeriodBars
-} from '../model';
-import type { FleetStore } from '../store';
-import type { IMyUsage } from '../types';
+} from '../usage';
 import { Empty, ErrorNote } from './common';
 
 type Series = 'allocated' | 'used';

@@ -8,7 +8,7 @@ import {
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import type { Level } from '../model';
+import type { Level } from '../quota';
 
 export function Section(props: {
   id: string;
