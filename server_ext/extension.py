@@ -25,10 +25,10 @@ from jupyter_server_proxy.handlers import AddSlashHandler
 from traitlets import Bool, Float
 
 from .activity import ActivityReporter, activity_interval
-from .apps_server import AppsHandler, link_apps
 from .calls import SessionCalls
-from .fleet_handlers import FleetContext, fleet_handlers
-from .handlers import InferenceProxyHandler, RunnerStateHandler
+from .handlers.apps import AppsHandler, link_apps
+from .handlers.fleet import FleetContext, fleet_handlers
+from .handlers.runner import InferenceProxyHandler, RunnerStateHandler
 from .runner import Runner, SessionEnv
 
 

@@ -8,9 +8,10 @@ and storage hosts::
     labfleet keypair issue alice
     labfleet demo
 
-One module per context, on one command base (:mod:`labfleet.cli.base`): ``init`` (init, demo),
-``tenancy`` (domain, project, user), ``policies``, ``keypairs``, ``compute`` (image) and
-``storage`` (storage-host); :mod:`labfleet.cli.app` puts them together and has ``main()``.
+One module per context, on one command base (:mod:`labfleet.cli.base`, which prints through
+:mod:`labfleet.cli.output`): ``init`` (init, demo), ``tenancy`` (domain, project, user),
+``policies``, ``keypairs``, ``compute`` (image) and ``storage`` (storage-host);
+:mod:`labfleet.cli.app` puts them together and has ``main()``.
 
 Every change goes through the same logic functions as the REST API, inside one DB transaction
 that is rolled back on any error, so the CLI validates, authorizes (as the trusted ``cli``

@@ -6,12 +6,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from labfleet.cli.base import CliError, Group, dispatch, one_line
+from labfleet.cli.base import CliError, Group, dispatch
 from labfleet.cli.compute import IMAGE
 from labfleet.cli.init import Demo, Init
 from labfleet.cli.keypairs import KEYPAIR
 from labfleet.cli.maintenance import MAINTENANCE
 from labfleet.cli.nodes import NODE, Agent
+from labfleet.cli.output import one_line
 from labfleet.cli.policies import POLICY
 from labfleet.cli.reclaim import IDLE_CHECKER
 from labfleet.cli.storage import STORAGE_HOST

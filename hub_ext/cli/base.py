@@ -9,6 +9,9 @@ may come before or after the arguments) and runs it.
 Errors are :class:`CliError` (exit 1: the operation was refused) or :class:`UsageError`
 (exit 2: bad command line or bad input); ``main()`` prints either as one line.
 
+What a command prints (tables, JSON, slots and sizes, the layout of help) is
+:mod:`labfleet.cli.output`'s; this module only decides when.
+
 Nothing here imports SQLAlchemy or the logic modules at import time: ``--help`` and usage
 errors answer without loading them. Commands import what they use inside ``run()``.
 """
@@ -17,22 +20,27 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import json
 import os
 import re
 import secrets
 import sys
-import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
+from labfleet.cli.output import (
+    format_table,
+    help_entries,
+    help_examples,
+    help_paragraph,
+    json_text,
+    shown_url,
+)
 from labfleet.core.authz import Actor
 from labfleet.core.dburl import default_db_url, normalize_url
 from labfleet.core.passwords import check_password_strength
-from labfleet.core.slots import ResourceSlots, SlotError, format_amount, parse_amount
+from labfleet.core.slots import ResourceSlots, SlotError, parse_amount
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -57,10 +65,6 @@ class UsageError(CliError):
     """Bad command line: unknown command or option, missing or extra arguments, bad values."""
 
     code = 2
-
-
-def one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 # ---------------------------------------------------------------- option values
@@ -91,6 +95,19 @@ def byte_size(s: str) -> int:
         return int(parse_amount("mem", s))
     except SlotError:
         raise ValueError(f"expected a size in bytes, e.g. 1073741824, 512m or 10g (got {s!r:.40})") from None
+
+
+def split_list(values: Iterable[str]) -> list[str]:
+    """``--project a,b --project c`` -> ["a", "b", "c"]; empty items dropped."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def check_slots(value: str, option: str = "--slots") -> str:
+    try:
+        ResourceSlots.parse(value)
+    except SlotError as e:
+        raise UsageError(f"{option}: {e}") from None
+    return value
 
 
 ASK: Any = object()
@@ -210,79 +227,7 @@ def _wants_help(argv: Sequence[str]) -> bool:
     return False
 
 
-# ---------------------------------------------------------------- help
-
-WIDTH = 80
-
-
-def _paragraph(text: str, indent: str = "") -> str:
-    return textwrap.fill(one_line(text), WIDTH, initial_indent=indent, subsequent_indent=indent)
-
-
-def _entries(title: str, entries: Iterable[tuple[str, str]]) -> list[str]:
-    lines = [f"{title}:"]
-    for name, text in entries:
-        lines += [name, _paragraph(text, "    ")]
-    return lines
-
-
-def _examples(examples: Sequence[str]) -> list[str]:
-    if not examples:
-        return []
-    return ["", "Examples:" if len(examples) > 1 else "Example:", *(f"    {e}" for e in examples)]
-
-
-# ---------------------------------------------------------------- output
-
-
-def format_table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:
-    """Plain aligned columns, two spaces apart, header in upper case."""
-    cells = [[cell(c, 48) for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    for row in cells:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return "\n".join(lines)
-
-
-def cell(value: Any, width: int | None = None) -> str:
-    if value is None or value == "" or value == []:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (list, tuple)):
-        value = ",".join(str(v) for v in value)
-    text = one_line(value)
-    if width and len(text) > width:
-        text = text[: width - 3] + "..."
-    return text
-
-
-def slots_text(slots: Any) -> str:
-    return ResourceSlots.parse(slots or {}).to_cli() or "-"
-
-
-def unlimited(n: int | None, zero: str = "unlimited") -> str:
-    return zero if not n else str(n)
-
-
-def bytes_text(n: int | None) -> str:
-    return "unlimited" if not n else format_amount("mem", Decimal(n))
-
-
-def split_list(values: Iterable[str]) -> list[str]:
-    """``--project a,b --project c`` -> ["a", "b", "c"]; empty items dropped."""
-    return [v.strip() for value in values for v in value.split(",") if v.strip()]
-
-
-def check_slots(value: str, option: str = "--slots") -> str:
-    try:
-        ResourceSlots.parse(value)
-    except SlotError as e:
-        raise UsageError(f"{option}: {e}") from None
-    return value
+# ---------------------------------------------------------------- the Hub
 
 
 def login_url() -> str:
@@ -336,10 +281,6 @@ def sqlite_file(url: str) -> Path | None:
     return Path(u.database)
 
 
-def shown_url(engine: Engine) -> str:
-    return engine.url.render_as_string(hide_password=True)
-
-
 # ---------------------------------------------------------------- commands
 
 
@@ -380,10 +321,12 @@ class Command:
             [
                 f"Usage: {cls.usage()}",
                 "",
-                _paragraph(cls.description),
+                help_paragraph(cls.description),
                 "",
-                *_entries("Options (before or after the arguments)" if cls.arguments else "Options", options),
-                *_examples(cls.examples),
+                *help_entries(
+                    "Options (before or after the arguments)" if cls.arguments else "Options", options
+                ),
+                *help_examples(cls.examples),
             ]
         )
 
@@ -482,7 +425,7 @@ class ListCommand(Command):
         self, views: list[dict[str, Any]], headers: list[str], row: Callable[[dict[str, Any]], list[Any]]
     ) -> None:
         if self.opts.json:
-            self.out(json.dumps(views, indent=2, sort_keys=True))
+            self.out(json_text(views))
         else:
             self.out(format_table(headers, (row(v) for v in views)))
 
@@ -511,14 +454,14 @@ class Group:
             [
                 f"Usage: {self.usage()}",
                 "",
-                _paragraph(self.description),
+                help_paragraph(self.description),
                 "",
-                *_entries("Commands", commands),
+                *help_entries("Commands", commands),
                 "",
-                *_entries("Options", options),
+                *help_entries("Options", options),
                 "",
                 f"Run `{self.name} COMMAND --help` for the arguments and options of a command.",
-                *_examples(self.examples),
+                *help_examples(self.examples),
             ]
         )
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from labfleet.cli.base import Command, Group, ListCommand, Option, check_slots, flag, slots_text, split_list
+from labfleet.cli.base import Command, Group, ListCommand, Option, check_slots, flag, split_list
+from labfleet.cli.output import slots_text
 
 
 class ImageRegister(Command):

@@ -15,14 +15,13 @@ from labfleet.cli.base import (
     Command,
     Option,
     UsageError,
-    format_table,
     generate_password,
     is_tty,
     login_url,
     prompt_new_password,
-    shown_url,
     sqlite_file,
 )
+from labfleet.cli.output import format_table, shown_url
 from labfleet.core.passwords import check_password_strength, verify_password
 
 if TYPE_CHECKING:

@@ -5,10 +5,10 @@ Every change goes through :mod:`labfleet.tenancy.keypairs`, like the REST API's.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from labfleet.cli.base import ACTIVE_OPTIONS, Command, Group, ListCommand, Option, flag, whole_number
+from labfleet.cli.output import json_text
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -48,7 +48,7 @@ class KeypairIssue(Command):
 
         view = self.transaction(work)  # committed before the secret is shown
         if self.opts.json:
-            self.out(json.dumps(view, indent=2, sort_keys=True))
+            self.out(json_text(view))
             return
         self.out(
             f"Issued a keypair for {view['username']} "

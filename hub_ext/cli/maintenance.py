@@ -5,12 +5,12 @@ Every command goes through :mod:`labfleet.compute.maintenance`, like the REST AP
 
 from __future__ import annotations
 
-import json
 import sys
 from decimal import Decimal
 from typing import Any
 
-from labfleet.cli.base import Command, Group, flag, format_table
+from labfleet.cli.base import Command, Group, flag
+from labfleet.cli.output import format_table, json_text
 from labfleet.core.slots import format_amount
 
 
@@ -75,7 +75,7 @@ class RecalcUsage(Command):
     def report(self, result: dict[str, Any], dry_run: bool) -> None:
         drift = result["drift"]
         if self.opts.json:
-            self.out(json.dumps(drift, indent=2, sort_keys=True))
+            self.out(json_text(drift))
             return
         if drift:
             self.out(format_table(["scope", "slot", "stored", "true"], (_row(d) for d in drift)))

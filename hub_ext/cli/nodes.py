@@ -10,7 +10,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labfleet.cli.base import CliError, Command, Group, ListCommand, Option, UsageError, bytes_text, one_line
+from labfleet.cli.base import CliError, Command, Group, ListCommand, Option, UsageError
+from labfleet.cli.output import bytes_text, one_line
 
 
 def _node_row(v: dict[str, Any]) -> list[Any]:

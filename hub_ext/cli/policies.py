@@ -15,14 +15,12 @@ from labfleet.cli.base import (
     Option,
     UsageError,
     byte_size,
-    bytes_text,
     check_slots,
     seconds,
-    slots_text,
     split_list,
-    unlimited,
     whole_number,
 )
+from labfleet.cli.output import bytes_text, slots_text, unlimited
 
 KEYPAIR_OPTIONS = (
     Option("--slots", "(keypair) Total slots of all the keypair's sessions.", metavar="SLOTS"),

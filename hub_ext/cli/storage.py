@@ -8,16 +8,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from labfleet.cli.base import (
-    Command,
-    Group,
-    ListCommand,
-    Option,
-    UsageError,
-    byte_size,
-    bytes_text,
-    split_list,
-)
+from labfleet.cli.base import Command, Group, ListCommand, Option, UsageError, byte_size, split_list
+from labfleet.cli.output import bytes_text
 from labfleet.core.slots import format_amount
 
 

@@ -20,9 +20,9 @@ from labfleet.cli.base import (
     generate_password,
     is_tty,
     prompt_new_password,
-    slots_text,
     split_list,
 )
+from labfleet.cli.output import slots_text
 from labfleet.core.authz import ROLES
 from labfleet.core.passwords import check_password_strength
 from labfleet.core.validate import parse_project_ref

@@ -11,7 +11,7 @@ from jupyter_server_proxy.config import ServerProcess
 from traitlets.config import Config, Configurable
 
 from labfleet.session import apps
-from labfleet.session.apps_server import configured_servers, link_apps
+from labfleet.session.handlers.apps import configured_servers, link_apps
 
 PORTS = [
     {"name": "echo", "protocol": "http", "port": 8080},

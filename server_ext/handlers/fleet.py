@@ -16,11 +16,11 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from . import fleet
-from .calls import Answer, SessionCalls, quoted
-from .handlers import AUTH_RESOURCE
-from .runner import Runner, SessionEnv, port_is_listening
-from .usage import ProcessSampler, devices_from_env, session_usage
+from .. import fleet
+from ..calls import Answer, SessionCalls, quoted
+from ..runner import Runner, SessionEnv, port_is_listening
+from ..usage import ProcessSampler, devices_from_env, session_usage
+from . import AUTH_RESOURCE
 
 # A Hub server name as the Hub takes it in a URL (JupyterHub forbids "/"); "~" names the default server.
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,255}$")

@@ -13,11 +13,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server_proxy.handlers import ProxyHandler
 from tornado import web
 
-from .runner import Runner
-
-# The authorization resource of these endpoints (jupyter-server's Authorizer; under the Hub, the singleuser
-# authorizer checks the token's access:servers scope for it).
-AUTH_RESOURCE = "labfleet"
+from ..runner import Runner
+from . import AUTH_RESOURCE
 
 
 class RunnerStateHandler(APIHandler):

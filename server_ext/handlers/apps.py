@@ -13,8 +13,8 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from traitlets.config import Config, LazyConfigValue
 
-from .apps import App, session_apps
-from .handlers import AUTH_RESOURCE
+from ..apps import App, session_apps
+from . import AUTH_RESOURCE
 
 
 def configured_servers(config: Config) -> dict[str, Any]:
