@@ -21,7 +21,8 @@ from typing import Any
 import ipywidgets as W
 
 from labfleet.console.console import guarded
-from labfleet.console.resources import esc, fmt_bytes, muted, section
+from labfleet.console.resources import muted, section
+from labfleet.core.display import esc, fmt_bytes
 
 MAX_VALUE = 160  # characters of a value shown in the table (the cell's title has it all)
 SOURCE_TONE = {"command line": "cli", "config file": "file", "environment": "env", "default": "default"}

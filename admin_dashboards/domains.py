@@ -24,7 +24,8 @@ from urllib.parse import quote
 import ipywidgets as W
 
 from labfleet.console.console import ServiceError, message
-from labfleet.console.resources import STYLE, esc, fmt_slots, form_label, muted
+from labfleet.console.resources import STYLE, form_label, muted
+from labfleet.core.display import esc, fmt_slots
 
 COLUMNS = ("domain", "total cap", "keypair policies its admins may give", "state")
 DEFAULT_POLICY = "default"  # what a domain admin's new users get in a domain with no list

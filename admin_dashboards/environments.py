@@ -35,10 +35,10 @@ from labfleet.console.policies import (
     narrow,
     parse_slots,
 )
-from labfleet.console.resources import STYLE, esc, fmt_bytes, form_label, muted, parse_time, section
+from labfleet.console.resources import STYLE, form_label, muted, section
+from labfleet.core.display import esc, fmt_bytes, parse_time, sort_slots
 
 ACCELERATORS = ("cuda",)
-MIN_SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 LABEL_PREFIX = "ai.labfleet."
 NEW = ""  # the editor's "register a new image" choice (no image has an empty name)
 _LIST_SPLIT = re.compile(r"[,;\s]+")
@@ -186,7 +186,7 @@ def image_patch(before: Mapping[str, Any], form: Mapping[str, Any]) -> dict[str,
 def fmt_min(slots: Mapping[str, Any] | None) -> str:
     """``cpu 1, mem 2 GiB, gpu.shares 0.25``; ``none`` when the image asks nothing."""
     slots = dict(slots or {})
-    names = [n for n in MIN_SLOTS if n in slots] + sorted(n for n in slots if n not in MIN_SLOTS)
+    names = sort_slots(slots)
     out = []
     for n in names:
         v = slots[n]

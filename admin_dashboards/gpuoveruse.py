@@ -20,7 +20,9 @@ from typing import Any
 import ipywidgets as W
 
 from labfleet.console.console import ServiceError
-from labfleet.console.resources import HOLDING, STYLE, esc, fmt_ago, fmt_bytes, number, section, trim
+from labfleet.console.resources import STYLE, section
+from labfleet.core.display import esc, fmt_ago, fmt_bytes, number, trim
+from labfleet.core.vocab import HOLDING_STATUSES
 
 OVERUSE_AUDIT = "session.gpu-overuse"  # the audit action of each act on a session over its share
 
@@ -79,7 +81,7 @@ def overuse_rows(
         sid = str(s.get("id", ""))
         devices = s.get("devices") or []
         reading = readings.get(sid)
-        if s.get("status") not in HOLDING or len(devices) != 1 or reading is None:
+        if s.get("status") not in HOLDING_STATUSES or len(devices) != 1 or reading is None:
             continue
         d = devices[0]
         shares = number(d.get("shares"))

@@ -19,7 +19,8 @@ from typing import Any
 import ipywidgets as W
 
 from labfleet.console.console import guarded
-from labfleet.console.resources import esc, fmt_ago, fmt_duration, muted, number, section, trim
+from labfleet.console.resources import muted, section
+from labfleet.core.display import esc, fmt_ago, fmt_duration, number, trim
 
 # The versions people ask about first, in this order; the rest follow by name.
 FIRST = ("labfleet", "JupyterHub", "JupyterLab", "Voila", "SQLAlchemy", "Alembic", "Python")

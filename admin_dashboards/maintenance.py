@@ -28,7 +28,8 @@ from typing import Any
 import ipywidgets as W
 
 from labfleet.console.console import ServiceError, guarded, message, table
-from labfleet.console.resources import esc, fmt_ago, muted, number, parse_time, section, trim
+from labfleet.console.resources import muted, section
+from labfleet.core.display import esc, fmt_ago, number, parse_time, trim
 
 LEVELS = ("info", "warning")
 MAX_TEXT = 2000  # the service's own bound (labfleet.tenancy.announcements)

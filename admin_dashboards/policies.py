@@ -36,7 +36,9 @@ import ipywidgets as W
 
 from labfleet.console import domains, idlecheckers
 from labfleet.console.console import ServiceError, guarded, message
-from labfleet.console.resources import STYLE, esc, fmt_bytes, form_label, muted, section
+from labfleet.console.resources import STYLE, form_label, muted, section
+from labfleet.core.display import esc, fmt_bytes, sort_slots
+from labfleet.core.slots import format_amount, parse_bytes
 
 KINDS = ("keypair", "user", "project")
 TITLES = {"keypair": "Keypair policies", "user": "User policies", "project": "Project policies"}
@@ -171,8 +173,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 # ---------------------------------------------------------------- reading the form (pure)
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
-_SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(?:i?b)?$", re.IGNORECASE)
 _TIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _TIME_PART = re.compile(r"([0-9]+)\s*([smhdw])", re.IGNORECASE)
 _SLOT_SPLIT = re.compile(r"[,;\n]")
@@ -201,19 +201,6 @@ def parse_slots(text: str, field: str = "total_resource_slots") -> dict[str, int
     return out
 
 
-def size_bytes(text: Any) -> int | None:
-    """``32g`` -> 34359738368, ``512 MiB`` -> 536870912, ``1024`` -> 1024; None when unreadable."""
-    if isinstance(text, bool):
-        return None
-    if isinstance(text, int):
-        return text
-    m = _SIZE_RE.match(str(text).strip())
-    if not m:
-        return None
-    amount = Decimal(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-    return int(amount) if amount == amount.to_integral_value() else None
-
-
 def parse_size(text: str, field: str) -> int:
     """A size in a form: bytes, or with a binary unit (``500m``, ``10g``, ``1.5t``, ``10 GiB``)."""
     value = (text or "").strip()
@@ -221,7 +208,7 @@ def parse_size(text: str, field: str) -> int:
         raise FormError(f"{field}: give a size such as 10g (0 = no limit)")
     if value.startswith("-") and _WHOLE.match(value):
         return int(value)  # the service says what the smallest is
-    out = size_bytes(value)
+    out = parse_bytes(value)
     if out is None:
         raise FormError(f"{field}: cannot read {value!r}: write bytes or a size such as 500m, 10g, 1.5t")
     return out
@@ -277,21 +264,14 @@ def parse_hosts(text: str, field: str = "allowed_storage_hosts") -> list[str] | 
 
 def fmt_size_text(value: Any) -> str:
     """Bytes as the form writes them: ``10g`` where exact, else the bytes."""
-    n = size_bytes(value)
-    if n is None:
-        return str(value)
-    for unit in ("p", "t", "g", "m", "k"):
-        size = _SIZE_UNITS[unit]
-        if n and n % size == 0:
-            return f"{n // size}{unit}"
-    return str(n)
+    n = parse_bytes(value)
+    return str(value) if n is None else format_amount("mem", Decimal(n))
 
 
 def fmt_slots_text(slots: Mapping[str, Any] | None) -> str:
     """``{"cpu": 8, "mem": 34359738368}`` -> ``cpu=8, mem=32g``: known slots first, then by name."""
     slots = dict(slots or {})
-    order = ("cpu", "mem", "gpu", "gpu.shares")
-    names = [n for n in order if n in slots] + sorted(n for n in slots if n not in order)
+    names = sort_slots(slots)
     out = []
     for n in names:
         v = slots[n]
@@ -360,7 +340,7 @@ def canonical_slots(slots: Any) -> dict[str, Decimal] | None:
     for name, v in dict(slots or {}).items():
         try:
             if name.split(":", 1)[0] == "mem":
-                b = size_bytes(v)
+                b = parse_bytes(v)
                 if b is None:
                     return None
                 amount = Decimal(b)
@@ -477,8 +457,7 @@ def fmt_size(value: Any) -> str:
 def fmt_slots(slots: Mapping[str, Any] | None, unnamed: str | None = None) -> str:
     """``cpu 8, mem 32 GiB, gpu.shares 2.5``, and what a slot not named allows."""
     slots = dict(slots or {})
-    order = ("cpu", "mem", "gpu", "gpu.shares")
-    names = [n for n in order if n in slots] + sorted(n for n in slots if n not in order)
+    names = sort_slots(slots)
     parts = []
     for n in names:
         v = slots[n]

@@ -18,8 +18,6 @@ people's own scripts can read back.
 
 from __future__ import annotations
 
-import html
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,12 +29,11 @@ import ipywidgets as W
 from labfleet.console.console import ServiceError, guarded, message, table
 from labfleet.console.nodecontrol import node_switches
 from labfleet.core.bootstrap import GPU_OVERUSE_POLICIES
+from labfleet.core.display import esc, fmt_ago, fmt_bytes, fmt_timeout, number, trim
+from labfleet.core.vocab import HOLDING_STATUSES, SESSION_TYPES
 
-# Sessions that hold what they were given (PENDING waits for it; the final ones gave it back).
-HOLDING = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
 SCHEDULERS = ("fifo", "lifo", "drf")
 PLACEMENTS = ("pack", "spread", "whole-gpu", "fgd")
-SESSION_TYPES = ("interactive", "batch", "inference")
 GRANT_KINDS = ("domain", "project", "user")
 MAX_PENDING_TIMEOUT = 30 * 24 * 3600  # the service's own bound (30 days)
 # What each of a group's gpu_overuse policies does to a session over its share of a device's memory.
@@ -64,96 +61,7 @@ PALETTE = (
 OTHERS_COLOR = ("--md-grey-500", "#9e9e9e")
 FREE_COLOR = ("--jp-layout-color2", "#eeeeee")
 
-_BINARY_UNITS = (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-
-
 # ---------------------------------------------------------------- formatting (pure)
-
-
-def number(value: Any) -> float:
-    """A JSON amount (int, float or decimal string) as a float; None and junk count as 0."""
-    if value is None or isinstance(value, bool):
-        return 0.0
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return 0.0
-    return out if math.isfinite(out) else 0.0
-
-
-def trim(x: float, digits: int = 2) -> str:
-    """``0.50`` -> ``0.5``, ``2.0`` -> ``2``: a number without trailing zeros."""
-    out = f"{x:.{digits}f}"
-    return out.rstrip("0").rstrip(".") if "." in out else out
-
-
-def fmt_bytes(value: Any) -> str:
-    """``85899345920`` -> ``80 GiB``: binary units, at most one decimal."""
-    amount = number(value)
-    for unit, size in _BINARY_UNITS:
-        if abs(amount) >= size:
-            return f"{trim(amount / size, 1)} {unit}"
-    return f"{int(amount)} B"
-
-
-def fmt_duration(seconds: Any) -> str:
-    """``3725`` -> ``1 h 2 min``; under a minute in seconds; never negative."""
-    s = max(int(number(seconds)), 0)
-    days, rest = divmod(s, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    if minutes:
-        return f"{minutes} min {secs} s" if minutes < 10 and secs else f"{minutes} min"
-    return f"{secs} s"
-
-
-def parse_time(iso: Any) -> datetime | None:
-    """An ISO time from the service as an aware datetime (naive ones are UTC); None if it is not one."""
-    if not iso:
-        return None
-    try:
-        t = datetime.fromisoformat(str(iso))
-    except ValueError:
-        return None
-    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
-
-
-def seconds_since(iso: Any, now: datetime) -> float | None:
-    """Seconds from ``iso`` to ``now`` (0 when ``iso`` is in the future); None when there is no time."""
-    t = parse_time(iso)
-    return None if t is None else max((now - t).total_seconds(), 0.0)
-
-
-def fmt_ago(iso: Any, now: datetime) -> str:
-    """``12 s ago``; ``never`` when the service has no time."""
-    ago = seconds_since(iso, now)
-    return "never" if ago is None else f"{fmt_duration(ago)} ago"
-
-
-def fmt_slots(slots: Mapping[str, Any]) -> str:
-    """A session's slots as people read them: ``cpu 0.5, mem 4 GiB, gpu 2``, known slots first."""
-    order = ("cpu", "mem", "gpu", "gpu.shares")
-    names = [n for n in order if n in slots] + sorted(n for n in slots if n not in order)
-    parts = []
-    for n in names:
-        v = slots[n]
-        parts.append(f"{n} {fmt_bytes(v) if n.split(':')[0] == 'mem' else trim(number(v))}")
-    return ", ".join(parts) or "nothing"
-
-
-def fmt_timeout(seconds: Any) -> str:
-    """A group's pending timeout: ``0`` waits for ever."""
-    s = int(number(seconds))
-    return "waits for ever" if s <= 0 else fmt_duration(s)
-
-
-def esc(value: Any) -> str:
-    """Anything from the service, safe inside HTML and SVG text and attributes."""
-    return html.escape("" if value is None else str(value), quote=True)
 
 
 def css_color(pair: tuple[str, str]) -> str:
@@ -232,7 +140,7 @@ def occupancy(nodes: Iterable[Mapping[str, Any]], sessions: Iterable[Mapping[str
     """
     holders: dict[str, list[tuple[str, str, Segment]]] = {}
     for s in sessions:
-        if s.get("status") not in HOLDING:
+        if s.get("status") not in HOLDING_STATUSES:
             continue
         for d in s.get("devices") or ():
             shares = round(number(d.get("shares")), 2)
@@ -476,7 +384,7 @@ def node_rows(
     """A row per node: what it has and holds (CPU, memory, GPU shares), its sessions, when last seen."""
     on_node: dict[str, int] = {}
     for s in sessions:
-        if s.get("status") in HOLDING and s.get("node"):
+        if s.get("status") in HOLDING_STATUSES and s.get("node"):
             on_node[str(s["node"])] = on_node.get(str(s["node"]), 0) + 1
     rows = []
     for n in nodes:
@@ -722,7 +630,7 @@ def muted(text: str) -> W.HTML:
 def holding_sessions(client: Any) -> list[dict[str, Any]]:
     """Every session in the viewer's reach that holds devices or slots now (one list per status)."""
     found: list[dict[str, Any]] = []
-    for status in HOLDING:
+    for status in HOLDING_STATUSES:
         found += client.everything("/sessions", status=status)
     return found
 

@@ -25,16 +25,15 @@ from urllib.parse import quote
 import ipywidgets as W
 
 from labfleet.console.console import Say, ServiceError, grid, refreshable_page
-from labfleet.console.resources import (
+from labfleet.console.resources import muted, section
+from labfleet.core.display import (
     esc,
     fmt_bytes,
     fmt_duration,
     fmt_slots,
     fmt_timeout,
-    muted,
     number,
     seconds_since,
-    section,
     trim,
 )
 

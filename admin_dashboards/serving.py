@@ -22,7 +22,8 @@ from urllib.parse import quote
 import ipywidgets as W
 
 from labfleet.console.console import Say, ServiceError, refreshable_page
-from labfleet.console.resources import esc, fmt_ago, fmt_slots, muted, number, section, trim
+from labfleet.console.resources import muted, section
+from labfleet.core.display import esc, fmt_ago, fmt_slots, number, trim
 
 MAX_REPLICAS = 64  # the service's own bound
 

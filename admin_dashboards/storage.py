@@ -26,7 +26,8 @@ from typing import Any
 import ipywidgets as W
 
 from labfleet.console.console import ServiceError, guarded, message
-from labfleet.console.resources import STYLE, esc, fmt_bytes, muted, number, parse_time, section, trim
+from labfleet.console.resources import STYLE, muted, section
+from labfleet.core.display import esc, fmt_bytes, number, parse_time, trim
 
 PAGE_SIZE = 20
 STATUSES = (("all", ""), ("ready", "READY"), ("in the trash", "DELETE_PENDING"))

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from labfleet.core.vocab import PORT_RANGE
+
 SERVICE_PORTS_ENV = "LABFLEET_SERVICE_PORTS"
 TENSORBOARD_LOGDIR_ENV = "LABFLEET_TENSORBOARD_LOGDIR"
 MLFLOW_STORE_ENV = "LABFLEET_MLFLOW_BACKEND_STORE_URI"
@@ -402,8 +404,10 @@ def parse_service_ports(raw: str | None) -> tuple[list[dict[str, Any]], list[str
         if protocol not in SERVICE_PROTOCOLS:
             problems.append(f"service port {name}: protocol must be one of {', '.join(SERVICE_PROTOCOLS)}")
             continue
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            problems.append(f"service port {name}: port must be a number from 1 to 65535")
+        if isinstance(port, bool) or not isinstance(port, int) or not PORT_RANGE[0] <= port <= PORT_RANGE[1]:
+            problems.append(
+                f"service port {name}: port must be a number from {PORT_RANGE[0]} to {PORT_RANGE[1]}"
+            )
             continue
         if name in seen:
             problems.append(f"service port {name}: declared twice, the first one is kept")

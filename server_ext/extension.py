@@ -24,6 +24,8 @@ from jupyter_server.utils import url_path_join
 from jupyter_server_proxy.handlers import AddSlashHandler
 from traitlets import Bool, Float
 
+from labfleet.core.vocab import SESSION_TYPES
+
 from .activity import ActivityReporter, activity_interval
 from .calls import SessionCalls
 from .handlers.apps import AppsHandler, link_apps
@@ -77,7 +79,7 @@ class LabfleetExtension(ExtensionApp):
         self.calls = SessionCalls.from_environ(timeout=self.service_timeout)
         self.runner: Runner | None = None
         self.activity: ActivityReporter | None = None
-        if self.session.type not in ("interactive", "batch", "inference"):
+        if self.session.type not in SESSION_TYPES:
             self.log.warning(
                 "labfleet: unknown LABFLEET_SESSION_TYPE %r: treated as interactive", self.session.type
             )

@@ -9,10 +9,11 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
+from labfleet.core.vocab import ACTIVE_STATUSES
+
 from .runner import SessionEnv
 
 # Sessions that still hold (or wait for) resources: what "my sessions" lists.
-LIVE_STATUSES = ("PENDING", "SCHEDULED", "PREPARING", "RUNNING")
 
 
 def _instant(text: str | None) -> datetime | None:
@@ -169,10 +170,10 @@ def quota_summary(me: Mapping[str, Any], project: str | None) -> dict[str, Any]:
 def my_sessions(
     views: Iterable[Mapping[str, Any]], *, user: str, current_id: str | None, hub_prefix: str
 ) -> list[dict[str, Any]]:
-    """``GET labfleet/sessions``: my sessions that still hold or wait for resources, this one marked."""
+    """``GET labfleet/sessions``: my sessions queued, starting or running, this one marked."""
     out = []
     for v in views:
-        if v.get("user") != user or v.get("status") not in LIVE_STATUSES:
+        if v.get("user") != user or v.get("status") not in ACTIVE_STATUSES:
             continue
         name = str(v.get("name") or "")
         out.append(

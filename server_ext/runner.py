@@ -35,11 +35,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from labfleet.core.vocab import COMMAND_SESSION_TYPES
 from labfleet.spawner.launch import GPU_ENFORCEMENT_ENV, GPU_MEMORY_LIMIT_ENV, GPU_MPS_WITHHELD_ENV
 
 from .front import ReplicaFront, credential_source
-
-SESSION_TYPES = ("interactive", "batch", "inference")
 
 # The exit code of a session whose command is empty or missing, or otherwise unusable (a bad port):
 # 2 is the shell's "misuse" code, distinct from anything the command itself could have returned.
@@ -203,7 +202,7 @@ class Runner:
         """``replica_credential``: how an inference session learns that it is a replica, and its
         credential (None: it is not); True (default): ask the labfleet service when this is a labfleet
         session (:func:`labfleet.session.front.credential_source`); None or False: never a replica."""
-        if session.type not in ("batch", "inference"):
+        if session.type not in COMMAND_SESSION_TYPES:
             raise ValueError(f"no runner for session type {session.type!r}")
         self.session = session
         self.type = session.type

@@ -12,27 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from html import escape
 from typing import Any
 
-from .options import SESSION_TYPES
+from labfleet.core.display import fmt_slot, slot_name
+from labfleet.core.vocab import FOLDER_RIGHTS, SESSION_TYPES, SLOT_NAMES
 
-_SLOT_LABELS = {"cpu": "CPU cores", "mem": "Memory", "gpu": "Whole GPUs", "gpu.shares": "GPU shares"}
-_PERMISSION_LABELS = {"ro": "read-only", "rw": "read-write", "wd": "read-write-delete"}
 _PERMISSION_BADGES = {"ro": "text-bg-secondary", "rw": "text-bg-primary", "wd": "text-bg-warning"}
-
-
-def _fmt_amount(slot: str, value: Any) -> str:
-    if value is None:
-        return "unlimited"
-    if slot == "mem":
-        amount = Decimal(str(value))
-        for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
-            if amount >= size:
-                return f"{(amount / size).quantize(Decimal('0.1')).normalize():f} {unit}"
-        return f"{amount:f} B"
-    return f"{Decimal(str(value)).normalize():f}"
 
 
 def _options(items: Sequence[tuple[str, str, Mapping[str, str]]], selected: str | None) -> str:
@@ -47,9 +33,9 @@ def _options(items: Sequence[tuple[str, str, Mapping[str, str]]], selected: str 
 def _quota_table(project: Mapping[str, Any]) -> str:
     left = project.get("left") or {}
     rows = "".join(
-        f"<tr><th scope='row'>{escape(_SLOT_LABELS.get(slot, slot))}</th>"
-        f"<td>{escape(_fmt_amount(slot, left.get(slot)))}</td></tr>"
-        for slot in ("cpu", "mem", "gpu", "gpu.shares")
+        f"<tr><th scope='row'>{escape(slot_name(slot))}</th>"
+        f"<td>{escape(fmt_slot(slot, left.get(slot)))}</td></tr>"
+        for slot in SLOT_NAMES
     )
     return (
         f'<table class="table table-sm lf-quota" data-project="{escape(project["name"])}" hidden>'
@@ -91,8 +77,8 @@ def _vfolders(folders: Sequence[Mapping[str, Any]], previous: Sequence[str]) -> 
             if fid in previous or name in previous:
                 attrs += " checked"
         badges = ""
-        if permission in _PERMISSION_LABELS:
-            label, colour = _PERMISSION_LABELS[permission], _PERMISSION_BADGES[permission]
+        if permission in FOLDER_RIGHTS:
+            label, colour = FOLDER_RIGHTS[permission], _PERMISSION_BADGES[permission]
             badges += f' <span class="badge {colour}">{label}</span>'
         mode = str(f.get("usage_mode") or "general")
         if mode != "general":

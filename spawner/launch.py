@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from labfleet.core.vocab import FOLDER_PERMISSIONS
+
 from .options import SessionOptions, is_vfolder_name
 
 # A fraction of one device: how the session is told to limit itself.
 MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 DEFAULT_PIDS_LIMIT = 4096
-MOUNT_MODES = ("ro", "rw", "wd")
 VFOLDERS_DIR = "vfolders"  # virtual folders appear at <session home>/vfolders/<name>
 SERVICE_PORTS_ENV = "LABFLEET_SERVICE_PORTS"  # read by labfleet.session.apps
 # A fraction of one device: its bytes, and how the share is held (read by labfleet.session.fleet).
@@ -62,8 +63,8 @@ class Mount:
     mode: str = "rw"  # ro | rw | wd (wd writes and deletes; both are writable mounts)
 
     def __post_init__(self) -> None:
-        if self.mode not in MOUNT_MODES:
-            raise ValueError(f"mount mode must be one of {', '.join(MOUNT_MODES)}, not {self.mode!r}")
+        if self.mode not in FOLDER_PERMISSIONS:
+            raise ValueError(f"mount mode must be one of {', '.join(FOLDER_PERMISSIONS)}, not {self.mode!r}")
         if not self.source.startswith("/") or not self.target.startswith("/"):
             raise ValueError("mount source and target must be absolute paths")
 
@@ -327,9 +328,9 @@ def vfolder_mounts(session: Mapping[str, Any], home: str, *, taken: Iterable[str
             raise ValueError(f"folder {name}: source {str(source)[:200]!r} is not an absolute path")
         if ".." in source.split("/"):
             raise ValueError(f"folder {name}: source {source[:200]!r} has a '..' component")
-        if permission not in MOUNT_MODES:
+        if permission not in FOLDER_PERMISSIONS:
             raise ValueError(
-                f"folder {name}: permission must be one of {', '.join(MOUNT_MODES)}, not {str(permission)[:20]!r}"
+                f"folder {name}: permission must be one of {', '.join(FOLDER_PERMISSIONS)}, not {str(permission)[:20]!r}"
             )
         if name in names:
             raise ValueError(f"two folders are named {name!r}: one session mounts one folder per name")

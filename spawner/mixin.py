@@ -28,6 +28,7 @@ import asyncio
 import os
 import re
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
@@ -35,6 +36,7 @@ from urllib.parse import quote, urlparse
 from jupyterhub.spawner import SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
+from labfleet.core.vocab import FINAL_STATUSES, PENDING
 from labfleet.hub.client import LabfleetServiceClient, Reply
 
 from . import form
@@ -42,10 +44,7 @@ from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts, with_caps
 from .options import OptionsError, SessionOptions, options_from_form, parse_options
 from .sessionnet import DEFAULT_DENY
 
-PENDING = "PENDING"
-LIVE = ("SCHEDULED", "PREPARING", "RUNNING")
 ACTIVITY_INTERVAL_ENV = "LABFLEET_ACTIVITY_INTERVAL"
-ENDED = ("TERMINATED", "ERROR", "CANCELLED")
 _EXIT = re.compile(r"ExitCode=(-?\d+)")
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 
@@ -95,6 +94,14 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
 
     service_timeout = Float(
         10.0, help="Seconds to wait for one answer of the labfleet service before the spawn fails."
+    ).tag(config=True)
+
+    service_restart_wait = Float(
+        90.0,
+        help="""Seconds a spawn keeps asking a labfleet service that does not answer for its session before
+        it fails. The Hub starts a managed service that exited again once its poll notices (within 30
+        s by default). The spawn asks again with the same session id, so a session the service
+        admitted before it could answer is not admitted twice.""",
     ).tag(config=True)
 
     queue_poll_interval = Float(
@@ -365,10 +372,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         assert options is not None
         self.lf_exit = None
         t0 = time.perf_counter()
-        reply = await self.lf_call("POST", "/sessions", self._lf_admission_body(options))
-        if not reply.ok:
-            raise _refusal(reply, "labfleet refused the session")
-        session = reply.data
+        session = await self._lf_admit(options)
         self.lf_session_id = session["id"]
         self.lf_session = session
         try:
@@ -417,6 +421,34 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         )
         return url
 
+    async def _lf_admit(self, options: SessionOptions) -> dict[str, Any]:
+        """Ask the service for the session, with an id of the spawner's choosing; ask again with the
+        same id while the service does not answer.  The service may have admitted it and died before
+        it answered: asked again, it answers with that session instead of admitting a second one."""
+        body = {**self._lf_admission_body(options), "id": str(uuid.uuid4())}
+        # Until the service says otherwise the session may exist: a stop or a cancel gives it back.
+        self.lf_session_id = body["id"]
+        deadline = time.monotonic() + self.service_restart_wait
+        try:
+            while True:
+                reply = await self.lf_call("POST", "/sessions", body)
+                if reply.code != 0 or time.monotonic() >= deadline:
+                    break
+                self.log.warning(  # type: ignore[attr-defined]
+                    "labfleet: no answer to the admission of %s; asking again with session id %s",
+                    self._log_name,  # type: ignore[attr-defined]
+                    body["id"],
+                )
+                await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        except asyncio.CancelledError:
+            self._lf_release_soon("ERROR", "the server did not start: its spawn was stopped")
+            raise
+        if not reply.ok:
+            if reply.code != 0:
+                self.lf_session_id = None  # refused: nothing is held
+            raise _refusal(reply, "labfleet refused the session")
+        return reply.data
+
     async def _lf_wait_for_placement(self, session: dict[str, Any]) -> dict[str, Any]:
         """Wait while the session is queued; the service schedules it (or cancels it)."""
         sid = session["id"]
@@ -435,7 +467,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
                 raise _refusal(reply, "labfleet lost the queued session")
             session = reply.data
         self.lf_session = session
-        if session["status"] in ENDED:
+        if session["status"] in FINAL_STATUSES:
             raise SpawnException(
                 f"labfleet did not start the session: {session.get('status_reason') or session['status']}",
                 reason="labfleet-cancelled",
@@ -455,7 +487,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             if not getattr(self, "_spawn_pending", True):
                 return
         session = self.lf_session
-        if session.get("status") in ENDED:  # cancelled while queued (pending timeout, stopped)
+        if session.get("status") in FINAL_STATUSES:  # cancelled while queued (pending timeout, stopped)
             yield {
                 "progress": 100,
                 "failed": True,

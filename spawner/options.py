@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeGuard
 
-SESSION_TYPES = ("interactive", "batch", "inference")
+from labfleet.core.slots import parse_bytes
+from labfleet.core.vocab import COMMAND_PORT_RANGE, COMMAND_SESSION_TYPES, SESSION_TYPES
+
 OPTION_KEYS = (
     "project",
     "image",
@@ -36,7 +38,6 @@ MAX_COMMAND = 8192
 MAX_VFOLDERS = 64
 # An inference command's port where sessions share the node's network (model serving picks one per
 # replica): never a privileged port.
-MIN_PORT, MAX_PORT = 1024, 65535
 GPU_QUANTUM = Decimal("0.01")
 CPU_QUANTUM = Decimal("0.001")
 
@@ -46,8 +47,6 @@ _VFOLDER = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _PROJECT = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,63}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")
-_MEM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
 class OptionsError(ValueError):
@@ -104,13 +103,14 @@ class SessionOptions:
 
 
 def parse_port(value: Any) -> int:
-    """An inference command's port: an integer from MIN_PORT to MAX_PORT (digits in a string too)."""
+    """An inference command's port: an integer in COMMAND_PORT_RANGE (digits in a string too)."""
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int):
         raise OptionsError(f"port must be a whole number, not {str(value)[:40]!r}")
-    if not MIN_PORT <= value <= MAX_PORT:
-        raise OptionsError(f"port must be from {MIN_PORT} to {MAX_PORT}, not {value}")
+    low, high = COMMAND_PORT_RANGE
+    if not low <= value <= high:
+        raise OptionsError(f"port must be from {low} to {high}, not {value}")
     return value
 
 
@@ -136,13 +136,9 @@ def parse_mem(value: Any) -> int:
     """Bytes from ``8g``, ``512m``, ``1.5GiB`` or a plain number of bytes."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise OptionsError(f"mem must be a size like 8g or 512m, not {type(value).__name__}")
-    if isinstance(value, int):
-        amount = value
-    else:
-        m = _MEM.match(value)
-        if not m:
-            raise OptionsError(f"mem must be a size like 8g or 512m, not {value[:40]!r}")
-        amount = int(Decimal(m.group(1)) * _UNITS[m.group(2).lower()])
+    amount = parse_bytes(value)
+    if amount is None:
+        raise OptionsError(f"mem must be a size like 8g or 512m, not {str(value)[:40]!r}")
     if amount <= 0:
         raise OptionsError("mem must be more than 0")
     if amount > MAX_MEM:
@@ -216,7 +212,7 @@ def parse_options(raw: Any) -> SessionOptions:
         raise OptionsError(f"command is longer than {MAX_COMMAND} characters")
     if "\x00" in command:
         raise OptionsError("command contains a NUL character")
-    if stype in ("batch", "inference") and not command:
+    if stype in COMMAND_SESSION_TYPES and not command:
         raise OptionsError(f"a {stype} session needs a command")
     if stype == "interactive" and command:
         raise OptionsError("an interactive session takes no command (choose type batch or inference)")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 SESSION_IFGROUP = 1717
 NETNS_DIR = "/run/netns"
 _BRIDGE = re.compile(r"^[a-z][a-z0-9]{0,8}$")  # 9 characters: "<bridge>-<index>" fits in 15
-MAX_INDEX = 65535
+MAX_INDEX = 2**16 - 1  # 5 digits at most: "<bridge>-<index>" fits a 15-character interface name
 DEFAULT_DENY = ("169.254.0.0/16",)  # link-local: the cloud's metadata service among them
 BRIDGE_NF = "/proc/sys/net/bridge"  # there when the kernel's br_netfilter is loaded
 

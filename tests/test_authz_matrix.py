@@ -1,6 +1,8 @@
 """Every service route x every kind of caller, against a real Hub: the status each gets,
 and list answers that never leak another tenant's data."""
 
+import uuid
+
 import pytest
 
 from tests.hubfixture import start_hub
@@ -373,3 +375,45 @@ def test_hub_token_reaches_hub_endpoints(world):
         "POST", "/auth/password", hub.service_token, json={"username": "root", "password": "nope-nope"}
     )
     assert r.status_code == 403
+
+
+def test_the_hubs_spawner_asking_again_with_its_id_gets_the_session_admitted_before(world):
+    """The spawner names its session's id and asks again with it when no answer came (the service
+    restarting, or dead right after its commit): the answer is that session, not a second one."""
+    hub, tokens, *_ = world
+    sid = str(uuid.uuid4())
+    body = {
+        "project": "acme/ml",
+        "username": "alice",
+        "name": "asked-again",
+        "slots": {"cpu": 0.01},
+        "id": sid,
+    }
+    first = hub.api("POST", "/sessions", hub.service_token, json=body)
+    assert first.status_code == 201, first.text
+    assert first.json()["id"] == sid
+    again = hub.api("POST", "/sessions", hub.service_token, json=body)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == sid and again.json()["status"] == first.json()["status"]
+    named = [
+        s
+        for s in hub.api("GET", "/sessions?user=alice&limit=500", hub.service_token).json()
+        if s["name"] == "asked-again"
+    ]
+    assert [s["id"] for s in named] == [sid]
+    # The id is another server's: a conflict, and nothing admitted.
+    other = hub.api("POST", "/sessions", hub.service_token, json={**body, "name": "another"})
+    assert other.status_code == 409 and "taken" in other.json()["message"]
+    for bad in ("../x", sid.upper(), 7, ""):
+        r = hub.api("POST", "/sessions", hub.service_token, json={**body, "name": "bad-id", "id": bad})
+        assert r.status_code == 400 and "UUID" in r.json()["message"], (bad, r.text)
+    # A user does not name a session's id; only the Hub's spawner does.
+    mine = hub.api(
+        "POST",
+        "/sessions",
+        tokens["alice"],
+        json={"project": "acme/ml", "name": "mine", "slots": {"cpu": 0.01}, "id": str(uuid.uuid4())},
+    )
+    assert mine.status_code == 400 and "only the Hub" in mine.json()["message"], mine.text
+    listed = {s["name"] for s in hub.api("GET", "/sessions?user=alice&limit=500", hub.service_token).json()}
+    assert not {"another", "bad-id", "mine"} & listed

@@ -30,7 +30,7 @@ from labfleet.compute.devices.mock import MockPlugin
 from labfleet.compute.reconcile import HubServer
 from labfleet.compute.scheduler import admission
 from labfleet.core import db as lfdb
-from labfleet.core import ledger
+from labfleet.core import ledger, vocab
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, LabfleetError
 from labfleet.core.models import (
@@ -282,7 +282,7 @@ def apply(f: Fleet, op: tuple) -> str:
                 return f"delete {op[1]}: gone already"
             live = db.scalars(
                 select(ComputeSession.id).where(
-                    ComputeSession.user_id == user.id, ComputeSession.status.in_(ledger.LIVE_STATUSES)
+                    ComputeSession.user_id == user.id, ComputeSession.status.in_(vocab.LIVE_STATUSES)
                 )
             ).all()
         if live:

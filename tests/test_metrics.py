@@ -26,6 +26,7 @@ from labfleet.compute import nodes, sessions
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
 from labfleet.core import db as lfdb
+from labfleet.core import vocab
 from labfleet.core.authz import Actor
 from labfleet.service.handlers.metrics import bearer_matches
 from labfleet.tenancy import directory
@@ -112,7 +113,7 @@ def test_an_empty_fleet_shows_zeros_not_nothing(tmp_path, monkeypatch):
     assert fams["labfleet_serving_requests"].samples == []  # no endpoint: no series
     # Every live status of every session type of the group, at 0: series never vanish at 0.
     live = [(s.labels["status"], s.labels["type"]) for s in fams["labfleet_sessions"].samples]
-    assert sorted(live) == sorted((st, t) for st in metrics.LIVE_STATUSES for t in metrics.SESSION_TYPES)
+    assert sorted(live) == sorted((st, t) for st in vocab.LIVE_STATUSES for t in vocab.SESSION_TYPES)
     assert all(s.value == 0 for s in fams["labfleet_sessions"].samples)
     assert value(fams, "labfleet_queue_length", resource_group="default") == 0
     assert value(fams, "labfleet_nodes", resource_group="default", status="ALIVE") == 1
@@ -147,7 +148,7 @@ def test_sessions_allocation_and_quota_follow_admissions(tmp_path, monkeypatch):
     assert value(fams, "labfleet_node_allocated", slot="gpu.shares", **n1) == 1.5
     assert value(fams, "labfleet_node_allocated", slot="gpu", **n1) == 2  # devices with any share held
     assert value(fams, "labfleet_node_allocated", slot="mem", **n1) >= 4 * GiB
-    for slot in metrics.SLOTS:  # one node: the group's sums are the node's
+    for slot in vocab.SLOT_NAMES:  # one node: the group's sums are the node's
         assert value(fams, "labfleet_resource_group_allocated", slot=slot, **g) == value(
             fams, "labfleet_node_allocated", slot=slot, **n1
         )

@@ -29,7 +29,6 @@ from labfleet.core import db as lfdb
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden, NotFound
 from labfleet.core.models import (
-    HOLDING_STATUSES,
     Allocation,
     AuditEntry,
     ComputeSession,
@@ -46,6 +45,7 @@ from labfleet.core.models import (
 )
 from labfleet.core.pages import Page, page_of
 from labfleet.core.rights import RIGHTS
+from labfleet.core.vocab import HOLDING_STATUSES
 from labfleet.service.handlers import SPEC_FILE
 from labfleet.storage import folders, hosts
 from labfleet.tenancy import directory, userlist

@@ -34,7 +34,6 @@ from labfleet.core import db as lfdb
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, LabfleetError
 from labfleet.core.models import (
-    HOLDING_STATUSES,
     Allocation,
     ComputeSession,
     Domain,
@@ -46,6 +45,7 @@ from labfleet.core.models import (
 )
 from labfleet.core.secretbox import ensure_key_file
 from labfleet.core.slots import ResourceSlots, charged
+from labfleet.core.vocab import HOLDING_STATUSES
 from labfleet.tenancy import directory, keypairs, policies
 from tests.postgres_server import fresh_database
 

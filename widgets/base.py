@@ -15,8 +15,10 @@ from typing import Any
 import ipywidgets as W
 from traitlets import Float, observe
 
+from labfleet.core.display import esc
+
 from .client import FleetClient, FleetError
-from .format import error_html, text
+from .format import error_html
 
 
 def default_client() -> Any:
@@ -58,7 +60,7 @@ class FleetWidget(W.VBox):
         self.refreshes = 0  # successful refreshes so far
         self._task: asyncio.Task[None] | None = None
         self._actions: set[asyncio.Future[Any]] = set()
-        self.header = W.HTML(f"<b>{text(self.title)}</b>" if self.title else "")
+        self.header = W.HTML(f"<b>{esc(self.title)}</b>" if self.title else "")
         self.error_box = W.HTML("")
         self.message_box = W.HTML("")
         self.add_class("labfleet-widget")
@@ -176,4 +178,4 @@ class FleetWidget(W.VBox):
         if error:
             self.message_box.value = error_html(message)
         else:
-            self.message_box.value = f'<div class="lf-message">{text(message)}</div>' if message else ""
+            self.message_box.value = f'<div class="lf-message">{esc(message)}</div>' if message else ""

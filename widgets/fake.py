@@ -23,15 +23,15 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+from labfleet.core.vocab import CHARGED_SLOTS, SESSION_TYPES, SLOT_NAMES
+
 from .client import FleetError
 
 GiB = 2**30
-SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 _CENT = Decimal("0.01")
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FOLDER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _LIVE = ("PENDING", "RUNNING")
-USAGE_SLOTS = ("cpu", "mem", "gpu.shares")
 USAGE_GROUPS = ("user", "project", "domain", "resource_group", "session")
 USAGE_BUCKETS = {"15m": 900, "hour": 3600, "day": 86400, "none": None}
 DEVICE_MEMORY = 80 * GiB
@@ -167,9 +167,7 @@ class FakeFleet:
                 "accelerators": ["cuda"],
             },
         ]
-        self.resource_groups = [
-            {"name": "default", "description": "", "session_types": ["interactive", "batch", "inference"]}
-        ]
+        self.resource_groups = [{"name": "default", "description": "", "session_types": list(SESSION_TYPES)}]
         self.all_sessions: list[FakeSession] = []
         self.folders: list[FakeFolder] = [
             FakeFolder(str(uuid.uuid4()), "data", f"user:{user}", "wd", True, GiB, 0),
@@ -287,7 +285,7 @@ class FakeFleet:
         return [s for s in self.all_sessions if s.status in _LIVE and not s.user]
 
     def _used(self, scope: Scope) -> dict[str, Decimal]:
-        out = dict.fromkeys(SLOTS, Decimal(0))
+        out = dict.fromkeys(SLOT_NAMES, Decimal(0))
         for s in self._live():
             if scope.kind == "project" and s.project != scope.name:
                 continue
@@ -299,7 +297,7 @@ class FakeFleet:
         used = self._used(scope)
         return {
             k: (max(scope.limit[k] - used.get(k, Decimal(0)), Decimal(0)) if k in scope.limit else None)
-            for k in SLOTS
+            for k in SLOT_NAMES
         }
 
     def _quota_view(self, scope: Scope) -> dict[str, Any]:
@@ -378,8 +376,8 @@ class FakeFleet:
             raise FleetError(f"{self.username} already has a server named {name or '(default)'}", 400)
         stype = options.get("type") or "interactive"
         command = str(options.get("command") or "").strip()
-        if stype not in ("interactive", "batch", "inference"):
-            raise FleetError(f"type must be one of interactive, batch, inference, not {stype!r}", 400)
+        if stype not in SESSION_TYPES:
+            raise FleetError(f"type must be one of {', '.join(SESSION_TYPES)}, not {stype!r}", 400)
         if stype != "interactive" and not command:
             raise FleetError(f"a {stype} session needs a command", 400)
         if stype == "interactive" and command:
@@ -508,7 +506,7 @@ class FakeFleet:
         for name, scope in sorted(self.projects.items()):
             pl = self._left(scope)
             left: dict[str, Any] = {}
-            for k in SLOTS:
+            for k in SLOT_NAMES:
                 amounts = [a for a in (kp[k], dom[k], pl[k]) if a is not None]
                 left[k] = _json(min(amounts)) if amounts else None
             projects.append({"name": name, "left": left})
@@ -647,8 +645,8 @@ class FakeFleet:
 
     def _figures(self, sessions: Iterable[FakeSession], start: datetime, end: datetime) -> dict[str, Any]:
         """sessions, allocated, used (with the peaks) and efficiency over [start, end), as the API has them."""
-        allocated = dict.fromkeys(USAGE_SLOTS, 0.0)
-        used: dict[str, float] = dict.fromkeys(USAGE_SLOTS, 0.0)
+        allocated = dict.fromkeys(CHARGED_SLOTS, 0.0)
+        used: dict[str, float] = dict.fromkeys(CHARGED_SLOTS, 0.0)
         mem_peak = gpu_mem_peak = 0
         count = 0
         for s in sessions:
@@ -657,7 +655,7 @@ class FakeFleet:
                 continue
             count += 1
             held, use = self._held(s), self._use(s)
-            for k in USAGE_SLOTS:
+            for k in CHARGED_SLOTS:
                 allocated[k] += held[k] * secs
                 used[k] += held[k] * secs * use.get(k, 0.0)
             mem_peak = max(mem_peak, int(held["mem"] * use.get("mem", 0.0)))
@@ -678,7 +676,7 @@ class FakeFleet:
                 "gpu_mem_peak": gpu_mem_peak,
             },
             "efficiency": {
-                k: round(used[k] / allocated[k], 4) if allocated[k] else None for k in USAGE_SLOTS
+                k: round(used[k] / allocated[k], 4) if allocated[k] else None for k in CHARGED_SLOTS
             },
         }
 

@@ -7,8 +7,10 @@ from typing import Any
 import ipywidgets as W
 from traitlets import Float
 
+from labfleet.core.display import esc, fmt_bytes, fmt_percent, fmt_slot, number
+
 from .base import FleetWidget
-from .format import bar, fmt_bytes, fmt_percent, fmt_slot, number, text
+from .format import bar
 
 
 def usage_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
@@ -97,7 +99,7 @@ class GPUMonitor(FleetWidget):
             else:
                 key = f"gpu:{row['uuid']}"
                 head = self._heads.setdefault(key, W.HTML())
-                head.value = f"<b>{text(row['label'])}</b> &middot; {text(row['text'])}"
+                head.value = f"<b>{esc(row['label'])}</b> &middot; {esc(row['text'])}"
                 lines.append(head)
                 util = row["utilization"]
                 lines.append(
@@ -123,8 +125,8 @@ class GPUMonitor(FleetWidget):
                 [W.HTML(layout=W.Layout(width="110px")), self.bars[key], self.labels[key]]
             )
         line, progress = self._lines[key], self.bars[key]
-        line.children[0].value = text(label)
-        self.labels[key].value = text(words)
+        line.children[0].value = esc(label)
+        self.labels[key].value = esc(words)
         if limit:
             b = bar(used, limit)
             progress.max, progress.value = b["max"], b["value"]

@@ -14,11 +14,12 @@ from typing import Any
 import ipywidgets as W
 from traitlets import Float
 
+from labfleet.core.display import esc, fmt_slot, number, slot_name
+from labfleet.core.vocab import SESSION_TYPES, SLOT_NAMES
+
 from .base import FleetWidget, error_message
-from .format import fmt_slot, number, slot_name, text
 
 GiB = 2**30
-SESSION_TYPES = ("interactive", "batch", "inference")
 # Input bounds where the quota names none: more than a node has is a typo (spawner/options.py agrees).
 MAX_CPU = 1024.0
 MAX_MEM_GIB = 64 * 1024.0
@@ -108,7 +109,7 @@ def summary_rows(options: dict[str, Any], left: dict[str, Any]) -> list[dict[str
     """Per slot: what the request would use, what is left for the project, and whether it fits (pure)."""
     req = request_slots(options)
     rows = []
-    for slot in ("cpu", "mem", "gpu", "gpu.shares"):
+    for slot in SLOT_NAMES:
         if slot == "gpu" and "gpu" not in req:
             continue
         amount, room = req.get(slot, 0.0), left.get(slot)
@@ -283,10 +284,10 @@ class SessionLauncher(FleetWidget):
             slot = row["slot"]
             style = "" if row["fits"] else ' style="color: #b00020; font-weight: bold"'
             cells.append(
-                f"<tr{style}><td>{text(slot_name(slot))}</td><td>{text(fmt_slot(slot, row['request']))}</td>"
-                f"<td>{text(fmt_slot(slot, row['left']))}</td></tr>"
+                f"<tr{style}><td>{esc(slot_name(slot))}</td><td>{esc(fmt_slot(slot, row['request']))}</td>"
+                f"<td>{esc(fmt_slot(slot, row['left']))}</td></tr>"
             )
-        project = text(self.project.value or "-")
+        project = esc(self.project.value or "-")
         over = [r for r in self.summary if not r["fits"]]
         note = (
             f"<div style='color: #b00020'>More than {project} has left: the service will refuse it.</div>"

@@ -7,8 +7,10 @@ from typing import Any
 import ipywidgets as W
 from traitlets import Float
 
+from labfleet.core.display import esc, fmt_slot, number, slot_name, sort_slots, used_of
+
 from .base import FleetWidget
-from .format import bar, fmt_slot, level, number, slot_name, sort_slots, text, used_of
+from .format import bar, level
 
 SCOPES = ("keypair", "project", "domain")
 SCOPE_LABELS = {"keypair": "Me", "project": "Project", "domain": "Domain"}
@@ -86,21 +88,21 @@ class QuotaMeter(FleetWidget):
             key = (row["scope"], row["slot"])
             if row["scope"] != scope:
                 scope = row["scope"]
-                lines.append(W.HTML(f"<b>{text(row['scope_label'])}</b>"))
+                lines.append(W.HTML(f"<b>{esc(row['scope_label'])}</b>"))
             line = self._line(key)
             progress, label = self.bars[key], self.labels[key]
-            line.children[0].value = text(slot_name(row["slot"]))
+            line.children[0].value = esc(slot_name(row["slot"]))
             if row["limit"] is None:
                 # Unlimited: no bar, the word says it.
                 progress.layout.display = "none"
-                label.value = f"{text(fmt_slot(row['slot'], row['used']))} used &middot; <i>unlimited</i>"
+                label.value = f"{esc(fmt_slot(row['slot'], row['used']))} used &middot; <i>unlimited</i>"
             else:
                 b = bar(row["used"], row["limit"])
                 progress.max = b["max"]
                 progress.value = b["value"]
                 progress.bar_style = b["bar_style"]
                 progress.layout.display = None
-                label.value = text(row["text"])
+                label.value = esc(row["text"])
             lines.append(line)
         self.table.children = lines
         self.rows = rows

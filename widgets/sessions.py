@@ -8,8 +8,9 @@ from typing import Any
 import ipywidgets as W
 from traitlets import Float
 
+from labfleet.core.display import esc, fmt_slot, sort_slots
+
 from .base import FleetWidget, error_message
-from .format import fmt_slot, sort_slots, text
 
 _STATUS_COLOURS = {"RUNNING": "#1b7f3b", "PENDING": "#a86400", "ERROR": "#b00020"}
 
@@ -78,14 +79,14 @@ class Sessions(FleetWidget):
         for row in rows:
             line = self._line(row["name"])
             name, project, status, slots, _ = line.children
-            label = text(row["label"]) + (" <i>(this one)</i>" if row["current"] else "")
+            label = esc(row["label"]) + (" <i>(this one)</i>" if row["current"] else "")
             if row["url"]:
-                label = f'<a href="{text(row["url"])}" target="_blank" rel="noopener">{label}</a>'
+                label = f'<a href="{esc(row["url"])}" target="_blank" rel="noopener">{label}</a>'
             name.value = label
-            project.value = f"{text(row['project'])} &middot; {text(row['type'])}"
+            project.value = f"{esc(row['project'])} &middot; {esc(row['type'])}"
             colour = _STATUS_COLOURS.get(str(row["status"]), "inherit")
-            status.value = f'<span style="color: {colour}">{text(row["status_text"])}</span>'
-            slots.value = text(row["slots"])
+            status.value = f'<span style="color: {colour}">{esc(row["status_text"])}</span>'
+            slots.value = esc(row["slots"])
             button = self.stop_buttons[row["name"]]
             if row["current"]:
                 button.disabled = True

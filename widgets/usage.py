@@ -25,8 +25,9 @@ import numpy as np
 from bqplot import Axis, Bars, DateScale, Figure, LinearScale, OrdinalScale, Tooltip
 from traitlets import Float
 
+from labfleet.core.display import esc, fmt_hours, fmt_percent, number
+
 from .base import FleetWidget
-from .format import fmt_hours, fmt_percent, number, text
 
 # kind -> (the API's slot, what its hours are called)
 KINDS = {"gpu": ("gpu.shares", "GPU-hours"), "cpu": ("cpu", "CPU-hours")}
@@ -326,7 +327,7 @@ class UsageChart(FleetWidget):
             )
             return
         self.summary.value = self._table(self.periods)
-        self.empty.value = "".join(f"<div><i>{text(n)}</i></div>" for n in notes)
+        self.empty.value = "".join(f"<div><i>{esc(n)}</i></div>" for n in notes)
 
     def _render_report(self, data: dict[str, Any]) -> None:
         what = KINDS[self.metric][1]
@@ -341,9 +342,9 @@ class UsageChart(FleetWidget):
         )
         total_a, total_u = sum(series["allocated"]), sum(series["used"])
         self.summary.value = (
-            f"<div>{text(what)} {text(per)}, {text(span)}: {text(fmt_hours(total_u))} used of "
-            f"{text(fmt_hours(total_a))} allocated"
-            + (f" ({text(fmt_percent(100 * total_u / total_a))})" if total_a else "")
+            f"<div>{esc(what)} {esc(per)}, {esc(span)}: {esc(fmt_hours(total_u))} used of "
+            f"{esc(fmt_hours(total_a))} allocated"
+            + (f" ({esc(fmt_percent(100 * total_u / total_a))})" if total_a else "")
             + "</div>"
         )
         if series["labels"] and (total_a or total_u):
@@ -351,14 +352,12 @@ class UsageChart(FleetWidget):
             self.empty.value = ""
         else:
             self._hide("report")
-            self.empty.value = f"<i>No {text(what)} from {text(span)}.</i>"
+            self.empty.value = f"<i>No {esc(what)} from {esc(span)}.</i>"
 
     @staticmethod
     def _table(periods: list[dict[str, Any]]) -> str:
         """The periods as an HTML table: used of allocated hours, and the share used, per kind."""
-        head = "".join(
-            f"<th style='text-align:left;padding:0 12px'>{text(w)}</th>" for _, w in KINDS.values()
-        )
+        head = "".join(f"<th style='text-align:left;padding:0 12px'>{esc(w)}</th>" for _, w in KINDS.values())
         body = []
         for p in periods:
             cells = []
@@ -366,10 +365,10 @@ class UsageChart(FleetWidget):
                 k = p[kind]
                 share = f" ({fmt_percent(100 * k['efficiency'])})" if k["efficiency"] is not None else ""
                 cells.append(
-                    f"<td style='padding:0 12px'>{text(fmt_hours(k['used']))} used of "
-                    f"{text(fmt_hours(k['allocated']))}{text(share)}</td>"
+                    f"<td style='padding:0 12px'>{esc(fmt_hours(k['used']))} used of "
+                    f"{esc(fmt_hours(k['allocated']))}{esc(share)}</td>"
                 )
             n = p["sessions"]
             label = f"{p['label']} ({n} session{'' if n == 1 else 's'})"
-            body.append(f"<tr><td>{text(label)}</td>{''.join(cells)}</tr>")
+            body.append(f"<tr><td>{esc(label)}</td>{''.join(cells)}</tr>")
         return f"<table class='lf-usage-table'><tr><th></th>{head}</tr>{''.join(body)}</table>"

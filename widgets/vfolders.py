@@ -12,10 +12,11 @@ from typing import Any
 import ipywidgets as W
 from traitlets import Float
 
-from .base import FleetWidget, error_message
-from .format import bar, fmt_bytes, number, text
+from labfleet.core.display import esc, fmt_bytes, number
+from labfleet.core.vocab import FOLDER_RIGHTS
 
-PERMISSIONS = {"ro": "read-only", "rw": "read-write", "wd": "read-write-delete"}
+from .base import FleetWidget, error_message
+from .format import bar
 
 
 def owner_text(owner: str, me: bool) -> str:
@@ -90,16 +91,16 @@ class VFolderBrowser(FleetWidget):
         for row in rows:
             line = self._line(row["id"])
             name, owner, progress, usage = line.children
-            name.value = f"<b>{text(row['name'])}</b>"
-            permission = PERMISSIONS.get(str(row["permission"]), str(row["permission"] or "no access"))
-            owner.value = f"{text(row['owner'])} &middot; {text(permission)}"
+            name.value = f"<b>{esc(row['name'])}</b>"
+            permission = FOLDER_RIGHTS.get(str(row["permission"]), str(row["permission"] or "no access"))
+            owner.value = f"{esc(row['owner'])} &middot; {esc(permission)}"
             if row["limit"]:
                 b = bar(row["usage"], row["limit"])
                 progress.max, progress.value, progress.bar_style = b["max"], b["value"], b["bar_style"]
                 progress.layout.display = None
             else:
                 progress.layout.display = "none"
-            usage.value = text(row["text"])
+            usage.value = esc(row["text"])
             lines.append(line)
         for gone in set(self._lines) - {r["id"] for r in rows}:
             line = self._lines.pop(gone)

@@ -39,7 +39,7 @@ _MANAGER = inspect(ComputeSession).class_manager
 def session_row(t: Tenants, req: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     """The new session's row (every column), with no status yet (:func:`set_first_status`)."""
     return {
-        "id": str(uuid.uuid4()),
+        "id": req.get("id") or str(uuid.uuid4()),
         "name": req["name"],
         "user_id": t.user.id,
         "keypair_id": t.keypair.id,

@@ -42,8 +42,6 @@ from labfleet.core.authz import Actor
 from labfleet.core.bootstrap import DEFAULT_GROUP, ensure_default_group
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from labfleet.core.models import (
-    FINAL_STATUSES,
-    HOLDING_STATUSES,
     RECLAIM_REASONS,
     Allocation,
     ComputeSession,
@@ -61,6 +59,7 @@ from labfleet.core.validate import (
     check_session_id,
     check_text,
 )
+from labfleet.core.vocab import FINAL_STATUSES, HOLDING_STATUSES
 
 TOKEN_PREFIX = "lfnode_"
 _TOKEN_RE = re.compile(r"^lfnode_([0-9]{1,10})_([A-Za-z0-9_-]{20,100})$")

@@ -33,6 +33,7 @@ from labfleet.core.validate import (
     check_text,
     parse_project_ref,
 )
+from labfleet.core.vocab import PORT_RANGE, SLOT_NAMES
 
 LABEL_PREFIX = "ai.labfleet."
 IMAGE_FIELDS = (
@@ -48,7 +49,6 @@ IMAGE_FIELDS = (
 _REF = re.compile(r"^[a-z0-9][a-z0-9._/:@+-]{0,254}$", re.IGNORECASE)
 _PORT = re.compile(r"^([a-z][a-z0-9_-]{0,31}):(http|tcp|preopen):(\d{1,5})$", re.IGNORECASE)
 ACCELERATORS = ("cuda",)
-MIN_SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 
 
 def check_image_name(value: Any) -> str:
@@ -70,7 +70,7 @@ def parse_service_ports(value: Any) -> list[dict[str, Any]]:
         if isinstance(item, Mapping):
             item = f"{item.get('name')}:{item.get('protocol')}:{item.get('port')}"
         m = _PORT.match(str(item).strip())
-        if not m or not 1 <= int(m.group(3)) <= 65535:
+        if not m or not PORT_RANGE[0] <= int(m.group(3)) <= PORT_RANGE[1]:
             raise InvalidInput(
                 f"service port {str(item)[:60]!r} is not name:protocol:port (protocol http, tcp or preopen)"
             )
@@ -125,9 +125,9 @@ def _apply(db: Session, image: Image, body: Mapping[str, Any]) -> None:
         image.display_name = check_text(body["display_name"], "display_name", 255)
     if "min_resource_slots" in body:
         slots = check_slots(body["min_resource_slots"], "min_resource_slots")
-        unknown = sorted(k for k in slots if k not in MIN_SLOTS)
+        unknown = sorted(k for k in slots if k not in SLOT_NAMES)
         if unknown:
-            raise InvalidInput(f"min_resource_slots takes {', '.join(MIN_SLOTS)}, not {', '.join(unknown)}")
+            raise InvalidInput(f"min_resource_slots takes {', '.join(SLOT_NAMES)}, not {', '.join(unknown)}")
         image.min_resource_slots = slots.to_db()
     if "accelerators" in body:
         accs = check_string_list(body["accelerators"], "accelerators")

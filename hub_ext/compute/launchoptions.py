@@ -16,16 +16,15 @@ from labfleet.compute import images, nodes
 from labfleet.compute.quota import allocated
 from labfleet.core.models import Image, User
 from labfleet.core.slots import ResourceSlots
+from labfleet.core.vocab import SESSION_TYPES, SLOT_NAMES
 from labfleet.storage import folders as vfolders
-
-SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 
 
 def _left(
     limit: ResourceSlots, used: ResourceSlots, unlimited_unspecified: bool
 ) -> dict[str, Decimal | None]:
     out: dict[str, Decimal | None] = {}
-    for slot in SLOTS:
+    for slot in SLOT_NAMES:
         if slot not in limit:
             out[slot] = None if unlimited_unspecified else Decimal(0)
         else:
@@ -36,7 +35,7 @@ def _left(
 def _tightest(*lefts: dict[str, Decimal | None]) -> dict[str, Any]:
     """Slot by slot, the smallest amount left over every scope (None: no scope limits it)."""
     out: dict[str, Any] = {}
-    for slot in SLOTS:
+    for slot in SLOT_NAMES:
         amounts = [amount for left in lefts if (amount := left[slot]) is not None]
         if not amounts:
             out[slot] = None
@@ -52,7 +51,7 @@ def launch_options(db: Session, user: User) -> dict[str, Any]:
     kp_left: dict[str, Decimal | None] = (
         _left(policy.slots, allocated(db, keypair=kp.id), policy.default_for_unspecified == "UNLIMITED")
         if kp and policy
-        else dict.fromkeys(SLOTS, Decimal(0))
+        else dict.fromkeys(SLOT_NAMES, Decimal(0))
     )
     domain_left = _left(user.domain.slots, allocated(db, domain=user.domain_id), True)
     projects = [
@@ -81,7 +80,7 @@ def launch_options(db: Session, user: User) -> dict[str, Any]:
         {
             "name": g.name,
             "description": g.description,
-            "session_types": list(g.allowed_session_types or nodes.SESSION_TYPES),
+            "session_types": list(g.allowed_session_types or SESSION_TYPES),
         }
         for g in nodes.usable_groups(db, user)
     ]

@@ -17,7 +17,6 @@ from labfleet.core.authz import Actor
 from labfleet.core.bootstrap import (
     DEFAULT_GROUP,
     GPU_OVERUSE_POLICIES,
-    SESSION_TYPES,
     ensure_default_group,
     new_group,
 )
@@ -33,6 +32,7 @@ from labfleet.core.validate import (
     check_string_list,
     check_text,
 )
+from labfleet.core.vocab import SESSION_TYPES
 
 SCHEDULERS = ("fifo", "lifo", "drf")
 PLACEMENTS = ("whole-gpu", "spread", "pack", "fgd")

@@ -18,13 +18,8 @@ from sqlalchemy.orm import Session
 from labfleet.compute.sessions import lock_current, release, schedule_group, set_status
 from labfleet.core import audit
 from labfleet.core.authz import Actor
-from labfleet.core.models import (
-    FINAL_STATUSES,
-    HOLDING_STATUSES,
-    ComputeSession,
-    ResourceGroup,
-    User,
-)
+from labfleet.core.models import ComputeSession, ResourceGroup, User
+from labfleet.core.vocab import FINAL_STATUSES, LIVE_STATUSES, STARTING_STATUSES
 
 # What the Hub says of a server (``HubSync.servers``): "ready", or what it is pending ("spawn",
 # "stop", ...); "unknown" where the Hub could not say (nothing is changed for it).
@@ -97,7 +92,7 @@ def plan_reconcile(
         group.sort(key=lambda s: (s.created, s.id), reverse=True)
         for i, s in enumerate(group):
             if state is not None and i == 0:
-                if state == READY and s.status in ("SCHEDULED", "PREPARING"):
+                if state == READY and s.status in STARTING_STATUSES:
                     fixes.append(
                         Fix(s.id, user, server, s.status, "RUNNING", f"the Hub reports {label} ready")
                     )
@@ -158,7 +153,7 @@ def live_sessions(db: Session, now: datetime | None = None) -> list[LiveSession]
             ComputeSession.status_changed_at,
         )
         .join(User, ComputeSession.user_id == User.id)
-        .where(ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")))
+        .where(ComputeSession.status.in_(LIVE_STATUSES))
     )
     return [
         LiveSession(sid, user, name or "", status, created.timestamp(), (now - changed).total_seconds())

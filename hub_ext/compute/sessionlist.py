@@ -17,17 +17,9 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
 from labfleet.core.authz import Actor
-from labfleet.core.models import (
-    HOLDING_STATUSES,
-    Allocation,
-    ComputeSession,
-    Domain,
-    Project,
-    User,
-    VFolder,
-    VFolderMount,
-)
+from labfleet.core.models import Allocation, ComputeSession, Domain, Project, User, VFolder, VFolderMount
 from labfleet.core.pages import Page, page_of
+from labfleet.core.vocab import HOLDING_STATUSES
 
 # What session_view reads: user, project and its domain, domain, resource group, node,
 # allocations and their devices, mounts and their folders (and the folder's host: mount_view).

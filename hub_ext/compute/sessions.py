@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import secrets
+import uuid
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
 from labfleet.compute import admitrows, clustercache, shapes, tenants
-from labfleet.compute.nodes import DEFAULT_GROUP, SESSION_TYPES, mps_view
+from labfleet.compute.nodes import DEFAULT_GROUP, mps_view
 from labfleet.compute.scheduler import admission, queueing
 from labfleet.compute.scheduler.placement import Placement, PlacementError, Request
 from labfleet.core import audit, authz, quanta, versions
@@ -31,8 +32,6 @@ from labfleet.core import ledger as usage_ledger
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
 from labfleet.core.models import (
-    FINAL_STATUSES,
-    HOLDING_STATUSES,
     RECLAIM_REASONS,
     Allocation,
     ComputeSession,
@@ -51,10 +50,17 @@ from labfleet.core.validate import (
     check_text,
     check_username,
 )
+from labfleet.core.vocab import (
+    CHARGED_SLOTS,
+    COMMAND_PORT_RANGE,
+    FINAL_STATUSES,
+    HOLDING_STATUSES,
+    LIVE_STATUSES,
+    SESSION_TYPES,
+)
 from labfleet.storage import folders as vfolders
 from labfleet.tenancy import snapshot
 
-REQUEST_SLOTS = shapes.REQUEST_SLOTS
 # Where the spawner may move a session; the scheduler alone makes SCHEDULED and CANCELLED.
 SPAWNER_TRANSITIONS = {
     "SCHEDULED": {"PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "ERROR"},
@@ -126,9 +132,9 @@ SESSION_FIELDS = (
     "vfolders",
     "command",
     "port",
+    "id",
 )
 MAX_COMMAND = 8192
-PORTS = (1024, 65535)  # an inference command's port (spawner/options.py holds the same bounds)
 
 
 def parse_request(body: Any) -> dict[str, Any]:
@@ -150,10 +156,46 @@ def parse_request(body: Any) -> dict[str, Any]:
     # The command of a batch or inference session: the spawner runs it; admission does not look at it.
     out["command"] = check_text(body.get("command", ""), "command", MAX_COMMAND)
     port = body.get("port")
-    out["port"] = None if port is None else check_int(port, "port", minimum=PORTS[0], maximum=PORTS[1])
+    out["port"] = (
+        None
+        if port is None
+        else check_int(port, "port", minimum=COMMAND_PORT_RANGE[0], maximum=COMMAND_PORT_RANGE[1])
+    )
     if out["port"] is not None and out["type"] != "inference":
         raise InvalidInput("port is for inference sessions only (the port their command listens on)")
+    out["id"] = None if body.get("id") is None else check_proposed_id(body["id"])
     return out
+
+
+def check_proposed_id(value: Any) -> str:
+    """The id the Hub's spawner proposes for the session it asks for: a UUID as ``str(uuid4())``
+    writes it, so that it can ask again with the same id when an answer is lost."""
+    try:
+        ok = isinstance(value, str) and str(uuid.UUID(value)) == value
+    except ValueError:
+        ok = False
+    if not ok:
+        raise InvalidInput("id must be a UUID in its canonical form (lower case, with hyphens)")
+    return value
+
+
+def admitted_before(db: Session, actor: Actor, body: Any) -> ComputeSession | None:
+    """The session the Hub's spawner asked for with this id already, or None.
+
+    The spawner proposes the session's id and asks again with the same body when the service did
+    not answer (it was restarting, or died after committing): the session admitted then is the
+    answer, and nothing is admitted twice.  An id taken by another user's or server's session is a
+    conflict."""
+    if not isinstance(body, Mapping) or body.get("id") is None or actor.kind != "hub":
+        return None
+    sid = check_proposed_id(body["id"])
+    earlier = db.get(ComputeSession, sid)
+    if earlier is None:
+        return None
+    username = body.get("username")
+    if earlier.user.username != username or earlier.name != body.get("name", ""):
+        raise Conflict(f"session id {sid} is taken")
+    return earlier
 
 
 def _requested_user(actor: Actor, req: dict[str, Any]) -> str:
@@ -194,6 +236,8 @@ def admit(
         body = {**body, "slots": launch.slots, "gpu_models": list(launch.gpu_models)}
     req = parse_request(body)
     username = _requested_user(actor, req)
+    if req["id"] is not None and actor.kind != "hub":
+        raise InvalidInput("id: labfleet names the session (only the Hub's spawner proposes an id)")
     access_key = launch.keypair if launch is not None else None
     guess = snapshot.latest(db)
     try:
@@ -495,7 +539,7 @@ def prepare_launch(db: Session, actor: Actor, body: Any) -> Launch:
         .where(
             User.username == username,
             ComputeSession.name == server,
-            ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")),
+            ComputeSession.status.in_(LIVE_STATUSES),
         )
     )
     if live is not None:
@@ -618,7 +662,7 @@ def _group_capacity(db: Session, group: ResourceGroup) -> ResourceSlots:
 def _drf_slots(slots: ResourceSlots) -> ResourceSlots:
     # Fairness over CPU, memory and GPU, whole devices counted as shares.
     c = charged(slots)
-    return ResourceSlots({k: v for k, v in c.items() if k in ("cpu", "mem", "gpu.shares")})
+    return ResourceSlots({k: v for k, v in c.items() if k in CHARGED_SLOTS})
 
 
 def would_start_if_released(db: Session, s: ComputeSession) -> str | None:

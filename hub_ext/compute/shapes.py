@@ -20,8 +20,8 @@ from labfleet.core import quanta
 from labfleet.core.errors import InvalidInput
 from labfleet.core.slots import ResourceSlots, charged
 from labfleet.core.validate import check_slots, check_string_list
+from labfleet.core.vocab import SLOT_NAMES
 
-REQUEST_SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 _CACHE_LIMIT = 4096
 
 
@@ -79,7 +79,7 @@ def shape_of(slots: Any, models: Any) -> Shape:
 
 
 def _derive(slots: dict[str, Any], models: Any) -> Shape:
-    unknown = sorted(k for k in slots if str(k).split(":", 1)[0] not in REQUEST_SLOTS)
+    unknown = sorted(k for k in slots if str(k).split(":", 1)[0] not in SLOT_NAMES)
     if unknown:
         raise InvalidInput(
             f"unknown slot(s) {', '.join(map(str, unknown))}; a session asks cpu, mem, gpu or gpu.shares"

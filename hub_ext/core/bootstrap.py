@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from labfleet.core import db as lfdb
 from labfleet.core import secretbox
 from labfleet.core.models import Keypair, KeypairResourcePolicy, ResourceGroup
+from labfleet.core.vocab import SESSION_TYPES
 
 DEFAULT_GROUP = "default"
-SESSION_TYPES = ("interactive", "batch", "inference")
 # A resource group's answer to a session whose processes hold more of a device's memory than its share
 # (labfleet.usage.overuse): auto is kill when another session shares the device, warn when alone.
 GPU_OVERUSE_POLICIES = ("auto", "warn", "kill", "stop")

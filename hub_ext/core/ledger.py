@@ -40,19 +40,10 @@ from sqlalchemy.orm import Session
 
 from labfleet.core import quanta
 from labfleet.core.db import Prepared
-from labfleet.core.models import (
-    HOLDING_STATUSES,
-    LEDGER_SCOPES,
-    ComputeSession,
-    Domain,
-    Keypair,
-    Project,
-    UsageLedger,
-    User,
-)
+from labfleet.core.models import LEDGER_SCOPES, ComputeSession, Domain, Keypair, Project, UsageLedger, User
 from labfleet.core.slots import ResourceSlots
+from labfleet.core.vocab import LIVE_STATUSES
 
-LIVE_STATUSES = (*HOLDING_STATUSES, "PENDING")
 _RANK = {kind: i for i, kind in enumerate(LEDGER_SCOPES)}
 
 Scope = tuple[str, int]

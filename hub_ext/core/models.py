@@ -276,19 +276,6 @@ class AuditEntry(Base):
 
 # ---------------------------------------------------------------- scheduler: groups, nodes, sessions
 
-SESSION_STATUSES = (
-    "PENDING",
-    "SCHEDULED",
-    "PREPARING",
-    "RUNNING",
-    "TERMINATING",
-    "TERMINATED",
-    "ERROR",
-    "CANCELLED",
-)
-# Sessions in these states hold their allocation (and count against quotas).
-HOLDING_STATUSES = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
-FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
 # Why the service itself stopped a running session (labfleet.reclaim; gpu-overuse: labfleet.usage.enforce):
 # the first word of its status reason, which the spawner's later reports of the stop keep.
 RECLAIM_REASONS = ("idle-timeout", "idle-utilization", "lifetime", "gpu-overuse")

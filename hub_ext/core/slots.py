@@ -42,6 +42,21 @@ _MEM_UNITS = {
 _MEM_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
 
 
+def parse_bytes(value: Any) -> int | None:
+    """A size as people write it, in bytes: ``32g``, ``512 MiB``, ``1.5t``, ``1024`` (or an int); None
+    when it is not one, or not a whole number of bytes.  labfleet's one size grammar: slots, the
+    spawn form, the console's forms and the CLI read sizes with it; :func:`format_amount` writes it."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    m = _MEM_RE.match(str(value))
+    if not m:
+        return None
+    amount = Decimal(m.group(1)) * _MEM_UNITS[m.group(2).lower()]
+    return int(amount) if amount == amount.to_integral_value() else None
+
+
 class SlotError(ValueError):
     """A slot mapping or amount that cannot be accepted; the message is for people."""
 

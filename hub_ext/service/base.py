@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from types import TracebackType
@@ -448,9 +449,10 @@ class APIHandler(BaseHandler):
             )
         self.finish(json.dumps({"status": status_code, "message": message}))
 
-    async def run(self, fn, *args, status: int = 200, after_commit=None):
+    async def run(self, fn, *args, status: int | Callable[[Any], int] = 200, after_commit=None):
         """Run ``fn(db, actor, *args)`` in one transaction; answer its result or its error.
 
+        ``status``: the answer's status, or a function of the result that says it.
         ``after_commit``, when given, is awaited once the change is committed, before the answer.
         """
         try:
@@ -469,7 +471,7 @@ class APIHandler(BaseHandler):
             await self.lf.hub_sync.apply(after)
         if after_commit is not None:
             await after_commit()
-        self.write_json(result, status)
+        self.write_json(result, status(result) if callable(status) else status)
 
     async def reroute(self) -> None:
         """After a change of who may act (a domain or a user (de)activated): the serving router's

@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from labfleet.core.errors import InvalidInput
+from labfleet.core.vocab import PORT_RANGE
 
 DEFINITION_FILES = ("model-definition.yaml", "model-definition.yml")
 MAX_DEFINITION_BYTES = 256 * 1024
@@ -243,7 +244,7 @@ def parse_definition(text: str | bytes) -> ModelService:
     port = service["port"]
     if isinstance(port, str) and port.isdigit():
         port = int(port)
-    port = _whole(port, "models[0].service.port", minimum=1, maximum=65535)
+    port = _whole(port, "models[0].service.port", minimum=PORT_RANGE[0], maximum=PORT_RANGE[1])
     actions = service.get("pre_start_actions") or []
     if not isinstance(actions, list):
         raise _bad("pre_start_actions must be a list")

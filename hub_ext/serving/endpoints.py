@@ -30,6 +30,7 @@ from labfleet.core.validate import (
     check_text,
     parse_project_ref,
 )
+from labfleet.core.vocab import COMMAND_PORT_RANGE
 from labfleet.serving import definition
 from labfleet.storage import folders
 from labfleet.tenancy.directory import get_project, get_user
@@ -230,7 +231,7 @@ def create(
         )
         command = definition.replica_command(service, folder=folder.name, env=env)
         # Any valid port: the dry run checks the request and places nothing (each replica gets its own).
-        check = launch_body(probe, user.username, f"{name}-r0", command, sessions.PORTS[0])
+        check = launch_body(probe, user.username, f"{name}-r0", command, COMMAND_PORT_RANGE[0])
         project_ref = project.full_name
         folder_id, folder_name, project_id, user_id, domain_id = (
             folder.id,

@@ -26,7 +26,6 @@ from labfleet.core import audit
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from labfleet.core.models import (
-    HOLDING_STATUSES,
     ComputeSession,
     Domain,
     Project,
@@ -39,13 +38,13 @@ from labfleet.core.models import (
 )
 from labfleet.core.pages import Page, contains_text, page_of
 from labfleet.core.validate import check_choice, check_fields, check_int, check_username, parse_project_ref
+from labfleet.core.vocab import FOLDER_PERMISSIONS, LIVE_STATUSES
 from labfleet.storage import hosts
 from labfleet.storage import quota as vfquota
 from labfleet.storage.store import FolderStore
 from labfleet.tenancy.directory import actor_for
 
-PERMISSIONS = ("ro", "rw", "wd")
-RANK = {p: i for i, p in enumerate(PERMISSIONS, 1)}
+RANK = {p: i for i, p in enumerate(FOLDER_PERMISSIONS, 1)}
 USAGE_MODES = ("general", "model", "data")
 STATUSES = ("READY", "DELETE_PENDING")
 FOLDER_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -61,7 +60,7 @@ def check_folder_name(value: Any, field: str = "name") -> str:
 
 
 def check_permission(value: Any, field: str = "permission") -> str:
-    return check_choice(value, field, PERMISSIONS)
+    return check_choice(value, field, FOLDER_PERMISSIONS)
 
 
 # ---------------------------------------------------------------- access (pure)
@@ -453,7 +452,7 @@ def mounted_in(db: Session, v: VFolder) -> list[str]:
             .join(VFolderMount, VFolderMount.session_id == ComputeSession.id)
             .where(
                 VFolderMount.vfolder_id == v.id,
-                ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")),
+                ComputeSession.status.in_(LIVE_STATUSES),
             )
         )
     )

@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from labfleet.core import db as lfdb
 from labfleet.core.errors import LabfleetError
-from labfleet.core.models import FINAL_STATUSES, ComputeSession, VFolder
+from labfleet.core.models import ComputeSession, VFolder
+from labfleet.core.vocab import FINAL_STATUSES
 from labfleet.storage import folders, uploads
 from labfleet.storage import quota as vfquota
 

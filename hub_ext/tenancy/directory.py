@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session
 from labfleet.core import audit, authz
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from labfleet.core.ledger import LIVE_STATUSES
 from labfleet.core.models import (
     ComputeSession,
     Domain,
@@ -38,6 +37,7 @@ from labfleet.core.validate import (
     check_username,
     parse_project_ref,
 )
+from labfleet.core.vocab import LIVE_STATUSES
 from labfleet.tenancy.keypairs import new_keypair, new_user_policy
 
 # ---------------------------------------------------------------- lookups

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from labfleet.core.models import FINAL_STATUSES, HOLDING_STATUSES
 from labfleet.core.slots import ResourceSlots, SlotError, base_slot
+from labfleet.core.vocab import FINAL_STATUSES, HOLDING_STATUSES
 
 BUCKET_SECONDS = 900  # 15 minutes
 BUCKET = timedelta(seconds=BUCKET_SECONDS)

@@ -37,16 +37,8 @@ from labfleet.compute import sessions
 from labfleet.core import audit
 from labfleet.core import db as lfdb
 from labfleet.core.authz import Actor
-from labfleet.core.models import (
-    HOLDING_STATUSES,
-    Allocation,
-    ComputeSession,
-    Device,
-    Domain,
-    Node,
-    ResourceGroup,
-    User,
-)
+from labfleet.core.models import Allocation, ComputeSession, Device, Domain, Node, ResourceGroup, User
+from labfleet.core.vocab import HOLDING_STATUSES
 from labfleet.usage import overuse
 from labfleet.usage.sampler import Reading, kill_if_same
 

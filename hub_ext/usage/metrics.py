@@ -62,9 +62,7 @@ from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from labfleet.core import ledger
-from labfleet.core.bootstrap import SESSION_TYPES
 from labfleet.core.models import (
-    HOLDING_STATUSES,
     RECLAIM_REASONS,
     Allocation,
     ComputeSession,
@@ -77,14 +75,14 @@ from labfleet.core.models import (
     ServingRoute,
 )
 from labfleet.core.slots import ResourceSlots, SlotError
+from labfleet.core.vocab import LIVE_STATUSES, SESSION_TYPES, SLOT_NAMES
 from labfleet.usage import records
 
 # Live sessions, in the order a session goes through them.
-LIVE_STATUSES = ("PENDING", *HOLDING_STATUSES)
 NODE_STATUSES = ("ALIVE", "LOST", "DISABLED")
 # The slots of nodes and groups: cores, bytes, devices, devices' worth of shares.
-SLOTS = ("cpu", "mem", "gpu", "gpu.shares")
 ADMISSION_OUTCOMES = ("scheduled", "queued", "refused")
+ASKED_AGAIN = "asked again"  # the spawner asked again for a session admitted already: not timed
 # Seconds: an admission is a few milliseconds; a wait in a queue, seconds to days.
 ADMISSION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 QUEUE_WAIT_BUCKETS = tuple(
@@ -456,7 +454,7 @@ def capacity_families(
         gauge("labfleet_resource_group_capacity"),
         gauge("labfleet_resource_group_allocated"),
     )
-    zero = dict.fromkeys(SLOTS, Decimal(0))
+    zero = dict.fromkeys(SLOT_NAMES, Decimal(0))
     cap_sum = {gid: dict(zero) for gid in groups}
     alloc_sum = {gid: dict(zero) for gid in groups}
     statuses: dict[tuple[int, str], int] = defaultdict(int)
@@ -466,7 +464,7 @@ def capacity_families(
             continue  # a group made after the groups were read: the next scrape has both
         statuses[(node.group_id, node.status)] += 1
         cap, alloc = node_capacity(node), held_slots(held.get(node.id, Held()))
-        for slot in SLOTS:
+        for slot in SLOT_NAMES:
             node_cap.add_metric([node.name, group, slot], float(cap[slot]))
             node_alloc.add_metric([node.name, group, slot], float(alloc[slot]))
             cap_sum[node.group_id][slot] += cap[slot]
@@ -474,7 +472,7 @@ def capacity_families(
     for gid, group in sorted(groups.items(), key=lambda g: g[1]):
         for status in sorted(set(NODE_STATUSES) | {st for g, st in statuses if g == gid}):
             count.add_metric([group, status], statuses.get((gid, status), 0))
-        for slot in SLOTS:
+        for slot in SLOT_NAMES:
             group_cap.add_metric([group, slot], float(cap_sum[gid][slot]))
             group_alloc.add_metric([group, slot], float(alloc_sum[gid][slot]))
     return [count, node_cap, node_alloc, group_cap, group_alloc]
@@ -631,7 +629,9 @@ class Metrics:
         try:
             yield result
         finally:
-            self.observe_admission(time.perf_counter() - start, result.get("outcome", "refused"))
+            outcome = result.get("outcome", "refused")
+            if outcome != ASKED_AGAIN:  # the answer to a request asked again is not an admission
+                self.observe_admission(time.perf_counter() - start, outcome)
 
     def observe_queue_waits(self, waits: Iterable[tuple[str, float]]) -> None:
         """(resource group, seconds waited) of sessions placed from a queue, once their unit committed."""

@@ -32,8 +32,6 @@ from sqlalchemy.orm import Session
 
 from labfleet.core.errors import InvalidInput
 from labfleet.core.models import (
-    FINAL_STATUSES,
-    HOLDING_STATUSES,
     Allocation,
     ComputeSession,
     Device,
@@ -50,6 +48,7 @@ from labfleet.core.models import (
     User,
 )
 from labfleet.core.validate import check_bool, check_fields, check_text
+from labfleet.core.vocab import FINAL_STATUSES, HOLDING_STATUSES
 from labfleet.usage import accrual
 from labfleet.usage.sampler import GpuProcess, GpuReading, Reading, Target
 

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from labfleet.core.authz import Actor
 from labfleet.core.errors import InvalidInput, NotFound
 from labfleet.core.models import UsageBucket, UsageDay, UsageSessionState
+from labfleet.core.vocab import CHARGED_SLOTS
 from labfleet.usage import accrual, records
 
 GROUPS = ("user", "project", "domain", "resource_group", "session")
@@ -35,7 +36,6 @@ MAX_RANGE = timedelta(days=400)
 MAX_BUCKETS = 3000  # per group: 31 days of 15-minute buckets
 MAX_ROWS = 100_000
 DEFAULT_RANGE = timedelta(days=30)
-_ALLOC = ("cpu", "mem", "gpu.shares")
 _USED = ("cpu", "mem", "mem_peak", "gpu.shares", "gpu_mem_peak")
 
 
@@ -203,7 +203,7 @@ class _Row:
 
 
 def _empty() -> _Row:
-    return _Row(0, dict.fromkeys(_ALLOC, 0.0), dict.fromkeys(_USED, 0.0))
+    return _Row(0, dict.fromkeys(CHARGED_SLOTS, 0.0), dict.fromkeys(_USED, 0.0))
 
 
 def report(db: Session, actor: Actor, q: UsageQuery, now: datetime | None = None) -> dict[str, Any]:
@@ -293,7 +293,7 @@ def _add_tails(
             row = rows.get(k)
             if row is None:
                 row = rows[k] = _empty()
-            for slot in _ALLOC:
+            for slot in CHARGED_SLOTS:
                 row.allocated[slot] += t.rates[slot] * seconds
             if (t.session_id, name, k[1]) not in counted:
                 counted.add((t.session_id, name, k[1]))
@@ -307,7 +307,7 @@ def _num(x: float) -> float:
 def _render(group_by: str, k: tuple[str, datetime | None], row: _Row) -> dict[str, Any]:
     allocated = {s: _num(v) for s, v in row.allocated.items()}
     used = {s: _num(v) for s, v in row.used.items()}
-    eff = accrual.efficiency(row.allocated, {s: row.used[s] for s in _ALLOC})
+    eff = accrual.efficiency(row.allocated, {s: row.used[s] for s in CHARGED_SLOTS})
     return {
         group_by: k[0],
         "bucket": k[1].isoformat() if k[1] else None,
@@ -321,9 +321,9 @@ def _render(group_by: str, k: tuple[str, datetime | None], row: _Row) -> dict[st
 CSV_COLUMNS = (
     "bucket",
     "sessions",
-    *(f"allocated_{s}" for s in _ALLOC),
+    *(f"allocated_{s}" for s in CHARGED_SLOTS),
     *(f"used_{s}" for s in _USED),
-    *(f"efficiency_{s}" for s in _ALLOC),
+    *(f"efficiency_{s}" for s in CHARGED_SLOTS),
 )
 
 
@@ -340,9 +340,9 @@ def as_csv(answer: Mapping[str, Any]) -> str:
                 row[group_by],
                 row["bucket"] or "",
                 row["sessions"],
-                *(row["allocated"][s] for s in _ALLOC),
+                *(row["allocated"][s] for s in CHARGED_SLOTS),
                 *(row["used"][s] for s in _USED),
-                *("" if eff[s] is None else eff[s] for s in _ALLOC),
+                *("" if eff[s] is None else eff[s] for s in CHARGED_SLOTS),
             ]
         )
     return out.getvalue()

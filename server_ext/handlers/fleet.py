@@ -16,6 +16,8 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from labfleet.core.vocab import ACTIVE_STATUSES
+
 from .. import fleet
 from ..calls import Answer, SessionCalls, quoted
 from ..runner import Runner, SessionEnv, port_is_listening
@@ -192,7 +194,7 @@ class SessionListHandler(FleetHandler):
                 self.fleet.calls.service(
                     "GET", "sessions", query={"user": user, "status": status, "limit": str(SESSION_PAGE)}
                 )
-                for status in fleet.LIVE_STATUSES
+                for status in ACTIVE_STATUSES
             )
         )
         failed = next((a for a in answers if not a.ok), None)

@@ -34,6 +34,7 @@ RANKS = {
 HUB_MAY_IMPORT = {
     "labfleet.hub",
     "labfleet.core.dburl",
+    "labfleet.core.display",
     "labfleet.core.errors",
     "labfleet.core.hubmap",
     "labfleet.core.http",
@@ -42,6 +43,7 @@ HUB_MAY_IMPORT = {
     "labfleet.core.signing",
     "labfleet.core.slots",
     "labfleet.core.validate",
+    "labfleet.core.vocab",
 }
 DB_PACKAGES = ("sqlalchemy", "alembic")
 

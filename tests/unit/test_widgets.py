@@ -16,6 +16,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
+from labfleet.core import display
 from labfleet.widgets import (
     FleetClient,
     FleetError,
@@ -82,29 +83,33 @@ def test_bars_and_words():
     assert fmt.bar(3, 2)["value"] == 2.0 and fmt.bar(3, 2)["bar_style"] == "danger"
     # A zero limit: a full red bar, since nothing may be used.
     assert fmt.bar(0, 0) == {"value": 1.0, "max": 1.0, "bar_style": "danger", "level": "over"}
-    assert fmt.fmt_bytes(0) == "0 B" and fmt.fmt_bytes(1536) == "1.5 KiB" and fmt.fmt_bytes(GiB) == "1 GiB"
-    assert fmt.fmt_slot("mem", 64 * GiB) == "64 GiB" and fmt.fmt_slot("gpu.shares", 0.25) == "0.25"
-    assert fmt.fmt_slot("cpu", None) == "unlimited"
     assert (
-        fmt.fmt_percent(37.4) == "37 %"
-        and fmt.fmt_percent(2.25) == "2.2 %"
-        and fmt.fmt_percent(None) == "n/a"
+        display.fmt_bytes(0) == "0 B"
+        and display.fmt_bytes(1536) == "1.5 KiB"
+        and display.fmt_bytes(GiB) == "1 GiB"
     )
-    assert [fmt.fmt_duration(s) for s in (None, 42, 600, 3725, 90000)] == [
+    assert display.fmt_slot("mem", 64 * GiB) == "64 GiB" and display.fmt_slot("gpu.shares", 0.25) == "0.25"
+    assert display.fmt_slot("cpu", None) == "unlimited"
+    assert (
+        display.fmt_percent(37.4) == "37 %"
+        and display.fmt_percent(2.25) == "2.2 %"
+        and display.fmt_percent(None) == "n/a"
+    )
+    assert [display.fmt_duration(s) for s in (None, 42, 600, 3725, 90000)] == [
         "no limit",
         "42 s",
         "10 min",
         "1 h 2 min",
         "1 d 1 h",
     ]
-    assert fmt.sort_slots({"gpu:A100", "gpu.shares", "cpu", "mem"}) == [
+    assert display.sort_slots({"gpu:A100", "gpu.shares", "cpu", "mem"}) == [
         "cpu",
         "mem",
         "gpu.shares",
         "gpu:A100",
     ]
     assert "&lt;b&gt;" in fmt.error_html("<b>")
-    assert [fmt.fmt_hours(h) for h in (0, 0.0001, 0.004, 0.075, 0.25, 3.5, 12.34, 140.4)] == [
+    assert [display.fmt_hours(h) for h in (0, 0.0001, 0.004, 0.075, 0.25, 3.5, 12.34, 140.4)] == [
         "0 h",
         "< 1 s",
         "14 s",

@@ -36,8 +36,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from labfleet.core.slots import ResourceSlots, base_slot, format_amount, over_limit
-
-SESSION_TYPES: tuple[str, ...] = ("interactive", "batch", "inference")
+from labfleet.core.vocab import SESSION_TYPES
 
 # Refusal codes (stable: API clients and tests match on them; messages may change).
 RESOURCE_GROUP_DENIED = "resource-group-denied"

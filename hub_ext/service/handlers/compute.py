@@ -11,8 +11,8 @@ from labfleet.compute import images, nodes, sessionlist, sessions
 from labfleet.compute.launchoptions import launch_options
 from labfleet.core import authz
 from labfleet.core.errors import Forbidden, LabfleetError, NotFound
-from labfleet.core.models import SESSION_STATUSES
 from labfleet.core.validate import check_bool, check_choice
+from labfleet.core.vocab import SESSION_STATUSES
 from labfleet.reclaim import engine
 from labfleet.service.base import (
     APIHandler,
@@ -24,6 +24,7 @@ from labfleet.service.base import (
 )
 from labfleet.service.handlers import agents
 from labfleet.tenancy import directory
+from labfleet.usage.metrics import ASKED_AGAIN
 
 # ---------------------------------------------------------------- resource groups, nodes, sessions
 
@@ -84,6 +85,11 @@ class SessionListHandler(APIHandler):
         outcome: dict = {}
 
         def op(db, actor):
+            earlier = sessions.admitted_before(db, actor, body)
+            if earlier is not None:  # asked again (an answer was lost): the session it has
+                outcome["view"] = sessions.session_detail(db, earlier)
+                outcome["again"] = True
+                return outcome["view"], None
             try:
                 view = sessions.session_detail(
                     db,
@@ -102,8 +108,10 @@ class SessionListHandler(APIHandler):
             return view, None
 
         with self.lf.metrics.timing_admission() as timed:  # refused unless admitted
-            await self.run(op, status=201)
-            if self.get_status() == 201 and "view" in outcome:  # admitted and committed
+            await self.run(op, status=lambda _: 200 if "again" in outcome else 201)
+            if "again" in outcome:
+                timed["outcome"] = ASKED_AGAIN  # not a second admission
+            elif self.get_status() == 201 and "view" in outcome:  # admitted and committed
                 timed["outcome"] = "queued" if outcome["view"]["status"] == "PENDING" else "scheduled"
         if waiting is not None:
             waiting.settle(outcome.get("view"), outcome.get("error"))
