@@ -18,6 +18,8 @@ from typing import Any
 import ipywidgets as W
 import requests
 
+from labfleet.core.http import ServiceError
+
 PAGINATION = "application/jupyterhub-pagination+json"
 PAGES = (
     ("users", "Users", "users, roles, projects, keypairs"),
@@ -35,13 +37,8 @@ PAGES = (
 )
 
 
-class ServiceError(Exception):
-    """The labfleet service refused or failed: ``message`` in its own words, ``status`` its code."""
-
-    def __init__(self, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+class FormError(ValueError):
+    """A form field that cannot be read; the message names the field and says what to write."""
 
 
 @dataclass

@@ -5,7 +5,7 @@ under thresholds over a ``window``) is bound to domains, projects and resource g
 (``/api/idle-checkers``); with the keypair policies' idle timeout they make each session's rules.
 Superadmins change every checker, a domain admin those bound only to their domain and its projects,
 monitors read; the service decides and its refusals show in its own words. The preview
-(``/api/idle-checkers/preview``) says what the idle engine would reclaim now, and why, changing
+(``/api/idle-checkers/preview``) says what the reclaimer would reclaim now, and why, changing
 nothing. Pure helpers first (what a checker reads as, what the form sends), then the widgets.
 """
 
@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from labfleet.console.console import ServiceError, message, table
+from labfleet.console.console import FormError, ServiceError, message, table
 
 KINDS = ("activity", "utilization")
 SCOPES = ("domain", "project", "resource_group")
@@ -27,10 +27,6 @@ EXAMPLES = {
     "activity": {"timeout": 3600},
     "utilization": {"window": 1200, "grace": 600, "thresholds": {"gpu_util": 5, "cpu_util": 10}},
 }
-
-
-class FormError(ValueError):
-    """A form field that cannot be read; the message says which and what to write."""
 
 
 def fmt_seconds(value: Any) -> str:

@@ -35,7 +35,7 @@ from urllib.parse import quote
 import ipywidgets as W
 
 from labfleet.console import domains, idlecheckers
-from labfleet.console.console import ServiceError, guarded, message
+from labfleet.console.console import FormError, ServiceError, guarded, message
 from labfleet.console.resources import STYLE, form_label, muted, section
 from labfleet.core.display import esc, fmt_bytes, sort_slots
 from labfleet.core.slots import format_amount, parse_bytes
@@ -59,10 +59,6 @@ RIGHTS = (
     "invite-others",
 )
 NEW = ""  # the editor's "new policy" choice (no policy has an empty name)
-
-
-class FormError(ValueError):
-    """A form field that cannot be read; the message names the field and says what to write."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
 
 from labfleet.compute import agents, nodes, sessions  # noqa: E402
 from labfleet.compute.devices.mock import MockPlugin  # noqa: E402
-from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core import database  # noqa: E402
 from labfleet.core.authz import Actor  # noqa: E402
 from labfleet.core.secretbox import ensure_key_file  # noqa: E402
 from labfleet.tenancy import directory  # noqa: E402
@@ -65,10 +65,10 @@ def world(directory_: Path, n_sessions: int) -> tuple[Any, str, list[dict[str, A
     """A DB with an agent's node holding ``n_sessions``; (session factory, the token, their targets)."""
     os.environ["LABFLEET_SECRET_KEY_FILE"] = str(directory_ / "key")
     ensure_key_file(directory_ / "key")
-    engine = lfdb.make_engine(f"sqlite:///{directory_ / 'lf.sqlite'}")
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
-    with lfdb.session_scope(factory) as db:
+    engine = database.make_engine(f"sqlite:///{directory_ / 'lf.sqlite'}")
+    database.upgrade(engine)
+    factory = database.make_session_factory(engine)
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         nodes.create_group(db, CLI, {"name": "edge", "is_public": True})
@@ -85,20 +85,20 @@ def world(directory_: Path, n_sessions: int) -> tuple[Any, str, list[dict[str, A
         "plugin": "mock",
         "labels": {"address": "127.0.0.1"},
     }
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         agents.register(db, agents.authenticate(db, plain), body)
     for i in range(n_sessions):
         slots = {"cpu": 0.5, "gpu.shares": 0.25} if i % 2 == 0 and i < 64 else {"cpu": 0.5}
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             s = sessions.admit(
                 db, CLI, {"project": "acme/ml", "username": "alice", "resource_group": "edge", "slots": slots}
             )
             sid = s.id
-        with lfdb.session_scope(factory) as db:  # its spawner says it runs, and where (as the Hub does)
+        with database.session_scope(factory) as db:  # its spawner says it runs, and where (as the Hub does)
             sessions.update_status(
                 db, Actor.hub(), sid, {"status": "RUNNING", "runtime": {"pid": 100_000 + i}}
             )
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         targets = [
             {"session_id": t.session_id, "devices": list(t.devices)} for t in records.targets_on(db, "n2")
         ]
@@ -128,7 +128,7 @@ def one_beat(factory: Any, plain: str, raw_body: str, token: Any) -> int:
     """The service's work for one heartbeat (the handler's, without HTTP); the readings kept."""
     beat, raw = agents.parse_heartbeat(json.loads(raw_body))
     readings = records.parse_agent_readings(raw, time.time())
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         agents.heartbeat(db, token, beat)
         targets = records.targets_on(db, beat.node)
         return len(records.accept_agent_readings(readings, targets))
@@ -138,7 +138,7 @@ def measure(n_sessions: int, beats: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lf-agent-cost-") as tmp:
         factory, plain, targets = world(Path(tmp), n_sessions)
         raw_body = json.dumps(beat_body(targets))
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             token = agents.authenticate(db, plain)  # the service caches a verified token
             db.expunge(token)
         walls, cpus = [], []

@@ -75,7 +75,7 @@ import aiohttp  # noqa: E402
 from sqlalchemy import insert, select  # noqa: E402
 
 from labfleet.compute import nodes  # noqa: E402
-from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core import database  # noqa: E402
 from labfleet.core.authz import Actor  # noqa: E402
 from labfleet.core.models import ComputeSession, Keypair, Project, ResourceGroup, User  # noqa: E402
 from labfleet.core.secretbox import ensure_key_file  # noqa: E402
@@ -100,10 +100,10 @@ GROUP = "bench"
 def build_db(url: str, users: int, domains: int, n_sessions: int, seed_: int) -> list[str]:
     """Tenancy and ended sessions in the labfleet DB (before the Hub starts); the user names."""
     seed(url)
-    engine = lfdb.make_engine(url)
-    factory = lfdb.make_session_factory(engine)
+    engine = database.make_engine(url)
+    factory = database.make_session_factory(engine)
     names: list[str] = []
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         nodes.create_group(db, CLI, {"name": GROUP, "is_public": True, "scheduler": "fifo"})
         for d in range(domains):
             directory.create_domain(db, CLI, {"name": f"d{d}"})
@@ -114,7 +114,7 @@ def build_db(url: str, users: int, domains: int, n_sessions: int, seed_: int) ->
             name = f"u{i:05d}"
             directory.create_user(db, CLI, {"username": name, "domain": f"d{d}", "projects": [f"p{p}"]})
             names.append(name)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         group_id = db.execute(select(ResourceGroup.id)).scalar_one()
         info = {}
         for user_id, domain_id, username in db.execute(select(User.id, User.domain_id, User.username)):

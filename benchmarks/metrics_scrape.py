@@ -34,7 +34,7 @@ from packing import arrivals, data_dir, load_nodes, load_tasks, percentile  # no
 from sqlalchemy import event, update  # noqa: E402
 from throughput import build_world, prefill  # noqa: E402
 
-from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core import database  # noqa: E402
 from labfleet.core.models import Domain, Project  # noqa: E402
 from labfleet.core.secretbox import ensure_key_file  # noqa: E402
 from labfleet.usage.metrics import Metrics  # noqa: E402
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = args.db_url or f"sqlite:///{Path(tmp) / 'labfleet.sqlite'}"
         world = build_world(url, node_list, args.domains, "fgd")
         live = prefill(world, node_list, arrivals(load_tasks(args.pods)), "fgd", args.fill)
-        with lfdb.session_scope(world.factory) as db:  # caps, so every quota series has its limit
+        with database.session_scope(world.factory) as db:  # caps, so every quota series has its limit
             db.execute(update(Domain).values(total_resource_slots={"cpu": 100000, "gpu.shares": 5000}))
             db.execute(update(Project).values(total_resource_slots={"cpu": 50000, "gpu.shares": 2500}))
         metrics = Metrics(world.factory)

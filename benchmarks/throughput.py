@@ -64,8 +64,7 @@ from sqlalchemy import event, insert, select  # noqa: E402
 from labfleet.compute import clustercache, nodes, sessions  # noqa: E402
 from labfleet.compute.devices.base import DeviceInfo, NodeInfo  # noqa: E402
 from labfleet.compute.scheduler import POLICIES, Cluster, Node  # noqa: E402
-from labfleet.core import db as lfdb  # noqa: E402
-from labfleet.core import ledger  # noqa: E402
+from labfleet.core import database, usage_ledger  # noqa: E402
 from labfleet.core.authz import Actor  # noqa: E402
 from labfleet.core.models import Allocation, ComputeSession, Device, Keypair, Project, User  # noqa: E402
 from labfleet.core.models import Node as NodeRow  # noqa: E402
@@ -166,11 +165,11 @@ PROJECT_CAP = {"cpu": 500_000, "gpu.shares": 50_000}
 
 
 def build_world(url: str, node_list: list[Node], domains: int, placement: str, caps: bool = False) -> World:
-    engine = lfdb.make_engine(url)
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
+    engine = database.make_engine(url)
+    database.upgrade(engine)
+    factory = database.make_session_factory(engine)
     users = []
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         policies.ensure_default_keypair_policy(db)
         group = nodes.create_group(
             db, CLI, {"name": GROUP, "is_public": True, "placement": placement, "scheduler": "fifo"}
@@ -217,7 +216,7 @@ def prefill(
         held += task.demand_milli
         placed.append((str(uuid.uuid4()), task, p, world.users[len(placed) % len(world.users)]))
     now = datetime.now(timezone.utc)
-    with lfdb.session_scope(world.factory) as db:
+    with database.session_scope(world.factory) as db:
         node_ids = {name: i for name, i in db.execute(select(NodeRow.name, NodeRow.id))}
         dev_ids = {u: i for u, i in db.execute(select(Device.uuid, Device.id))}
         info = {}
@@ -272,7 +271,7 @@ def prefill(
         clustercache.bump(db, world.group_id)
         db.execute(insert(ComputeSession), rows)
         db.execute(insert(Allocation), allocs)
-        ledger.recalculate(db)  # the bulk insert went around the ledger: build it from the sessions
+        usage_ledger.recalculate(db)  # the bulk insert went around the ledger: build it from the sessions
     return [(sid, task.demand_milli) for sid, task, _, _ in placed]
 
 
@@ -302,7 +301,7 @@ def run(world: World, stream, live: list[tuple[str, int]], n: int, fill: float, 
         live[i] = live[-1]
         live.pop()
         t0 = time.perf_counter_ns()
-        with lfdb.session_scope(world.factory) as db:
+        with database.session_scope(world.factory) as db:
             sessions.terminate(db, CLI, sid)
         out.release_ms.append((time.perf_counter_ns() - t0) / 1e6)
 
@@ -331,7 +330,7 @@ def run(world: World, stream, live: list[tuple[str, int]], n: int, fill: float, 
             c0 = time.thread_time_ns()
             t0 = time.perf_counter_ns()
             try:
-                with lfdb.session_scope(world.factory) as db:
+                with database.session_scope(world.factory) as db:
                     s = sessions.admit(db, CLI, body)
                     sid, status = s.id, s.status
             except sessions.Refused:
@@ -359,7 +358,7 @@ def rebuild_ms(world: World, repeat: int = 3) -> float:
     """What a decision would pay without the cache: rebuilding the group's cluster from the DB (best of 3)."""
     best = float("inf")
     for _ in range(repeat):
-        with lfdb.session_scope(world.factory) as db:
+        with database.session_scope(world.factory) as db:
             t0 = time.perf_counter_ns()
             clustercache.build(db, world.group_id, clustercache.version(db, world.group_id))
             best = min(best, (time.perf_counter_ns() - t0) / 1e6)
@@ -506,7 +505,7 @@ def _measure(args: argparse.Namespace, node_list: list[Node], tasks: list[Task])
         os.environ["LABFLEET_SECRET_KEY_FILE"] = str(key)
         ensure_key_file(key)
         url = args.db_url or f"sqlite:///{Path(tmp) / 'labfleet.sqlite'}"
-        db_kind = lfdb.make_engine(url).dialect.name  # no connection yet: nothing to dispose
+        db_kind = database.make_engine(url).dialect.name  # no connection yet: nothing to dispose
         if not args.json:
             print(f"setting up {len(node_list)} nodes in {db_kind} ...", flush=True)
         world = build_world(url, node_list, args.domains, args.placement, args.caps)

@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
 
 from sqlalchemy import func, select  # noqa: E402
 
-from labfleet.core import db as lfdb  # noqa: E402
+from labfleet.core import database  # noqa: E402
 from labfleet.core.authz import Actor  # noqa: E402
 from labfleet.core.models import UsageBucket, UsageSessionState  # noqa: E402
 from labfleet.core.secretbox import ensure_key_file  # noqa: E402
@@ -59,7 +59,7 @@ def fill(factory, users: int, domains: int, days: int, now: datetime) -> int:
         buckets.append(t)
         t += accrual.BUCKET
     rows = 0
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         for u in range(users):
             domain = f"d{u % domains:02d}"
             name, sid = f"user{u:04d}", f"{u:08d}-0000-4000-8000-000000000000"
@@ -141,9 +141,9 @@ def _measure(args: argparse.Namespace) -> int:
     os.environ.setdefault("LABFLEET_SECRET_KEY_FILE", str(Path(tmp) / "key"))
     ensure_key_file(Path(os.environ["LABFLEET_SECRET_KEY_FILE"]))
     url = args.db_url or f"sqlite:///{tmp}/usage.sqlite"
-    engine = lfdb.make_engine(url)
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
+    engine = database.make_engine(url)
+    database.upgrade(engine)
+    factory = database.make_session_factory(engine)
     now = datetime.now(timezone.utc)
     t = time.perf_counter()
     rows = fill(factory, args.users, args.domains, args.days, now)

@@ -23,11 +23,10 @@ METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE")
 # the upstream's words where it gave some), ``content_type``, and ``data``: the JSON body decoded, or
 # else the body's bytes as they came (the service proxy passes them on). No answer is a 502 (504: timed
 # out) with ``{"message": ...}``.
-Answer = http.HTTPReply
 
 
-def _refused(status: int, message: str) -> Answer:
-    return Answer(status, {"message": message}, content_type=http.JSON, is_json=True)
+def _refused(status: int, message: str) -> http.HTTPReply:
+    return http.HTTPReply(status, {"message": message}, content_type=http.JSON, is_json=True)
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class SessionCalls:
         query: Mapping[str, str] | None = None,
         raw: bytes | None = None,
         content_type: str | None = None,
-    ) -> Answer:
+    ) -> http.HTTPReply:
         """``method`` on ``<service api>/<path>``; ``raw`` sends bytes as they are (file uploads)."""
         if not self.service_url:
             return _refused(503, "this session has no labfleet service (LABFLEET_SERVICE_URL)")
@@ -67,7 +66,7 @@ class SessionCalls:
             "the labfleet service", self.service_url, method, path, body, query, raw, content_type
         )
 
-    async def hub(self, method: str, path: str, body: Any = None) -> Answer:
+    async def hub(self, method: str, path: str, body: Any = None) -> http.HTTPReply:
         if not self.hub_api_url:
             return _refused(503, "this session runs outside a Hub (no JUPYTERHUB_API_URL)")
         return await self._call("the Hub", self.hub_api_url, method, path, body, None, None, None)
@@ -82,7 +81,7 @@ class SessionCalls:
         query: Mapping[str, str] | None,
         raw: bytes | None,
         content_type: str | None,
-    ) -> Answer:
+    ) -> http.HTTPReply:
         if method not in METHODS:
             return _refused(405, f"method {method} is not passed on")
         reply = await http.request(

@@ -36,8 +36,9 @@ from urllib.parse import quote, urlparse
 from jupyterhub.spawner import SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
+from labfleet.core.http import HTTPReply
 from labfleet.core.vocab import FINAL_STATUSES, PENDING
-from labfleet.hub.client import LabfleetServiceClient, Reply
+from labfleet.hub.client import LabfleetServiceClient
 
 from . import form
 from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts, with_caps
@@ -66,7 +67,7 @@ def session_mps(mode: str, session: dict[str, Any]) -> tuple[bool, str | None]:
 _RELEASES: set[asyncio.Future] = set()  # releases under way after a cancelled spawn (kept from the GC)
 
 
-def _refusal(reply: Reply, what: str) -> SpawnException:
+def _refusal(reply: HTTPReply, what: str) -> SpawnException:
     """A service answer that stops the spawn, as the Hub shows it (form message, API status)."""
     if reply.code == 0:
         return SpawnException(
@@ -222,7 +223,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
 
     # ------------------------------------------------------------------ the service
 
-    async def lf_call(self, method: str, path: str, body: Any = None) -> Reply:
+    async def lf_call(self, method: str, path: str, body: Any = None) -> HTTPReply:
         return await self.service_request(method, path, body, timeout=self.service_timeout)
 
     def lf_proxy_endpoint(self, url: str = "") -> tuple[str, int]:
@@ -246,7 +247,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
             return form.unavailable(reply.message or "the labfleet service did not answer")
         return form.render(reply.data, previous=self.user_options or {})  # type: ignore[attr-defined]
 
-    async def _lf_launch_options(self) -> Reply:
+    async def _lf_launch_options(self) -> HTTPReply:
         """What the user may launch (projects with quota left, images, groups), from the service."""
         return await self.lf_call("GET", f"/users/{quote(self.lf_username, safe='')}/launch-options")
 
@@ -553,7 +554,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
 
     async def _lf_report(
         self, status: str, reason: str, exit_code: int | None = None, runtime: dict[str, Any] | None = None
-    ) -> Reply | None:
+    ) -> HTTPReply | None:
         if not self.lf_session_id:
             return None
         body: dict[str, Any] = {"status": status, "reason": reason}

@@ -185,7 +185,7 @@ def service_config(
     endpoint: dict[str, Any] = {}
     if network_name != "host":
         # Published on the node only (host mode; no ingress); the server on a port Docker picks, a
-        # replica on the port the serving engine gave it (its route names the node and that port).
+        # replica on the port the serving controller gave it (its route names the node and that port).
         ports = [{"Protocol": "tcp", "TargetPort": SERVER_PORT, "PublishMode": "host"}]
         inference = spec.env.get(INFERENCE_PORT_ENV, "")
         if inference.isdigit():

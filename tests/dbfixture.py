@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.secretbox import ensure_key_file
 
 
@@ -17,6 +17,6 @@ def fresh_db(
     """An upgraded database at ``url`` (empty before), with the service's secret key in ``tmp_path``."""
     monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
     ensure_key_file(tmp_path / "key")
-    engine = lfdb.make_engine(url, **engine_kwargs)
-    lfdb.upgrade(engine)
-    return engine, lfdb.make_session_factory(engine)
+    engine = database.make_engine(url, **engine_kwargs)
+    database.upgrade(engine)
+    return engine, database.make_session_factory(engine)

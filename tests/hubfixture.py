@@ -20,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.secretbox import ensure_key_file
 from labfleet.tenancy import directory
@@ -164,10 +164,10 @@ def in_session(state: Path, name: str, server: str, argv: list[str]) -> list[str
 
 def seed(db_url: str) -> None:
     """Create the schema, the default policy, a domain `root` and the superadmin `root`."""
-    engine = lfdb.make_engine(db_url)
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
-    with lfdb.session_scope(factory) as db:
+    engine = database.make_engine(db_url)
+    database.upgrade(engine)
+    factory = database.make_session_factory(engine)
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         cli = Actor.cli()
         directory.create_domain(db, cli, {"name": "root"})

@@ -154,12 +154,12 @@ def register_node(
     """A node with ``gpus`` mock 80 GB GPUs and ``labels`` in labfleet's DB (no agent needed)."""
     from labfleet.compute import nodes
     from labfleet.compute.devices.base import DeviceInfo, NodeInfo
-    from labfleet.core import db as lfdb
+    from labfleet.core import database
 
-    engine = lfdb.make_engine(db_url)
+    engine = database.make_engine(db_url)
     try:
-        factory = lfdb.make_session_factory(engine)
-        with lfdb.session_scope(factory) as db:
+        factory = database.make_session_factory(engine)
+        with database.session_scope(factory) as db:
             info = NodeInfo(
                 name=name,
                 cpu=cpu,

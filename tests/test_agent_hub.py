@@ -22,8 +22,7 @@ import requests
 from sqlalchemy import text
 
 from labfleet.compute.devices.mock import USAGE_ENV, mock_uuid
-from labfleet.core import db as lfdb
-from labfleet.core import ledger
+from labfleet.core import database, usage_ledger
 from tests.hubfixture import REPO, free_port, start_hub
 
 pytestmark = pytest.mark.hub
@@ -120,7 +119,7 @@ def _spawn_ready(hub, user, server, options, timeout=90):
 
 def _sampled(hub, session_id):
     """When the usage records last took a reading of the session (the agent's, on its node)."""
-    engine = lfdb.make_engine(hub.db_url)
+    engine = database.make_engine(hub.db_url)
     try:
         with engine.connect() as conn:
             return conn.execute(
@@ -261,10 +260,10 @@ def test_agent_node_alive_lost_and_back(hub, root, fleet, tmp_path):
         )
         audit = hub.api("GET", "/audit?action=node.lost", root).json()
         assert [e["target"] for e in audit] == [NODE]
-        engine = lfdb.make_engine(hub.db_url)
+        engine = database.make_engine(hub.db_url)
         try:
-            with lfdb.session_scope(lfdb.make_session_factory(engine)) as db:
-                assert ledger.drift(db) == []
+            with database.session_scope(database.make_session_factory(engine)) as db:
+                assert usage_ledger.drift(db) == []
         finally:
             engine.dispose()
 

@@ -176,10 +176,10 @@ def _as_its_own_process(
 ) -> Iterator[None]:
     """What a command sees of its process is its own while it runs, and left as it was after."""
     import labfleet.cli
-    from labfleet.core import db as lfdb
+    from labfleet.core import database
 
     engines = []
-    make_engine = lfdb.make_engine
+    make_engine = database.make_engine
 
     def make_and_keep_engine(*a, **kw):
         engine = make_engine(*a, **kw)
@@ -207,10 +207,10 @@ def _as_its_own_process(
             os.chdir(cwd)
             sys.stdin, sys.stdout, sys.stderr = stdin, out, err
             sys.argv = [str(Path(labfleet.cli.__file__).with_name("__main__.py")), *args]  # as with -m
-            lfdb.make_engine = make_and_keep_engine
+            database.make_engine = make_and_keep_engine
             yield
     finally:
-        lfdb.make_engine = make_engine
+        database.make_engine = make_engine
         for engine in engines:  # as the process's exit would: every connection closed
             engine.dispose()
         for cls, instance in _traitlets_singletons().items():

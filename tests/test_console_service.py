@@ -13,8 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, select
 
-from labfleet.core import audit
-from labfleet.core import db as lfdb
+from labfleet.core import audit, database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden, InvalidInput
 from labfleet.core.models import Announcement, AuditEntry
@@ -45,7 +44,7 @@ def factory(request, tmp_path, monkeypatch):
 
 
 def _count(factory, model) -> int:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return db.scalar(select(func.count()).select_from(model))
 
 
@@ -53,20 +52,20 @@ def _count(factory, model) -> int:
 
 
 def test_nothing_is_announced_at_first(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         for who in (ROOT, CAROL, MONA, ALICE, HUB):
             assert announcements.current(db, who) == {"announcement": None}
 
 
 def test_a_superadmin_publishes_and_everyone_reads_it(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         out = announcements.publish(
             db, ROOT, {"text": "Maintenance <b>Friday</b>\n18:00 UTC", "level": "warning"}
         )
     a = out["announcement"]
     assert a["text"] == "Maintenance <b>Friday</b>\n18:00 UTC"  # kept as written: the pages escape it
     assert a["level"] == "warning" and a["published_by"] == "root"
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         for who in (ROOT, CAROL, MONA, HUB):
             assert announcements.current(db, who)["announcement"] == a
         # A plain user reads what it says, not which superadmin said it.
@@ -80,12 +79,12 @@ def test_a_superadmin_publishes_and_everyone_reads_it(factory):
 
 
 def test_the_level_defaults_to_info_and_a_new_one_replaces_the_old(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         first = announcements.publish(db, ROOT, {"text": "first"})["announcement"]
     assert first["level"] == "info"
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         second = announcements.publish(db, ROOT, {"text": "second", "level": "info"})["announcement"]
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert announcements.current(db, ALICE)["announcement"]["text"] == "second"
         rows = list(db.scalars(select(Announcement).order_by(Announcement.id)))
         # The history stays: the first one was cleared by the second's publisher.
@@ -95,11 +94,11 @@ def test_the_level_defaults_to_info_and_a_new_one_replaces_the_old(factory):
 
 
 def test_clearing_takes_it_down_and_is_audited(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         announcements.publish(db, ROOT, {"text": "going down at noon"})
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert announcements.clear(db, ROOT) == {"announcement": None, "cleared": True}
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert announcements.current(db, ALICE) == {"announcement": None}
         assert announcements.clear(db, ROOT) == {"announcement": None, "cleared": False}
         entries = audit.list_entries(db, ROOT, action="announcement.clear")
@@ -109,19 +108,19 @@ def test_clearing_takes_it_down_and_is_audited(factory):
 
 @pytest.mark.parametrize("who", [CAROL, MONA, ALICE, HUB, METRICS], ids=lambda a: a.name)
 def test_only_a_superadmin_publishes_or_clears(factory, who):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         announcements.publish(db, ROOT, {"text": "kept"})
     audited = _count(factory, AuditEntry)
     with pytest.raises(Forbidden, match="only a superadmin"):
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             announcements.publish(db, who, {"text": "mine now"})
     with pytest.raises(Forbidden, match="only a superadmin"):
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             announcements.clear(db, who)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert announcements.current(db, ROOT)["announcement"]["text"] == "kept"
     assert _count(factory, AuditEntry) == audited
-    with lfdb.session_scope(factory) as db:  # the CLI may, like a superadmin
+    with database.session_scope(factory) as db:  # the CLI may, like a superadmin
         assert announcements.clear(db, Actor.cli())["cleared"] is True
 
 
@@ -144,21 +143,21 @@ def test_only_a_superadmin_publishes_or_clears(factory, who):
     ],
 )
 def test_bad_input_says_why_and_changes_nothing(factory, body, says):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         announcements.publish(db, ROOT, {"text": "before", "level": "warning"})
     audited = _count(factory, AuditEntry)
     with pytest.raises(InvalidInput) as e:
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             announcements.publish(db, ROOT, body)
     assert says in e.value.message and e.value.status == 400
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         now = announcements.current(db, ROOT)["announcement"]
     assert (now["text"], now["level"]) == ("before", "warning")
     assert _count(factory, Announcement) == 1 and _count(factory, AuditEntry) == audited
 
 
 def test_the_longest_text_is_accepted(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         out = announcements.publish(db, ROOT, {"text": "é" * 2000})
     assert len(out["announcement"]["text"]) == 2000
 
@@ -208,7 +207,7 @@ def test_each_setting_says_where_it_came_from(tmp_path, monkeypatch):
         config_file="c.LabfleetService.schedule_interval = 3\nc.LabfleetService.idle_check_interval = 11\n",
     )
     try:
-        with lfdb.session_scope(app.session_factory) as db:
+        with database.session_scope(app.session_factory) as db:
             answer = fleetinfo.configuration_answer(db, MONA, app)
     finally:
         app.engine.dispose()
@@ -248,7 +247,7 @@ def test_each_setting_says_where_it_came_from(tmp_path, monkeypatch):
 def test_only_admins_and_monitors_read_info_and_configuration(tmp_path, monkeypatch, who):
     app = _service(tmp_path, monkeypatch, [], f"sqlite:///{tmp_path / 'lf.sqlite'}")
     try:
-        with lfdb.session_scope(app.session_factory) as db:
+        with database.session_scope(app.session_factory) as db:
             with pytest.raises(Forbidden):
                 fleetinfo.configuration_answer(db, who, app)
             with pytest.raises(Forbidden):
@@ -268,11 +267,11 @@ def test_no_secret_leaks_from_a_postgres_service(tmp_path, monkeypatch, postgres
     app = _service(tmp_path, monkeypatch, [], url.render_as_string(hide_password=False))
     assert DB_PASSWORD in app.db_url
     try:
-        database = {**fleetinfo.db_health(app.engine), **fleetinfo.db_server(app.engine)}
+        db_info = {**fleetinfo.db_health(app.engine), **fleetinfo.db_server(app.engine)}
         hub = asyncio.run(fleetinfo.hub_health("", ""))
         now = datetime.now(timezone.utc)
-        with lfdb.session_scope(app.session_factory) as db:
-            info = fleetinfo.info_answer(db, ROOT, app, database=database, hub=hub, now=now)
+        with database.session_scope(app.session_factory) as db:
+            info = fleetinfo.info_answer(db, ROOT, app, database=db_info, hub=hub, now=now)
             config = fleetinfo.configuration_answer(db, ROOT, app)
     finally:
         app.engine.dispose()

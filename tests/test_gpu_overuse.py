@@ -24,7 +24,7 @@ from labfleet.agent.app import gpu_processes, kill_owned
 from labfleet.compute import nodes, sessions
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import USAGE_ENV, MockPlugin
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import InvalidInput
 from labfleet.core.models import AuditEntry, ComputeSession, Node, ResourceGroup
@@ -45,7 +45,7 @@ log = logging.getLogger("test-gpu-overuse")
 def world(tmp_path, monkeypatch):
     engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
     plugin = MockPlugin(devices=[{"model": "A100-80GB", "memory": "80g"}], node=NODE)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         directory.create_domain(db, CLI, {"name": "acme"})
@@ -87,7 +87,7 @@ def sleeps(pid: int) -> list[psutil.Process]:
 def session(factory, procs, user: str, name: str) -> tuple[str, list[int]]:
     """A RUNNING session of half the device whose server is a real process tree: (id, its two
     sleeps, the older first)."""
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(
             db, CLI, {"project": "acme/ml", "username": user, "name": name, "slots": {"gpu.shares": 0.5}}
         )
@@ -100,7 +100,7 @@ def session(factory, procs, user: str, name: str) -> tuple[str, list[int]]:
         assert time.monotonic() < deadline, "the session's processes did not start"
         time.sleep(0.05)
     kids = sorted(kids, key=lambda k: k.create_time())
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = db.get(ComputeSession, sid)
         sessions.set_status(s, "RUNNING", "")
         s.runtime = {"pid": root.pid}
@@ -206,7 +206,7 @@ async def test_over_its_share_on_a_shared_device_its_newest_process_is_killed(wo
 
 async def test_stop_policy_stops_the_session_through_the_hub_with_the_reason(world, procs):
     factory, plugin, usage = world
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         nodes.update_group(db, CLI, "default", {"gpu_overuse": "stop"})
     a, (a_old, a_new) = session(factory, procs, "alice", "big")
     readings(usage, plugin, [(a_old, 30 * GiB), (a_new, 20 * GiB)])
@@ -224,7 +224,7 @@ async def test_stop_policy_stops_the_session_through_the_hub_with_the_reason(wor
 
 async def test_stop_policy_without_a_hub_warns_and_says_why(world, procs):
     factory, plugin, usage = world
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         nodes.update_group(db, CLI, "default", {"gpu_overuse": "stop"})
     a, (a_old, a_new) = session(factory, procs, "alice", "big")
     readings(usage, plugin, [(a_old, 30 * GiB), (a_new, 20 * GiB)])
@@ -250,7 +250,7 @@ async def test_alone_on_its_device_it_is_warned_not_touched(world, procs):
     assert entry["action"] == "warn" and entry["used_bytes"] == 50 * GiB and "wanted" not in entry
     assert svc.counted == [("warn", "default")]
     # A warning is no reason the session's end keeps (only the service's stop is)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         sessions.update_status(db, CLI, a, {"status": "TERMINATED", "reason": "the user stopped it"})
     assert reason(factory, a) == ("TERMINATED", "the user stopped it")
 
@@ -270,7 +270,7 @@ async def test_under_its_share_nothing_happens(world, procs):
 
 def agent_node(factory) -> list:
     """Make NODE an agent's node; the targets its agent samples."""
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         db.scalar(select(Node).where(Node.name == NODE)).agent_token_id = 1
         return records.targets_on(db, NODE)
 
@@ -359,7 +359,7 @@ async def test_an_agent_s_kill_unreported_or_of_an_ended_session_is_given_up_and
             b,
         }
     # b's session ends meanwhile: the next usage tick gives its kill up
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         sessions.update_status(db, CLI, b, {"status": "TERMINATED", "reason": "the user stopped it"})
     await svc.tick(agent_readings=agent.sample())
     (entry,) = audits(factory, b)
@@ -417,12 +417,12 @@ def test_the_agent_kills_only_a_process_of_the_session_with_its_start_time(procs
 def test_a_bad_policy_is_refused_naming_the_choices_and_changes_nothing(world):
     factory, _, _ = world
     for body in ({"gpu_overuse": "nuke"}, {"gpu_overuse": None}, {"gpu_overuse": 1}):
-        with pytest.raises(InvalidInput) as e, lfdb.session_scope(factory) as db:
+        with pytest.raises(InvalidInput) as e, database.session_scope(factory) as db:
             nodes.update_group(db, CLI, "default", {"description": "changed", **body})
         assert (
             e.value.status == 400 and "gpu_overuse must be one of auto, warn, kill, stop" in e.value.message
         )
-        with pytest.raises(InvalidInput), lfdb.session_scope(factory) as db:
+        with pytest.raises(InvalidInput), database.session_scope(factory) as db:
             nodes.create_group(db, CLI, {"name": "new", **body})
     with factory() as db:
         g = db.scalar(select(ResourceGroup).where(ResourceGroup.name == "default"))
@@ -432,7 +432,7 @@ def test_a_bad_policy_is_refused_naming_the_choices_and_changes_nothing(world):
         )
         assert db.scalar(select(ResourceGroup).where(ResourceGroup.name == "new")) is None
         assert nodes.group_view(g)["gpu_overuse"] == "auto"
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert (
             nodes.group_view(nodes.update_group(db, CLI, "default", {"gpu_overuse": "warn"}))["gpu_overuse"]
             == "warn"

@@ -1,4 +1,4 @@
-"""The usage ledger (hub_ext/core/ledger.py) against the sessions, on SQLite and a real PostgreSQL:
+"""The usage ledger (hub_ext/core/usage_ledger.py) against the sessions, on SQLite and a real PostgreSQL:
 random sequences of admissions, releases, failures, cancels, queue service, pending timeouts,
 deleted users and service restarts leave it equal to its recomputation; 200 racing admissions
 against one domain cap; ``recalculate`` repairing an injected drift, through the logic, the CLI
@@ -29,8 +29,7 @@ from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
 from labfleet.compute.reconcile import HubServer
 from labfleet.compute.scheduler import admission
-from labfleet.core import db as lfdb
-from labfleet.core import ledger, vocab
+from labfleet.core import database, usage_ledger, vocab
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, LabfleetError
 from labfleet.core.models import (
@@ -61,10 +60,10 @@ USERS = {"alice": ("acme/ml", "acme/cv"), "bob": ("acme/ml",), "carol": ("beta/x
 
 def _build_world(url: str) -> None:
     """Tenants with caps, a node of 4 cores, 16g and two A100s, a pending timeout of an hour."""
-    engine = lfdb.make_engine(url)
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
-    with lfdb.session_scope(factory) as db:
+    engine = database.make_engine(url)
+    database.upgrade(engine)
+    factory = database.make_session_factory(engine)
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         nodes.update_group(db, CLI, "default", {"pending_timeout": 3600})
@@ -177,11 +176,11 @@ class Fleet:
 
     def _open(self) -> None:
         kw = {"pool_size": 40, "max_overflow": 10} if self.template.kind == "postgres" else {}
-        self.engine = lfdb.make_engine(self.url, **kw)
-        self.factory = lfdb.make_session_factory(self.engine)
+        self.engine = database.make_engine(self.url, **kw)
+        self.factory = database.make_session_factory(self.engine)
 
     def tx(self):
-        return lfdb.session_scope(self.factory)
+        return database.session_scope(self.factory)
 
     def restart(self) -> None:
         self.engine.dispose()
@@ -194,7 +193,7 @@ class Fleet:
 
     def drift(self) -> list[dict]:
         with self.tx() as db:
-            return ledger.drift(db)
+            return usage_ledger.drift(db)
 
     def statuses(self) -> dict[str, str]:
         with self.tx() as db:
@@ -410,7 +409,7 @@ def test_the_ledger_equals_its_recomputation_after_any_sequence(template, ops):
             event(_label(done[-1]))
             assert f.drift() == [], "after:\n  " + "\n  ".join(done)
         with f.tx() as db:
-            assert ledger.recalculate(db) == []
+            assert usage_ledger.recalculate(db) == []
     finally:
         f.close()
 
@@ -435,7 +434,7 @@ def test_every_path_is_taken(fleet):
     assert "ERROR" in statuses and "CANCELLED" in statuses and "SCHEDULED" in statuses
     with fleet.tx() as db:
         assert directory.get_user(db, "alice") is None
-        assert ledger.drift(db) == []
+        assert usage_ledger.drift(db) == []
 
 
 # ---------------------------------------------------------------- racing admissions
@@ -454,9 +453,9 @@ def test_200_concurrent_admissions_against_one_domain_cap(fleet):
     assert outcomes.count("SCHEDULED") == NODE_CPU
     assert outcomes.count(admission.DOMAIN_QUOTA) == 200 - RACE_CAP
     with fleet.tx() as db:
-        assert ledger.drift(db) == []
+        assert usage_ledger.drift(db) == []
         race = directory.get_domain(db, "race")
-        assert ledger.read(db, [("domain", race.id)])[("domain", race.id)]["cpu"] == RACE_CAP * 1000
+        assert usage_ledger.read(db, [("domain", race.id)])[("domain", race.id)]["cpu"] == RACE_CAP * 1000
 
 
 def test_concurrent_admissions_releases_and_failures_keep_the_ledger(fleet):
@@ -518,7 +517,7 @@ def test_a_status_report_racing_a_stop_leaves_the_session_stopped(fleet):
         report.close()
     with fleet.tx() as db:
         status = db.get(ComputeSession, sid).status
-        drift = ledger.drift(db)
+        drift = usage_ledger.drift(db)
     assert (status, drift) == ("TERMINATED", [])
 
 
@@ -546,7 +545,7 @@ def test_a_status_report_in_flight_holds_off_a_stop(fleet):
             report.close()
         assert stopping.result(timeout=30) == "TERMINATED"
     with fleet.tx() as db:
-        assert ledger.drift(db) == []
+        assert usage_ledger.drift(db) == []
 
 
 # ---------------------------------------------------------------- recalculate: logic, CLI, API
@@ -812,10 +811,10 @@ def test_the_api_recalculates_for_a_superadmin_only(hub):
     assert hub.api("POST", path, root, data="{not json").status_code == 400
 
     # Drift injected behind the service's back: two rows for scopes that hold nothing.
-    engine = lfdb.make_engine(hub.db_url)
+    engine = database.make_engine(hub.db_url)
     try:
-        factory = lfdb.make_session_factory(engine)
-        with lfdb.session_scope(factory) as db:
+        factory = database.make_session_factory(engine)
+        with database.session_scope(factory) as db:
             ursa = directory.get_user(db, "ursa")
             acme = db.scalar(select(Domain).where(Domain.name == "acme"))
             db.execute(
@@ -840,8 +839,8 @@ def test_the_api_recalculates_for_a_superadmin_only(hub):
         assert r.json() == {"drift": want, "repaired": 2, "dry_run": False, "unaccounted_servers": []}
         r = hub.api("POST", path, root, json={"dry_run": False})
         assert r.json() == {"drift": [], "repaired": 0, "dry_run": False, "unaccounted_servers": []}
-        with lfdb.session_scope(factory) as db:
-            assert ledger.drift(db) == [] and ledger.stored(db) == {}
+        with database.session_scope(factory) as db:
+            assert usage_ledger.drift(db) == [] and usage_ledger.stored(db) == {}
     finally:
         engine.dispose()
     entries = hub.api("GET", f"/audit?action={maintenance.ACTION}", root).json()

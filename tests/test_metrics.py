@@ -25,8 +25,7 @@ from sqlalchemy import event
 from labfleet.compute import nodes, sessions
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
-from labfleet.core import db as lfdb
-from labfleet.core import vocab
+from labfleet.core import database, vocab
 from labfleet.core.authz import Actor
 from labfleet.service.handlers.metrics import bearer_matches
 from labfleet.tenancy import directory
@@ -74,7 +73,7 @@ def by_name(built) -> dict:
 
 def _world(tmp_path, monkeypatch, gpus=2, domain_cap=None, project_cap=None):
     engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         directory.create_domain(db, CLI, {"name": "acme", "total_resource_slots": domain_cap or {}})
@@ -93,7 +92,7 @@ def _world(tmp_path, monkeypatch, gpus=2, domain_cap=None, project_cap=None):
 
 
 def _admit(factory, **slots):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(db, CLI, {"project": "acme/ml", "username": "alice", "slots": slots})
         return s.id, s.status
 
@@ -169,7 +168,7 @@ def test_sessions_allocation_and_quota_follow_admissions(tmp_path, monkeypatch):
 
     # Stopping the whole-GPU session frees a device: the queued one is placed in the same unit of
     # work, which records how long it waited for whoever commits it (the service's histogram).
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         sessions.terminate(db, CLI, whole)
         unit = db
     waits = sessions.take_queue_waits(unit)
@@ -187,7 +186,7 @@ def test_a_scrape_is_nine_statements_whatever_the_fleet(tmp_path, monkeypatch):
     engine, factory = _world(tmp_path, monkeypatch)
     _admit(factory, **{"gpu.shares": 0.5})
     counted = []
-    # Every statement but SQLite's BEGIN IMMEDIATE (labfleet.core.db: each transaction takes it).
+    # Every statement but SQLite's BEGIN IMMEDIATE (labfleet.core.database: each transaction takes it).
     event.listen(
         engine,
         "before_cursor_execute",
@@ -198,7 +197,7 @@ def test_a_scrape_is_nine_statements_whatever_the_fleet(tmp_path, monkeypatch):
     m = metrics.Metrics(factory)
     m.exposition()
     small = len(counted)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         nodes.create_group(db, CLI, {"name": "cpu-only", "is_public": True})
         for i in range(20):
             nodes.register_node(

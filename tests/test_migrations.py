@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.models import Base, Keypair
 from labfleet.tenancy import directory
@@ -49,29 +49,29 @@ def _check_upgrade(url, monkeypatch, tmp_path):
     from labfleet.core.secretbox import ensure_key_file
 
     ensure_key_file(tmp_path / "key")
-    engine = lfdb.make_engine(url)
-    assert not lfdb.is_initialized(engine)
-    lfdb.upgrade(engine)
+    engine = database.make_engine(url)
+    assert not database.is_initialized(engine)
+    database.upgrade(engine)
     assert TABLES <= set(inspect(engine).get_table_names())
-    lfdb.upgrade(engine)  # a second upgrade is a no-op
+    database.upgrade(engine)  # a second upgrade is a no-op
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == [], f"models and migrations differ: {diff}"
     # The schema works: write a tenant and read it back; one main keypair per user is enforced.
-    factory = lfdb.make_session_factory(engine)
-    with lfdb.session_scope(factory) as db:
+    factory = database.make_session_factory(engine)
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         directory.create_domain(
             db, Actor.cli(), {"name": "acme", "total_resource_slots": {"gpu.shares": 0.3}}
         )
         directory.create_user(db, Actor.cli(), {"username": "ann", "domain": "acme"})
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         d = directory.get_domain(db, "acme")
         assert d.slots["gpu.shares"] == d.slots.parse({"gpu.shares": "0.1"}).get_amount("gpu.shares") * 3
         main = db.scalars(select(Keypair)).one()
         assert main.is_main
     with pytest.raises(IntegrityError):
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             user = directory.get_user(db, "ann")
             policy = user.keypairs[0].resource_policy
             second = Keypair(access_key="A" * 20, secret_key_encrypted="x", user=user, resource_policy=policy)
@@ -93,7 +93,7 @@ def test_upgrade_to_0006_builds_the_ledger_from_the_live_sessions(tmp_path):
     """A database at 0005 with sessions (live and ended) gets a ledger that equals them."""
     from sqlalchemy import insert
 
-    from labfleet.core import ledger
+    from labfleet.core import usage_ledger
     from labfleet.core.models import (
         ComputeSession,
         Domain,
@@ -104,8 +104,8 @@ def test_upgrade_to_0006_builds_the_ledger_from_the_live_sessions(tmp_path):
         User,
     )
 
-    engine = lfdb.make_engine(f"sqlite:///{tmp_path / 'old.sqlite'}")
-    lfdb.upgrade(engine, "0005")
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'old.sqlite'}")
+    database.upgrade(engine, "0005")
     with engine.begin() as conn:  # plain inserts: the ORM's flush hooks need tables 0006 makes
         conn.execute(insert(Domain.__table__), {"id": 1, "name": "acme"})
         conn.execute(insert(Project.__table__), {"id": 1, "domain_id": 1, "name": "ml"})
@@ -142,11 +142,11 @@ def test_upgrade_to_0006_builds_the_ledger_from_the_live_sessions(tmp_path):
                     "status": status,
                 },
             )
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
-    with lfdb.session_scope(factory) as db:
-        assert ledger.drift(db) == []
-        rows = ledger.read(db, [("domain", 1)])[("domain", 1)]
+    database.upgrade(engine)
+    factory = database.make_session_factory(engine)
+    with database.session_scope(factory) as db:
+        assert usage_ledger.drift(db) == []
+        rows = usage_ledger.read(db, [("domain", 1)])[("domain", 1)]
         assert rows == {
             "cpu": 2000,
             "gpu": 1,

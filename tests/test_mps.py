@@ -132,7 +132,7 @@ class FakeNvidia(DevicePlugin):
 
 def test_the_service_runs_its_own_nodes_daemon_and_stores_its_state(standin, tmp_path, monkeypatch):
     from labfleet.compute import nodes
-    from labfleet.core import db as lfdb
+    from labfleet.core import database
     from labfleet.core.models import Node
     from labfleet.service import app as service_app
     from tests.dbfixture import fresh_db
@@ -151,7 +151,7 @@ def test_the_service_runs_its_own_nodes_daemon_and_stores_its_state(standin, tmp
     svc.mps_supervisor = None
 
     def stored() -> dict:
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             return nodes.mps_view(db.query(Node).filter_by(name="gpu1").one())
 
     try:

@@ -18,8 +18,7 @@ from sqlalchemy import func, select
 from labfleet.compute import agents, nodes, sessions
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
-from labfleet.core import db as lfdb
-from labfleet.core import ledger
+from labfleet.core import database, usage_ledger
 from labfleet.core.authz import Actor
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Allocation, AuditEntry, ComputeSession, Node, NodeToken, utcnow
@@ -53,7 +52,7 @@ def world(request, tmp_path, monkeypatch):
         url = fresh_database(request.getfixturevalue("postgres_url"), name)
     engine, factory = fresh_db(url, tmp_path, monkeypatch)
     factory.url = url  # type: ignore[attr-defined]  # for the CLI
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         nodes.create_group(db, CLI, {"name": "edge", "is_public": True})
@@ -67,18 +66,18 @@ def world(request, tmp_path, monkeypatch):
 
 
 def _token(factory, **body) -> tuple[int, str]:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         token, plain = agents.create_token(db, CLI, body)
         return token.id, plain
 
 
 def _register(factory, plain: str, body: dict) -> str:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return agents.register(db, agents.authenticate(db, plain), body).name
 
 
 def _admit(factory, group="edge", **slots) -> tuple[str, str, str | None]:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(
             db, CLI, {"project": "acme/ml", "username": "alice", "resource_group": group, "slots": slots}
         )
@@ -86,13 +85,13 @@ def _admit(factory, group="edge", **slots) -> tuple[str, str, str | None]:
 
 
 def _node(factory, name: str) -> dict:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         node = db.scalar(select(Node).where(Node.name == name))
         return nodes.node_view(db, node)
 
 
 def _counts(factory) -> tuple[int, int, int]:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return (
             db.scalar(select(func.count()).select_from(Node)),
             db.scalar(select(func.count()).select_from(NodeToken)),
@@ -101,14 +100,14 @@ def _counts(factory) -> tuple[int, int, int]:
 
 
 def _ledger_matches(factory) -> None:
-    with lfdb.session_scope(factory) as db:
-        assert ledger.drift(db) == []
+    with database.session_scope(factory) as db:
+        assert usage_ledger.drift(db) == []
 
 
 def _refused(factory, fn, status: int, words: str = "") -> None:
     before = _counts(factory)
     with pytest.raises(LabfleetError) as e:
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             fn(db)
     assert e.value.status == status, e.value.message
     assert words in e.value.message
@@ -121,7 +120,7 @@ def _refused(factory, fn, status: int, words: str = "") -> None:
 def test_tokens_are_shown_once_stored_hashed_audited_and_revocable(world):
     token_id, plain = _token(world, node="n2", resource_group="edge", note="rack 4")
     assert plain.startswith(f"lfnode_{token_id}_")
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         row = db.get(NodeToken, token_id)
         assert plain not in row.token_hash and row.token_hash.startswith("pbkdf2_sha256$")
         assert agents.authenticate(db, plain).id == token_id
@@ -136,12 +135,12 @@ def test_tokens_are_shown_once_stored_hashed_audited_and_revocable(world):
         f"lfnode_99_{plain.split('_', 2)[2]}",
         "token",
     ):
-        with lfdb.session_scope(world) as db, pytest.raises(LabfleetError) as e:
+        with database.session_scope(world) as db, pytest.raises(LabfleetError) as e:
             agents.authenticate(db, bad)
         assert e.value.status == 401
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         agents.revoke_token(db, CLI, str(token_id))
-    with lfdb.session_scope(world) as db, pytest.raises(LabfleetError) as e:
+    with database.session_scope(world) as db, pytest.raises(LabfleetError) as e:
         agents.authenticate(db, plain)
     assert e.value.status == 401
 
@@ -179,7 +178,7 @@ def test_register_refuses_what_the_token_may_not_do(world):
     _, bound = _token(world, node="n2")
     _, free = _token(world)
     _, other = _token(world)
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         tok = agents.authenticate(db, bound)
     _refused(world, lambda db: agents.register(db, db.merge(tok), _body("n3")), 403, "n2")
     _refused(
@@ -220,7 +219,7 @@ def test_register_refuses_what_the_token_may_not_do(world):
 def _beat(factory, plain, body):
     beat, raw = agents.parse_heartbeat(body)
     readings = records.parse_agent_readings(raw, time.time())
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         result = agents.heartbeat(db, agents.authenticate(db, plain), beat)
         targets = records.targets_on(db, beat.node)
         return result.stop, result.released, records.accept_agent_readings(readings, targets)
@@ -232,7 +231,7 @@ def test_heartbeats_release_ended_sessions_of_their_own_node_only(world):
     mine, _, _ = _admit(world, **{"gpu.shares": 0.5})
     theirs, _, node = _admit(world, group="default", **{"gpu.shares": 0.5})
     assert node == "n1"
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         for sid, pid in ((mine, 111), (theirs, 222)):
             db.get(ComputeSession, sid).runtime = {"pid": pid}
     reading = {"session_id": mine, "at": time.time(), "alive": True, "cpu_seconds": 3.5, "mem_bytes": 1000}
@@ -249,7 +248,7 @@ def test_heartbeats_release_ended_sessions_of_their_own_node_only(world):
         {"node": "n2", "ended": [{"session": theirs, "exit_code": 1}, {"session": mine, "exit_code": 3}]},
     )
     assert released == [mine]
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         s = db.get(ComputeSession, mine)
         assert (s.status, s.exit_code) == ("ERROR", 3) and "ended on node n2" in s.status_reason
         assert db.get(ComputeSession, theirs).status == "SCHEDULED"
@@ -265,7 +264,7 @@ def test_the_nodes_mps_state_reaches_the_node_and_its_sessions(world):
     assert _node(world, "n2")["mps"] == {"state": "on", "reason": None, "pipe_dir": pipe}
     assert _node(world, "n1")["mps"] == {"state": "off", "reason": None, "pipe_dir": None}  # never reported
     sid, _, node = _admit(world, **{"gpu.shares": 0.5})
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         view = sessions.session_view(db.get(ComputeSession, sid))
     assert node == "n2" and view["node_mps"] == {"state": "on", "reason": None, "pipe_dir": pipe}
     # The daemon died and could not restart: the next heartbeat says so, and no pipe is offered.
@@ -295,7 +294,7 @@ def test_bad_heartbeats_are_refused_and_change_nothing(world):
     _, plain = _token(world, resource_group="edge")
     _, other = _token(world)
     _register(world, plain, _body())
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         seen = db.scalar(select(Node.last_seen).where(Node.name == "n2"))
     now = time.time()
     for bad in (
@@ -327,7 +326,7 @@ def test_bad_heartbeats_are_refused_and_change_nothing(world):
     with pytest.raises(LabfleetError) as e:
         _beat(world, plain, {"node": "n9"})
     assert e.value.status == 404
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         assert db.scalar(select(Node.last_seen).where(Node.name == "n2")) == seen
 
 
@@ -363,7 +362,7 @@ def test_a_node_that_misses_heartbeats_is_lost_and_frees_its_sessions(world):
     assert len(stopped) == 3 and {u for u, _ in stopped} == {"alice"}
     view = _node(world, "n2")
     assert view["status"] == "LOST" and view["allocated"]["gpu.shares"] == 0
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         for sid in held:
             s = db.get(ComputeSession, sid)
             assert s.status == "ERROR" and s.status_reason.startswith("node lost")
@@ -383,17 +382,17 @@ def test_a_node_that_misses_heartbeats_is_lost_and_frees_its_sessions(world):
     stop, _, _ = _beat(world, plain, {"node": "n2", "running": held})
     assert sorted(stop) == sorted(held)
     assert _node(world, "n2")["status"] == "ALIVE"
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         for group in ("edge",):
             sessions.schedule_group(db, nodes.get_group(db, CLI, group))
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         assert db.get(ComputeSession, queued).status == "SCHEDULED"
         assert db.get(ComputeSession, late).status == "PENDING"  # both GPUs went to the first in line
     _ledger_matches(world)
 
 
 def test_the_service_node_is_never_lost(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         beats = agents.node_beats(db)
     far = utcnow() + timedelta(days=1)
     assert agents.judge(beats, far, 10, 3) == []
@@ -407,23 +406,23 @@ def test_drained_nodes_get_no_new_placement_and_keep_what_runs(world):
     _refused(world, lambda db: agents.set_schedulable(db, CLI, "n2", {"schedulable": "no"}), 400)
     _refused(world, lambda db: agents.set_schedulable(db, CLI, "n2", {}), 400)
     _refused(world, lambda db: agents.set_schedulable(db, CLI, "n9", {"schedulable": False}), 404)
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         agents.set_schedulable(db, CLI, "n1", {"schedulable": False})
     running, _, node = _admit(world, "default", **{"gpu.shares": 0.5})
     assert node == "n2"
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         agents.set_schedulable(db, CLI, "n1", {"schedulable": True})
         assert agents.set_schedulable(db, CLI, "n2", {"schedulable": False}).schedulable is False
     assert _node(world, "n2")["schedulable"] is False
     # New sessions go to n1 only; once it is full they wait, though n2 has room.
     placed = [_admit(world, "default", **{"gpu.shares": 0.5}) for _ in range(3)]
     assert [(st, n) for _, st, n in placed] == [("SCHEDULED", "n1"), ("SCHEDULED", "n1"), ("PENDING", None)]
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         assert db.get(ComputeSession, running).status == "SCHEDULED"  # what ran there stays
         agents.set_schedulable(db, CLI, "n2", {"schedulable": True})
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         sessions.schedule_group(db, nodes.get_group(db, CLI, "default"))
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         waiting = db.get(ComputeSession, placed[2][0])
         assert waiting.status == "SCHEDULED" and waiting.node.name == "n2"
         actions = [e.action for e in db.scalars(select(AuditEntry))]
@@ -440,7 +439,7 @@ def test_agent_readings_are_accounted_like_the_services_own(world):
     _, plain = _token(world, resource_group="edge")
     _register(world, plain, _body())
     sid, _, _ = _admit(world, **{"gpu.shares": 0.5})
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         s = db.get(ComputeSession, sid)
         s.runtime = {"pid": 4242}
         sessions.set_status(s, "RUNNING")
@@ -461,9 +460,9 @@ def test_agent_readings_are_accounted_like_the_services_own(world):
         }
         _, _, accepted = _beat(world, plain, body)
         assert len(accepted) == 1
-        with lfdb.session_scope(world) as db:
+        with database.session_scope(world) as db:
             records.accrue(db, accepted, max_gap=30)
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         figures = {st.session_id: st for st in records.live_figures(db)}
         assert figures[sid].cpu_total == 12.5 and figures[sid].mem_now == 5000
 
@@ -511,5 +510,5 @@ def test_token_and_node_cli(world):
         assert p.returncode != 0 and p.stderr.startswith("labfleet: error:"), (bad, p.stderr)
     assert _counts(world) == before
     assert _cli(url, "node", "token", "revoke", plain.split("_")[1]).returncode == 0
-    with lfdb.session_scope(world) as db, pytest.raises(LabfleetError):
+    with database.session_scope(world) as db, pytest.raises(LabfleetError):
         agents.authenticate(db, plain)

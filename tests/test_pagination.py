@@ -2,7 +2,7 @@
 API: offset and limit, the pagination media type, the Link header.
 
 On SQLite: the SQL that says who sees what gives the same rows as the Python rules it replaced
-(``authz.can_read_user``, ``can_read_audit_entry``, ``folders.access_of``), for every kind of caller and
+(``authz.can_read_user``, ``can_read_audit_entry``, ``vfolders.access_of``), for every kind of caller and
 filter; pages walk the whole list once; a page costs the same few statements whatever its size.
 Behind a real Hub: 1,100 rows and more of each kind, default and largest pages, first, middle and last
 pages with their totals and next links, bad arguments (400, nothing changes), authorization on every
@@ -24,8 +24,7 @@ from sqlalchemy import event, select
 from labfleet.compute import nodes, sessionlist
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
-from labfleet.core import audit, authz
-from labfleet.core import db as lfdb
+from labfleet.core import audit, authz, database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden, NotFound
 from labfleet.core.models import (
@@ -47,7 +46,7 @@ from labfleet.core.pages import Page, page_of
 from labfleet.core.rights import RIGHTS
 from labfleet.core.vocab import HOLDING_STATUSES
 from labfleet.service.handlers import SPEC_FILE
-from labfleet.storage import folders, hosts
+from labfleet.storage import hosts, vfolders
 from labfleet.tenancy import directory, userlist
 from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.dbfixture import fresh_db
@@ -80,7 +79,7 @@ def world(tmp_path, monkeypatch):
     gina (x); root: mona (monitor), root (superadmin).  Sessions of each, some holding a device share
     and mounting folders; folders of users and projects, shared in every way the rules tell apart."""
     engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         for d in ("root", "acme", "globex"):
@@ -106,7 +105,7 @@ def world(tmp_path, monkeypatch):
         hosts.create_host(
             db, CLI, {"name": "h", "path": str(tmp_path / "vf"), "default_permissions": list(RIGHTS)}
         )
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         a = _actors(db)
         made = {}
         for who, name, project in (
@@ -120,7 +119,7 @@ def world(tmp_path, monkeypatch):
             ("dave", "px", "globex/x"),
         ):
             body = {"name": name, **({"project": project} if project else {})}
-            made[name] = folders.create(db, a[who], body, default_host="h")
+            made[name] = vfolders.create(db, a[who], body, default_host="h")
         # b1 shared with alice; px (globex/x) "shared" with alice, who is no member: she must not see it;
         # pv (acme/viz) with alice too, no member either; pm overridden for bob; g1 shared with dave.
         for folder, user, perm in (("b1", "alice", "ro"), ("px", "alice", "rw"), ("pv", "alice", "ro")):
@@ -203,7 +202,7 @@ SESSION_FILTERS = [
 
 
 def test_sessions_sql_matches_the_authz_rule(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         everything = list(
             db.scalars(select(ComputeSession).order_by(ComputeSession.created_at, ComputeSession.id))
         )
@@ -234,7 +233,7 @@ def test_sessions_sql_matches_the_authz_rule(world):
 
 
 def test_users_sql_matches_the_authz_rule(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         everything = list(db.scalars(select(User).order_by(User.username)))
         for name, actor in _actors(db).items():
             for domain in (None, "acme", "globex"):
@@ -264,7 +263,7 @@ def test_users_filter_in_sql_matches_the_consoles_rule(world, search, role, stat
     from labfleet.console.userforms import matches
 
     wanted = userlist.UserFilter.parse(search, role, status)
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         for name, actor in _actors(db).items():
             views = [directory.user_view(u) for u in directory.list_users(db, actor, None)]
             expected = [v["username"] for v in views if matches(v, search, role, status)]
@@ -274,7 +273,7 @@ def test_users_filter_in_sql_matches_the_consoles_rule(world, search, role, stat
 
 
 def test_audit_sql_matches_the_authz_rule(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         everything = list(db.scalars(select(AuditEntry).order_by(AuditEntry.id.desc())))
         assert len(everything) > 20
         for name, actor in _actors(db).items():
@@ -294,11 +293,12 @@ def test_audit_sql_matches_the_authz_rule(world):
 
 def _folders_before(db, actor, filters):
     """What list_folders answered before its rule moved into SQL: a wide query, then access_of per row."""
-    q = folders.folders_query(db, Actor.cli(), {**filters, "scope": "all"})
+    q = vfolders.folders_query(db, Actor.cli(), {**filters, "scope": "all"})
     return [
         v.id
         for v in db.scalars(q)
-        if folders.access_of(actor, folders.facts_of(db, actor, v)).sees and _in_scope(db, actor, v, filters)
+        if vfolders.access_of(actor, vfolders.facts_of(db, actor, v)).sees
+        and _in_scope(db, actor, v, filters)
     ]
 
 
@@ -320,7 +320,7 @@ def _in_scope(db, actor, v, filters):
 
 
 def test_vfolders_sql_matches_access_of(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         for name, actor in _actors(db).items():
             for filters in (
                 {},
@@ -331,22 +331,22 @@ def test_vfolders_sql_matches_access_of(world):
                 {"scope": "all", "status": "READY"},
             ):
                 try:
-                    got = folders.list_folders(db, actor, filters)
+                    got = vfolders.list_folders(db, actor, filters)
                 except Forbidden:  # scope=domain / all for those who may not: refused, as before
                     assert filters.get("scope") in ("domain", "all") and not actor.reads_everything
                     continue
                 expected = _folders_before(db, actor, filters)
                 assert [v.id for v, _ in got] == expected, (name, filters)
-                page = folders.page_folder_views(db, actor, filters, offset=1, limit=2)
+                page = vfolders.page_folder_views(db, actor, filters, offset=1, limit=2)
                 assert page.total == len(expected) and [f["id"] for f in page.items] == expected[1:3]
                 # The page renders each folder exactly as view_for does, one at a time.
-                views = folders.page_folder_views(db, actor, filters, offset=0, limit=1000).items
-                assert views == [folders.view_for(db, actor, v) for v, _ in got], (name, filters)
+                views = vfolders.page_folder_views(db, actor, filters, offset=0, limit=1000).items
+                assert views == [vfolders.view_for(db, actor, v) for v, _ in got], (name, filters)
         a = _actors(db)
-        mine = {v.name for v, _ in folders.list_folders(db, a["alice"], {})}
+        mine = {v.name for v, _ in vfolders.list_folders(db, a["alice"], {})}
         assert mine == {"a1", ".auto", "b1", "pm"}  # not px or pv: shared, but she is in neither project
-        assert {v.name for v, _ in folders.list_folders(db, a["carol"], {})} == set()
-        dave = {v.name for v, _ in folders.list_folders(db, a["dave"], {})}
+        assert {v.name for v, _ in vfolders.list_folders(db, a["carol"], {})} == set()
+        dave = {v.name for v, _ in vfolders.list_folders(db, a["dave"], {})}
         assert dave == {"g1"}  # a user folder shared with him
 
 
@@ -354,22 +354,24 @@ def test_vfolders_sql_matches_access_of(world):
 def test_vfolders_search_in_sql_matches_the_consoles_rule(world, needle):
     from labfleet.console.storage import matches
 
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         for name, actor in _actors(db).items():
             for scope in ("mine", "domain", "all"):
                 try:
-                    views = folders.page_folder_views(db, actor, {"scope": scope}, offset=0, limit=1000).items
+                    views = vfolders.page_folder_views(
+                        db, actor, {"scope": scope}, offset=0, limit=1000
+                    ).items
                 except Forbidden:
                     continue
                 expected = [f["id"] for f in views if matches(f, needle)]
                 filters = {"scope": scope, "search": needle}
-                page = folders.page_folder_views(db, actor, filters, offset=0, limit=1000)
+                page = vfolders.page_folder_views(db, actor, filters, offset=0, limit=1000)
                 assert [f["id"] for f in page.items] == expected, (name, scope, needle)
                 assert page.total == len(expected)
 
 
 def test_nodes_page_matches_the_groups_rule(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         for name, actor in _actors(db).items():
             expected = [n.name for n in db.scalars(select(Node).order_by(Node.name))]
             expected = [
@@ -385,7 +387,7 @@ def test_nodes_page_matches_the_groups_rule(world):
 
 
 def test_pages_walk_the_list_once(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         root = _actors(db)["root"]
         whole = [s.id for s in sessionlist.all_sessions(db, root, {})]
         walked, offset, pages = [], 0, 0
@@ -403,7 +405,7 @@ def test_pages_walk_the_list_once(world):
 
 
 def test_page_of_counts_only_when_it_must(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         statements = _counter(db)
         q = select(User).order_by(User.username, User.id)
         p = page_of(db, q, 0, 1000)  # one short page: its length is the total
@@ -436,7 +438,7 @@ def test_a_page_costs_a_few_statements_whatever_its_size(world):
     from labfleet.compute import sessions
 
     def cost(fn):
-        with lfdb.session_scope(world) as db:
+        with database.session_scope(world) as db:
             a = _actors(db)
             statements = _counter(db)
             fn(db, a)
@@ -451,7 +453,7 @@ def test_a_page_costs_a_few_statements_whatever_its_size(world):
             directory.user_view(u) for u in userlist.page_users(db, a["carol"], None, offset=0, limit=n).items
         ],
         "vfolders": lambda db, a, n: (
-            folders.page_folder_views(db, a["root"], {"scope": "all"}, offset=0, limit=n).items
+            vfolders.page_folder_views(db, a["root"], {"scope": "all"}, offset=0, limit=n).items
         ),
         "nodes": lambda db, a, n: nodes.page_node_views(db, a["root"], offset=0, limit=n).items,
         "audit": lambda db, a, n: [
@@ -493,10 +495,10 @@ def hub_world(tmp_path_factory):
     if not hub.api("GET", "/storage-hosts", root).json():
         r = hub.api("POST", "/storage-hosts", root, json={"name": "bulk", "path": str(hub.state / "bulk")})
         assert r.status_code == 201, r.text
-    engine = lfdb.make_engine(hub.db_url)
-    factory = lfdb.make_session_factory(engine)
+    engine = database.make_engine(hub.db_url)
+    factory = database.make_session_factory(engine)
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         acme = db.scalar(select(Domain).where(Domain.name == "acme"))
         group = db.scalar(select(ResourceGroup).order_by(ResourceGroup.id))
         host = db.scalar(select(StorageHost).order_by(StorageHost.id))
@@ -783,13 +785,13 @@ def test_a_page_shows_each_session_as_its_own_view_does(world):
     read alone gives (devices of holding sessions, mounts of every session)."""
     from labfleet.compute import sessions
 
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         a = _actors(db)
         paged = [
             sessions.session_view(s)
             for s in sessionlist.page_sessions(db, a["root"], {}, offset=0, limit=1000).items
         ]
     assert any(v["devices"] for v in paged) and any(v["mounts"] for v in paged)
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         alone = [sessions.session_view(db.get(ComputeSession, v["id"])) for v in paged]
     assert paged == alone

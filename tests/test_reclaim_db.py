@@ -16,11 +16,11 @@ from sqlalchemy.orm.attributes import flag_modified
 
 from labfleet.compute import nodes, sessions
 from labfleet.compute.devices.base import DeviceInfo, NodeInfo
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from labfleet.core.models import AuditEntry, ComputeSession, SessionActivity, UsageSample
-from labfleet.reclaim import engine, rules
+from labfleet.reclaim import reclaimer, rules
 from labfleet.tenancy import directory, policies
 from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.dbfixture import fresh_db
@@ -29,7 +29,7 @@ CLI = Actor.cli()
 HUB = Actor.hub()
 GiB = 2**30
 T0 = datetime(2026, 11, 24, 9, 0, tzinfo=timezone.utc)
-SETTINGS = engine.Settings(default_idle_timeout=0, interval=15, report_interval=60)
+SETTINGS = reclaimer.Settings(default_idle_timeout=0, interval=15, report_interval=60)
 ALICE = Actor(name="alice", role="user", domain="acme")
 CAROL = Actor(name="carol", role="admin", domain="acme")
 DAVE = Actor(name="dave", role="admin", domain="beta")
@@ -43,7 +43,7 @@ def at(s: float) -> datetime:
 @pytest.fixture
 def factory(tmp_path, monkeypatch):
     eng, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         directory.create_domain(db, CLI, {"name": "acme"})
@@ -83,13 +83,13 @@ def running(factory, user="alice", project="acme/ml", since=0.0, type_="interact
     }
     if type_ != "interactive":
         body["command"] = "sleep 1000"
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(db, CLI, body)
         assert s.status == "SCHEDULED", s.status_reason
         sid = s.id
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         sessions.update_status(db, HUB, sid, {"status": "RUNNING"})
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = db.get(ComputeSession, sid)
         s.status_history = [{**h, "at": at(since).isoformat()} for h in s.status_history]
         flag_modified(s, "status_history")
@@ -99,30 +99,30 @@ def running(factory, user="alice", project="acme/ml", since=0.0, type_="interact
     return sid
 
 
-def judged(factory, now: float, settings=SETTINGS) -> dict[str, engine.Subject]:
+def judged(factory, now: float, settings=SETTINGS) -> dict[str, reclaimer.Subject]:
     with factory() as db:
-        return {s.id: s for s in engine.judge_all(db, at(now), settings)}
+        return {s.id: s for s in reclaimer.judge_all(db, at(now), settings)}
 
 
-def to_reclaim(factory, now: float, settings=SETTINGS) -> dict[str, engine.Decision]:
+def to_reclaim(factory, now: float, settings=SETTINGS) -> dict[str, reclaimer.Decision]:
     with factory() as db:
-        return {d.subject.id: d for d in engine.decide(db, engine.judge_all(db, at(now), settings))}
+        return {d.subject.id: d for d in reclaimer.decide(db, reclaimer.judge_all(db, at(now), settings))}
 
 
 def set_policy(factory, **fields):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         policies.update_policy(db, CLI, "keypair", "default", fields)
 
 
 def checker(factory, actor=CLI, **body):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return rules.view(rules.create(db, actor, body))
 
 
 def test_the_policy_idle_timeout_and_the_global_default(factory):
     sid = running(factory)
     assert judged(factory, 10_000)[sid].judgments == []  # default policy: -1, global default 0: never
-    later = engine.Settings(default_idle_timeout=300, interval=15, report_interval=60)
+    later = reclaimer.Settings(default_idle_timeout=300, interval=15, report_interval=60)
     (j,) = judged(factory, 299, later)[sid].judgments
     assert (j.checker, j.reason, j.reclaim, j.reclaim_at) == ("policy", "idle-timeout", False, at(300))
     assert sid in to_reclaim(factory, 300, later)
@@ -135,14 +135,14 @@ def test_the_policy_idle_timeout_and_the_global_default(factory):
 def test_activity_reports_and_still_here_keep_a_session(factory):
     set_policy(factory, idle_timeout=600)
     sid = running(factory)
-    with lfdb.session_scope(factory) as db:
-        engine.report_activity(
+    with database.session_scope(factory) as db:
+        reclaimer.report_activity(
             db, ALICE, sid, {"last_activity": at(500).isoformat(), "busy_kernels": 0}, at(550)
         )
     assert sid not in to_reclaim(factory, 900)
     assert sid in to_reclaim(factory, 1100)
-    with lfdb.session_scope(factory) as db:
-        idle = engine.still_here(db, ALICE, sid, at(1050), SETTINGS)
+    with database.session_scope(factory) as db:
+        idle = reclaimer.still_here(db, ALICE, sid, at(1050), SETTINGS)
     assert (
         idle["idle_for"] == 0 and idle["reclaim_at"] == at(1650).isoformat() and idle["checker"] == "policy"
     )
@@ -153,35 +153,35 @@ def test_activity_reports_and_still_here_keep_a_session(factory):
             in db.scalars(select(AuditEntry.action).where(AuditEntry.target == sid)).all()
         )
     # A busy kernel, freshly reported, is activity now
-    with lfdb.session_scope(factory) as db:
-        engine.report_activity(db, ALICE, sid, {"busy_kernels": 2}, at(5000))
+    with database.session_scope(factory) as db:
+        reclaimer.report_activity(db, ALICE, sid, {"busy_kernels": 2}, at(5000))
     assert sid not in to_reclaim(factory, 5010)
     assert sid in to_reclaim(factory, 5000 + SETTINGS.stale_after + 1)  # it stopped reporting
 
 
 def test_reports_come_from_the_owner_only_and_are_checked(factory):
     sid = running(factory)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         with pytest.raises(NotFound):
-            engine.report_activity(db, Actor(name="bob", role="user", domain="acme"), sid, {}, at(1))
+            reclaimer.report_activity(db, Actor(name="bob", role="user", domain="acme"), sid, {}, at(1))
         with pytest.raises(Forbidden):
-            engine.report_activity(db, CAROL, sid, {}, at(1))  # an admin reads it, but it is not theirs
+            reclaimer.report_activity(db, CAROL, sid, {}, at(1))  # an admin reads it, but it is not theirs
         with pytest.raises(InvalidInput):
-            engine.report_activity(db, ALICE, sid, {"last_activity": "noon"}, at(1))
+            reclaimer.report_activity(db, ALICE, sid, {"last_activity": "noon"}, at(1))
         with pytest.raises(InvalidInput):
-            engine.report_activity(db, ALICE, sid, {"busy_kernels": -1}, at(1))
+            reclaimer.report_activity(db, ALICE, sid, {"busy_kernels": -1}, at(1))
         with pytest.raises(InvalidInput):
-            engine.report_activity(db, ALICE, sid, {"cpu": 1}, at(1))
+            reclaimer.report_activity(db, ALICE, sid, {"cpu": 1}, at(1))
         # A report from the future counts as now, no later
-        engine.report_activity(db, ALICE, sid, {"last_activity": at(99_999).isoformat()}, at(10))
-    assert judged(factory, 10, engine.Settings(default_idle_timeout=100))[sid].judgments[0].reclaim_at == at(
-        110
-    )
-    with lfdb.session_scope(factory) as db:
+        reclaimer.report_activity(db, ALICE, sid, {"last_activity": at(99_999).isoformat()}, at(10))
+    assert judged(factory, 10, reclaimer.Settings(default_idle_timeout=100))[sid].judgments[
+        0
+    ].reclaim_at == at(110)
+    with database.session_scope(factory) as db:
         sessions.terminate(db, CLI, sid)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         with pytest.raises(Conflict):
-            engine.report_activity(db, ALICE, sid, {}, at(20))
+            reclaimer.report_activity(db, ALICE, sid, {}, at(20))
 
 
 def test_bound_checkers_apply_where_bound_and_the_strictest_reclaims_first(factory):
@@ -212,7 +212,7 @@ def test_bound_checkers_apply_where_bound_and_the_strictest_reclaims_first(facto
     assert {j.checker for j in seen[a].judgments} == {"lenient", "gpu-strict"}
     assert {j.checker for j in seen[e].judgments} == {"gpu-strict", "web-only"}
     with factory() as db:
-        idle = engine.idle_of(db, a, at(100), SETTINGS)
+        idle = reclaimer.idle_of(db, a, at(100), SETTINGS)
     assert (idle["checker"], idle["timeout"], idle["reclaim_at"]) == (
         "gpu-strict",
         120.0,
@@ -255,13 +255,13 @@ def test_contention_only_reclaims_when_a_waiting_session_needs_the_share(factory
     running(factory, user="erin", project="beta/web", cpu=8, since=0.5)  # every core, not bound
     assert holder not in to_reclaim(factory, 600)  # idle, but nobody waits
     with factory() as db:
-        row = engine.preview(db, CLI, at(600), SETTINGS)["sessions"]
+        row = reclaimer.preview(db, CLI, at(600), SETTINGS)["sessions"]
     assert [(r["session"], r["would_reclaim"]) for r in row] == [(holder, False)]
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         small = sessions.admit(db, CLI, {"project": "acme/ml", "username": "bob", "slots": {"cpu": 1}})
         assert small.status == "PENDING"  # waits for a core: the holder's release gives none
     assert holder not in to_reclaim(factory, 600)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         waiting = sessions.admit(db, CLI, {"project": "acme/ml", "username": "bob", "slots": {"gpu": 1}})
         assert waiting.status == "PENDING"
         wid = waiting.id
@@ -285,7 +285,7 @@ def test_utilization_reads_the_trusted_samples(factory):
     for t in range(0, 901, 15):
         rows.append({"session_id": sleeper, "at": at(t), "cpu_total": 0.01 * t, "mem": 1e8})
         rows.append({"session_id": burner, "at": at(t), "cpu_total": 1.5 * t, "mem": 1e8})
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         db.execute(insert(UsageSample), rows)
     picked = to_reclaim(factory, 900)
     assert sid_reason(picked, sleeper) == "idle-utilization" and burner not in picked
@@ -299,13 +299,13 @@ async def test_reclaim_audits_keeps_its_reason_and_counts(factory):
 
     async def stop_server(user, server):
         asked.append((user, server))
-        with lfdb.session_scope(factory) as db:  # the spawner's report of the stop
+        with database.session_scope(factory) as db:  # the spawner's report of the stop
             sessions.update_status(db, HUB, sid, {"status": "TERMINATED", "reason": "stopped"})
         return True
 
     log = logging.getLogger("test")
-    assert await engine.reclaim(factory, stop_server, SETTINGS, log, counted.append, now=at(30)) == []
-    done = await engine.reclaim(factory, stop_server, SETTINGS, log, counted.append, now=at(61))
+    assert await reclaimer.reclaim(factory, stop_server, SETTINGS, log, counted.append, now=at(30)) == []
+    done = await reclaimer.reclaim(factory, stop_server, SETTINGS, log, counted.append, now=at(61))
     assert (
         [d.subject.id for d in done] == [sid] and asked == [("alice", "s0.0")] and counted == ["idle-timeout"]
     )
@@ -314,7 +314,7 @@ async def test_reclaim_audits_keeps_its_reason_and_counts(factory):
         assert s.status == "TERMINATED" and s.status_reason.startswith("idle-timeout: no activity for 61 s")
         entry = db.scalars(select(AuditEntry).where(AuditEntry.action == "session.reclaim")).one()
         assert entry.target == sid and entry.details["checker"] == "policy" and entry.target_domain == "acme"
-    assert await engine.reclaim(factory, stop_server, SETTINGS, log, counted.append, now=at(200)) == []
+    assert await reclaimer.reclaim(factory, stop_server, SETTINGS, log, counted.append, now=at(200)) == []
 
 
 async def test_a_stop_the_hub_refuses_is_tried_again(factory):
@@ -326,10 +326,10 @@ async def test_a_stop_the_hub_refuses_is_tried_again(factory):
         return answers.pop(0)
 
     log = logging.getLogger("test")
-    assert await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(61)) == []
+    assert await reclaimer.reclaim(factory, stop_server, SETTINGS, log, now=at(61)) == []
     with factory() as db:
         assert db.get(ComputeSession, sid).status == "RUNNING"  # not left TERMINATING for ever
-    done = await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(62))
+    done = await reclaimer.reclaim(factory, stop_server, SETTINGS, log, now=at(62))
     assert [d.subject.id for d in done] == [sid] and answers == []
 
 
@@ -350,11 +350,12 @@ async def test_a_server_still_starting_is_not_interrupted(factory):
 
     log = logging.getLogger("test")
     assert (
-        await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(61), server_state=server_state) == []
+        await reclaimer.reclaim(factory, stop_server, SETTINGS, log, now=at(61), server_state=server_state)
+        == []
     )
     with factory() as db:
         assert db.get(ComputeSession, sid).status == "RUNNING" and stopped == []
-    done = await engine.reclaim(factory, stop_server, SETTINGS, log, now=at(62), server_state=server_state)
+    done = await reclaimer.reclaim(factory, stop_server, SETTINGS, log, now=at(62), server_state=server_state)
     assert [d.subject.id for d in done] == [sid] and stopped == [("alice", "s0.0")] and states == []
 
 
@@ -364,7 +365,7 @@ def test_who_may_define_checkers_and_bad_definitions(factory):
         factory, CAROL, name="acme-rule", bindings=[{"scope": "project", "name": "acme/ml"}], **act
     )
     assert made["owner_domain"] == "acme"
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         for actor, body, error in [
             (
                 CAROL,
@@ -417,10 +418,10 @@ def test_the_preview_is_scoped_to_a_domain_admins_domain(factory):
     a = running(factory)
     e = running(factory, user="erin", project="beta/web", since=0.5)
     with factory() as db:
-        everything = {r["session"] for r in engine.preview(db, MONA, at(100), SETTINGS)["sessions"]}
-        theirs = {r["session"] for r in engine.preview(db, DAVE, at(100), SETTINGS)["sessions"]}
+        everything = {r["session"] for r in reclaimer.preview(db, MONA, at(100), SETTINGS)["sessions"]}
+        theirs = {r["session"] for r in reclaimer.preview(db, DAVE, at(100), SETTINGS)["sessions"]}
         with pytest.raises(Forbidden):
-            engine.preview(db, ALICE, at(100), SETTINGS)
+            reclaimer.preview(db, ALICE, at(100), SETTINGS)
     assert everything == {a, e} and theirs == {e}
 
 

@@ -1,4 +1,4 @@
-"""Idle reclamation through a real Hub: real local sessions, the service's idle engine on a 1-second
+"""Idle reclamation through a real Hub: real local sessions, the service's reclaimer on a 1-second
 clock, the sessions' own activity reports, and the trusted samples.
 
 - a session nobody touches is stopped within its timeout plus two intervals, its reason recorded

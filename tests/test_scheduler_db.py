@@ -14,11 +14,11 @@ from sqlalchemy import func, select
 from labfleet.compute import nodes, reconcile, sessions
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Allocation, AuditEntry, ComputeSession
-from labfleet.reclaim import engine as reclaim_engine
+from labfleet.reclaim import reclaimer
 from labfleet.service import jobs
 from labfleet.tenancy import directory, keypairs, policies
 from labfleet.tenancy.policies import ensure_default_keypair_policy
@@ -31,7 +31,7 @@ CLI = Actor.cli()
 def _world(url, tmp_path, monkeypatch, gpus=1, project_cap=None):
     pool = {"pool_size": 40, "max_overflow": 10} if "postgresql" in url else {}
     engine, factory = fresh_db(url, tmp_path, monkeypatch, **pool)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         directory.create_domain(db, CLI, {"name": "acme"})
@@ -64,13 +64,13 @@ def world(request, tmp_path, monkeypatch):
 
 
 def _admit(factory, user="alice", **slots):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(db, CLI, {"project": "acme/ml", "username": user, "slots": slots})
         return s.id, s.status
 
 
 def _held_centi(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return db.scalar(select(func.coalesce(func.sum(Allocation.shares_centi), 0)))
 
 
@@ -80,14 +80,14 @@ def test_admit_release_and_queue(world):
     c, status_c = _admit(world, **{"gpu.shares": 0.25})
     assert (status_a, status_b, status_c) == ("SCHEDULED", "SCHEDULED", "PENDING")
     assert _held_centi(world) == 100
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         view = sessions.session_view(db.get(ComputeSession, a))
         assert view["devices"][0]["shares"] == 0.5 and view["node"] == "n1"
         assert sessions.position_of(db, db.get(ComputeSession, c)) == 1
     # Stopping a returns its slots at once, and the queue is served: c is scheduled.
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         sessions.terminate(db, CLI, a)
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         assert db.get(ComputeSession, a).status == "TERMINATED"
         assert db.get(ComputeSession, c).status == "SCHEDULED"
         hist = [h["status"] for h in db.get(ComputeSession, c).status_history]
@@ -99,7 +99,7 @@ def test_request_that_can_never_fit_is_refused(world):
     with pytest.raises(LabfleetError) as e:
         _admit(world, gpu=2)
     assert e.value.status == 409 and "could ever hold" in e.value.message
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         assert db.scalar(select(func.count()).select_from(ComputeSession)) == 0
 
 
@@ -121,19 +121,19 @@ def test_project_quota_refusal_has_a_clear_reason(tmp_path, monkeypatch):
 def test_a_refusal_is_audited_and_holds_nothing(world):
     """The refused admission's transaction rolls back (its ledger charge with it), and the refusal's
     audit entry is written in a transaction of its own."""
-    from labfleet.core import ledger
+    from labfleet.core import usage_ledger
 
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         alice = directory.get_user(db, "alice")
         alice.main_keypair.resource_policy.max_concurrent_sessions = 1
     assert _admit(world, cpu=1)[1] == "SCHEDULED"
-    with lfdb.session_scope(world) as db:
-        before = ledger.stored(db)
+    with database.session_scope(world) as db:
+        before = usage_ledger.stored(db)
     with pytest.raises(sessions.Refused) as e:
         _admit(world, cpu=2)
     assert e.value.code == "too-many-sessions"
-    with lfdb.session_scope(world) as db:
-        assert ledger.stored(db) == before and ledger.drift(db) == []
+    with database.session_scope(world) as db:
+        assert usage_ledger.stored(db) == before and usage_ledger.drift(db) == []
         assert db.scalar(select(func.count()).select_from(ComputeSession)) == 1
         (entry,) = db.scalars(select(AuditEntry).where(AuditEntry.action == "session.refuse"))
         assert entry.target == "alice" and not entry.success
@@ -142,17 +142,17 @@ def test_a_refusal_is_audited_and_holds_nothing(world):
 
 def test_pending_timeout_cancels(tmp_path, monkeypatch):
     engine, factory = _world(f"sqlite:///{tmp_path / 't.sqlite'}", tmp_path, monkeypatch)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         nodes.update_group(db, CLI, "default", {"pending_timeout": 1})
     _admit(factory, gpu=1)
     waiting, status = _admit(factory, **{"gpu.shares": 0.5})
     assert status == "PENDING"
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = db.get(ComputeSession, waiting)
         s.created_at = s.created_at.replace(year=s.created_at.year - 1)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         sessions.schedule_group(db, nodes.get_group(db, CLI, "default"))
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = db.get(ComputeSession, waiting)
         assert s.status == "CANCELLED" and "pending timeout" in s.status_reason
     engine.dispose()
@@ -169,7 +169,7 @@ def test_200_concurrent_admissions_for_10_shares(world):
     assert statuses.count("SCHEDULED") == 10
     assert statuses.count("PENDING") == 190
     assert _held_centi(world) == 100
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         per_device = db.execute(
             select(Allocation.device_id, func.sum(Allocation.shares_centi)).group_by(Allocation.device_id)
         ).all()
@@ -181,10 +181,10 @@ def test_200_concurrent_admissions_for_10_shares(world):
             == 10
         )
     assert Decimal(_held_centi(world)) / 100 == 1
-    from labfleet.core import ledger  # the usage ledger equals its recomputation from the sessions
+    from labfleet.core import usage_ledger  # the usage ledger equals its recomputation from the sessions
 
-    with lfdb.session_scope(world) as db:
-        assert ledger.drift(db) == []
+    with database.session_scope(world) as db:
+        assert usage_ledger.drift(db) == []
 
 
 # ---------------------------------------------------------------- the service's clock (service/jobs.py)
@@ -192,18 +192,18 @@ def test_200_concurrent_admissions_for_10_shares(world):
 
 def test_serve_queues_fires_a_pending_timeout_with_no_other_event(tmp_path, monkeypatch):
     engine, factory = _world(f"sqlite:///{tmp_path / 'j.sqlite'}", tmp_path, monkeypatch)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         nodes.update_group(db, CLI, "default", {"pending_timeout": 1})
     _admit(factory, gpu=1)
     waiting, status = _admit(factory, gpu=1)
     assert status == "PENDING"
     assert jobs.serve_queues(factory, logging.getLogger("test")) == []  # not timed out yet
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert db.get(ComputeSession, waiting).status == "PENDING"
         s = db.get(ComputeSession, waiting)
         s.created_at = s.created_at.replace(year=s.created_at.year - 1)
     jobs.serve_queues(factory, logging.getLogger("test"))
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = db.get(ComputeSession, waiting)
         assert s.status == "CANCELLED" and "pending timeout of 1s" in s.status_reason
         assert sessions.groups_with_queue(db) == []
@@ -216,32 +216,32 @@ def test_serve_queues_starts_a_queued_session_when_a_node_joins(tmp_path, monkey
     waiting, status = _admit(factory, "bob", gpu=1)
     assert status == "PENDING"
     # A second node registers outside any request (as `labfleet agent` or the CLI would).
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         devs = MockPlugin(devices=[{"model": "A100-80GB", "memory": "80g", "count": 1}], node="n2").discover()
         nodes.register_node(
             db, NodeInfo(name="n2", cpu=64, mem=512 * 2**30, devices=devs, plugin="mock", reason=None)
         )
         assert db.get(ComputeSession, waiting).status == "PENDING"  # nothing served it yet
     assert jobs.serve_queues(factory, logging.getLogger("test")) == [waiting]
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert sessions.session_view(db.get(ComputeSession, waiting))["node"] == "n2"
     engine.dispose()
 
 
 async def test_the_lifetime_rule_audits_before_it_asks_the_hub_and_keeps_its_reason(tmp_path, monkeypatch):
     engine, factory = _world(f"sqlite:///{tmp_path / 'l.sqlite'}", tmp_path, monkeypatch)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         policies.update_policy(db, CLI, "keypair", "default", {"max_session_lifetime": 10})
     sid, _ = _admit(factory, **{"gpu.shares": 0.5})
     for status in ("PREPARING", "RUNNING"):
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             sessions.update_status(db, Actor.hub(), sid, {"status": status})
     seen = []
 
     async def stop_server(user, server):
         # The Hub stops the server and the spawner releases it before this call returns: the audit
         # entry must already be there.
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             seen.append(
                 [
                     e.target
@@ -252,10 +252,10 @@ async def test_the_lifetime_rule_audits_before_it_asks_the_hub_and_keeps_its_rea
         return True
 
     log = logging.getLogger("test")
-    settings = reclaim_engine.Settings()
-    assert await reclaim_engine.reclaim(factory, stop_server, settings, log) == []  # not expired yet
+    settings = reclaimer.Settings()
+    assert await reclaimer.reclaim(factory, stop_server, settings, log) == []  # not expired yet
     later = datetime.now(timezone.utc) + timedelta(seconds=11)
-    done = await reclaim_engine.reclaim(factory, stop_server, settings, log, now=later)
+    done = await reclaimer.reclaim(factory, stop_server, settings, log, now=later)
     assert [d.subject.id for d in done] == [sid] and done[0].judgment.reason == "lifetime"
     with factory() as db:
         ended = db.get(ComputeSession, sid)
@@ -287,7 +287,7 @@ class FakeHub:
 
 
 def _admit_server(factory, server, user="alice", **slots):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(
             db, Actor.hub(), {"project": "acme/ml", "username": user, "name": server, "slots": slots}
         )
@@ -295,7 +295,7 @@ def _admit_server(factory, server, user="alice", **slots):
 
 
 def _statuses(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return {s.id: s.status for s in db.scalars(select(ComputeSession))}
 
 
@@ -325,7 +325,7 @@ async def test_reconcile_follows_the_hub_and_releases_after_the_grace_period(wor
         "RUNNING",
     )
     assert _held_centi(world) == 75
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         entries = list(db.scalars(select(AuditEntry).where(AuditEntry.action == "session.reconcile")))
         gone_entry = next(e for e in entries if e.target == gone)
         assert (
@@ -369,7 +369,7 @@ async def test_a_hub_server_running_no_live_session_is_stopped_after_the_grace_p
     await jobs.reconcile_sessions(world, hub, log, now=later, stop_orphans=(stop_server, watch))
     assert stopped == [("alice", "stray")]  # never the server of a live session
     assert _statuses(world)[kept] == "RUNNING"
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         (entry,) = db.scalars(select(AuditEntry).where(AuditEntry.action == "server.stop_orphan"))
         assert entry.target == "alice/stray" and entry.success and entry.details["user"] == "alice"
 
@@ -396,7 +396,7 @@ def _alice(db, keypair=None):
 
 
 def test_an_api_session_is_checked_as_admission_would_and_holds_nothing(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         launch = sessions.prepare_launch(
             db,
             _alice(db),
@@ -419,7 +419,7 @@ def test_an_api_session_is_checked_as_admission_would_and_holds_nothing(world):
         "command": "python train.py",
     }
     assert launch.keypair is None
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         assert db.scalar(select(func.count()).select_from(ComputeSession)) == 0
     assert _held_centi(world) == 0
     for body, status, words in [
@@ -431,22 +431,22 @@ def test_an_api_session_is_checked_as_admission_would_and_holds_nothing(world):
         ({"project": "ml", "username": "bob"}, 403, "only for yourself"),
         ({"project": "nope"}, 403, "not a member"),
     ]:
-        with pytest.raises(LabfleetError) as e, lfdb.session_scope(world) as db:
+        with pytest.raises(LabfleetError) as e, database.session_scope(world) as db:
             sessions.prepare_launch(db, _alice(db), body)
         assert e.value.status == status and words in e.value.message, (body, e.value.message)
     # A live session on the server named is a conflict.
     _admit_server(world, "work", **{"gpu.shares": 0.5})
-    with pytest.raises(LabfleetError) as e, lfdb.session_scope(world) as db:
+    with pytest.raises(LabfleetError) as e, database.session_scope(world) as db:
         sessions.prepare_launch(db, _alice(db), {"project": "ml", "name": "work"})
     assert e.value.status == 409 and "server 'work'" in e.value.message
 
 
 def test_the_spawners_admission_of_an_api_session_takes_its_slots_and_keypair(world):
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         alice = directory.get_user(db, "alice")
         kp, _ = keypairs.new_keypair(db, alice, alice.main_keypair.resource_policy)
         access_key = kp.access_key
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         body = {"project": "acme/ml", "name": "m", "slots": {"gpu.shares:A100-80GB": 0.5}}
         launch = sessions.prepare_launch(db, _alice(db, access_key), body)
         db.rollback()
@@ -461,7 +461,7 @@ def test_the_spawners_admission_of_an_api_session_takes_its_slots_and_keypair(wo
     }
     assert launch.matches(spawner_body)
     assert not launch.matches({**spawner_body, "name": "other"})
-    with lfdb.session_scope(world) as db:
+    with database.session_scope(world) as db:
         s = sessions.admit(db, Actor.hub(), spawner_body, launch=launch)
         assert s.keypair.access_key == access_key and s.requested_slots == {"gpu.shares:A100-80GB": "0.5"}
         assert s.gpu_models == [] and s.status == "SCHEDULED"
@@ -470,16 +470,16 @@ def test_the_spawners_admission_of_an_api_session_takes_its_slots_and_keypair(wo
 def test_grants_set_again_with_the_same_entries_are_kept(tmp_path, monkeypatch):
     # Found by the fuzzer: a PATCH repeating an existing grant hit the UNIQUE constraint (500).
     engine, factory = _world(f"sqlite:///{tmp_path / 'g.sqlite'}", tmp_path, monkeypatch)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         nodes.create_group(db, CLI, {"name": "a100", "grants": [{"kind": "domain", "target": "acme"}]})
     for grants in (
         [{"kind": "domain", "target": "acme"}],
         [{"kind": "domain", "target": "acme"}, {"kind": "user", "target": "bob"}],
         [{"kind": "user", "target": "bob"}],
     ):
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             nodes.update_group(db, CLI, "a100", {"grants": grants})
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             got = {(g.kind, g.target) for g in nodes.get_group(db, CLI, "a100").grants}
             assert got == {(g["kind"], g["target"]) for g in grants}
     engine.dispose()

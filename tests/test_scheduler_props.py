@@ -30,7 +30,7 @@ from labfleet.compute import clustercache, nodes, sessions
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
 from labfleet.compute.scheduler import admission
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, LabfleetError
 from labfleet.core.models import (
@@ -71,10 +71,10 @@ def _node_info(name: str, cpu: int, mem: int, gpus: int) -> NodeInfo:
 def _world(url: str, key_file: Path) -> None:
     """Tenants, users (alice also has a second keypair under policy "capped"), and the nodes."""
     ensure_key_file(key_file)
-    engine = lfdb.make_engine(url)
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
-    with lfdb.session_scope(factory) as db:
+    engine = database.make_engine(url)
+    database.upgrade(engine)
+    factory = database.make_session_factory(engine)
+    with database.session_scope(factory) as db:
         policies.ensure_default_keypair_policy(db)
         policies.create_policy(db, CLI, "keypair", {"name": "capped"})
         nodes.ensure_default_group(db)
@@ -127,7 +127,7 @@ def _over(used: ResourceSlots, cap: ResourceSlots, limited: bool = False) -> lis
 
 def check_invariants(factory) -> None:
     """Nothing over-committed anywhere, and each session holds exactly what it asked."""
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         for dev_id, centi in db.execute(
             select(Allocation.device_id, func.sum(Allocation.shares_centi))
             .where(Allocation.device_id.is_not(None))
@@ -190,7 +190,7 @@ def check_invariants(factory) -> None:
 
 def check_cache(engine, factory) -> bool:
     """The engine's cached cluster, where current, equals one rebuilt from the DB; True if compared."""
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         gid = db.scalar(select(ResourceGroup.id).where(ResourceGroup.name == nodes.DEFAULT_GROUP))
         current = clustercache.version(db, gid)
         entry = clustercache.peek(engine, gid)
@@ -292,7 +292,7 @@ def _session_ids(db) -> list[str]:
 def run_op(factory, op: tuple) -> None:
     kind = op[0]
     try:
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             if kind == "admit":
                 _, _, user, project, slots, signed, rollback = op
                 signed = signed and user == "alice"
@@ -325,7 +325,7 @@ def run_op(factory, op: tuple) -> None:
 
 
 def _configure(factory, world: dict[str, Any]) -> None:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         nodes.update_group(
             db, CLI, nodes.DEFAULT_GROUP, {"placement": world["placement"], "scheduler": world["scheduler"]}
         )
@@ -349,8 +349,8 @@ def test_random_operations_keep_every_invariant(template, world, steps):
         path = Path(d) / "lf.sqlite"
         shutil.copy(template, path)
         # Two engines on one file: two processes, each with its own cache.
-        engines = [lfdb.make_engine(f"sqlite:///{path}") for _ in range(2)]
-        factories = [lfdb.make_session_factory(e) for e in engines]
+        engines = [database.make_engine(f"sqlite:///{path}") for _ in range(2)]
+        factories = [database.make_session_factory(e) for e in engines]
         try:
             _configure(factories[0], world)
             for op in steps:
@@ -359,10 +359,10 @@ def test_random_operations_keep_every_invariant(template, world, steps):
                 for e, f in zip(engines, factories, strict=True):
                     check_cache(e, f)
             # Stop everything: every allocation comes back, and the caches agree with the DB.
-            with lfdb.session_scope(factories[0]) as db:
+            with database.session_scope(factories[0]) as db:
                 for sid in _session_ids(db):
                     sessions.terminate(db, CLI, sid)
-            with lfdb.session_scope(factories[1]) as db:
+            with database.session_scope(factories[1]) as db:
                 assert db.scalar(select(func.count()).select_from(Allocation)) == 0
                 assert not db.scalars(
                     select(ComputeSession).where(ComputeSession.status.in_((*HOLDING_STATUSES, "PENDING")))
@@ -386,13 +386,13 @@ def test_random_operations_keep_every_invariant(template, world, steps):
 def world_copy(template, tmp_path):
     path = tmp_path / "lf.sqlite"
     shutil.copy(template, path)
-    engine = lfdb.make_engine(f"sqlite:///{path}")
-    yield engine, lfdb.make_session_factory(engine)
+    engine = database.make_engine(f"sqlite:///{path}")
+    yield engine, database.make_session_factory(engine)
     engine.dispose()
 
 
 def _admit(factory, actor=CLI, **body) -> tuple[str, str]:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(db, actor, body)
         return s.id, s.status
 
@@ -402,7 +402,7 @@ def _group_id(db) -> int:
 
 
 def _group_id_of(factory) -> int:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return _group_id(db)
 
 
@@ -413,16 +413,16 @@ def test_cache_is_reused_bumped_and_dropped_on_rollback(world_copy):
     _admit(factory, **one)
     _admit(factory, **one)
     assert clustercache.stats()["hits"] == 1 and clustercache.stats()["rebuilds"] == 1
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         before = clustercache.version(db, _group_id(db))
     assert clustercache.peek(engine, _group_id_of(factory)).version == before
     # A rolled-back admission leaves the DB's version alone and drops the changed cache entry.
     with pytest.raises(Rollback):
-        with lfdb.session_scope(factory) as db:
+        with database.session_scope(factory) as db:
             sessions.admit(db, CLI, one)
             assert clustercache.peek(engine, _group_id(db)).version == before + 1
             raise Rollback
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert clustercache.version(db, _group_id(db)) == before
     assert clustercache.peek(engine, _group_id_of(factory)) is None and clustercache.stats()["dropped"] == 1
     _admit(factory, **one)
@@ -434,21 +434,21 @@ def test_other_writers_bump_the_version(world_copy):
     engine, factory = world_copy
     sid, status = _admit(factory, project="beta/x", username="carol", slots={"gpu": 1, "cpu": 2})
     assert status == "SCHEDULED" and check_cache(engine, factory)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         v = clustercache.version(db, _group_id(db))
         nodes.register_node(db, _node_info(*LATE_NODE))
         v2 = clustercache.version(db, _group_id(db))
         assert v2 > v
     assert clustercache.peek(engine, _group_id_of(factory)).version < v2
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         # Refused while carol's session lives (it would drop its rows while it runs on)
         with pytest.raises(Conflict):
             directory.delete_user(db, CLI, "carol")
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         sessions.terminate(db, CLI, sid)  # what the refusal asks for: its allocations go
         assert clustercache.version(db, _group_id(db)) > v2
         directory.delete_user(db, CLI, "carol")
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert db.scalar(select(func.count()).select_from(Allocation)) == 0
         entry = clustercache.get(db, _group_id(db))
         assert LATE_NODE[0] in entry.cluster.nodes
@@ -458,14 +458,14 @@ def test_other_writers_bump_the_version(world_copy):
 def test_a_change_behind_the_caches_back_in_the_same_transaction(world_copy):
     """An allocation edited after a placement, in the same transaction: the flush hook bumps again."""
     engine, factory = world_copy
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(
             db, CLI, {"project": "acme/ml", "username": "alice", "slots": {"gpu.shares": "0.5"}}
         )
         s.allocations[0].shares_centi = 25
         uuid = s.allocations[0].device.uuid
     check_cache(engine, factory)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         entry = clustercache.get(db, _group_id(db))
         held = {d["id"]: d["allocated"] for n in entry.cluster.to_dicts() for d in n["devices"]}
         assert held[uuid] == "0.25"
@@ -473,7 +473,7 @@ def test_a_change_behind_the_caches_back_in_the_same_transaction(world_copy):
 
 def test_signed_keypair_is_charged_to_its_own_policy(world_copy):
     _, factory = world_copy
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         policies.update_policy(
             db,
             CLI,
@@ -485,7 +485,7 @@ def test_signed_keypair_is_charged_to_its_own_policy(world_copy):
         bob_main = db.scalar(select(Keypair.access_key).join(User).where(User.username == "bob"))
     sid, status = _admit(factory, signed, project="ml", slots={"gpu.shares": "0.5"})
     assert status == "SCHEDULED"
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = db.get(ComputeSession, sid)
         assert s.keypair.access_key == signed.keypair and not s.keypair.is_main
     # The signed keypair's policy is used up; alice's main keypair (default policy) is not.
@@ -505,7 +505,7 @@ def test_signed_keypair_is_charged_to_its_own_policy(world_copy):
     with pytest.raises(LabfleetError) as e:
         _admit(factory, Actor(name="alice", role="user", domain="acme", keypair=bob_main), project="ml")
     assert e.value.status == 403 and "does not belong" in e.value.message
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         keypairs.revoke(db, CLI, signed.keypair)
     with pytest.raises(LabfleetError) as e:
         _admit(factory, signed, project="ml")
@@ -518,10 +518,12 @@ def test_signed_keypair_is_charged_to_its_own_policy(world_copy):
 def _race(url: str, threads: int = 6, steps: int = 25) -> None:
     """Threads over two engines (two processes' caches) admit, stop and fail sessions at once."""
     engines = [
-        lfdb.make_engine(url, **({"pool_size": threads, "max_overflow": 2} if "postgresql" in url else {}))
+        database.make_engine(
+            url, **({"pool_size": threads, "max_overflow": 2} if "postgresql" in url else {})
+        )
         for _ in range(2)
     ]
-    factories = [lfdb.make_session_factory(e) for e in engines]
+    factories = [database.make_session_factory(e) for e in engines]
     errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
@@ -549,7 +551,7 @@ def _race(url: str, threads: int = 6, steps: int = 25) -> None:
         assert not errors, errors
         check_invariants(factories[0])
         for e, f in zip(engines, factories, strict=True):
-            with lfdb.session_scope(f) as db:
+            with database.session_scope(f) as db:
                 clustercache.get(db, _group_id(db))  # bring each process's cache up to date
             assert check_cache(e, f)
     finally:

@@ -9,8 +9,7 @@ import pytest
 from sqlalchemy import event, select
 
 from labfleet.compute import sessions
-from labfleet.core import db as lfdb
-from labfleet.core import versions
+from labfleet.core import database, versions
 from labfleet.core.authz import Actor
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Keypair, StateVersion
@@ -31,43 +30,43 @@ def two_processes(request, tmp_path, monkeypatch):
             "tcache_" + request.node.name[-12:].strip("[]-").replace("-", "_").lower(),
         )
     engine, service = _world(url, tmp_path, monkeypatch, gpus=4)
-    other_engine = lfdb.make_engine(url)
-    yield service, lfdb.make_session_factory(other_engine)
+    other_engine = database.make_engine(url)
+    yield service, database.make_session_factory(other_engine)
     other_engine.dispose()
     engine.dispose()
 
 
 def _admit(factory, user="alice", **slots):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return sessions.admit(db, CLI, {"project": "acme/ml", "username": user, "slots": slots}).status
 
 
 def _version(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return db.scalar(select(StateVersion.version).where(StateVersion.name == versions.TENANCY))
 
 
 def test_a_change_made_elsewhere_is_seen_by_the_next_admission(two_processes):
     service, other = two_processes
     assert _admit(service, cpu=1) == "SCHEDULED"  # the service has cached alice, acme/ml, the group
-    with lfdb.session_scope(other) as db:  # a domain cap lowered by another process
+    with database.session_scope(other) as db:  # a domain cap lowered by another process
         directory.update_domain(db, CLI, "acme", {"total_resource_slots": {"cpu": 1}})
     with pytest.raises(sessions.Refused) as e:
         _admit(service, cpu=1)
     assert e.value.code == "domain-quota-exceeded"
-    with lfdb.session_scope(other) as db:  # bob leaves the project
+    with database.session_scope(other) as db:  # bob leaves the project
         directory.update_domain(db, CLI, "acme", {"total_resource_slots": {}})
         directory.update_user(db, CLI, "bob", {"projects": []})
     with pytest.raises(LabfleetError, match="not a member"):
         _admit(service, "bob", cpu=1)
-    with lfdb.session_scope(other) as db:  # alice's main keypair policy: one session at a time
+    with database.session_scope(other) as db:  # alice's main keypair policy: one session at a time
         alice = directory.get_user(db, "alice")
         policy = alice.main_keypair.resource_policy
         policy.max_concurrent_sessions = 1
     with pytest.raises(sessions.Refused) as e:
         _admit(service, cpu=1)
     assert e.value.code == "too-many-sessions"
-    with lfdb.session_scope(other) as db:  # alice deactivated
+    with database.session_scope(other) as db:  # alice deactivated
         directory.update_user(db, CLI, "alice", {"status": "inactive"})
     with pytest.raises(LabfleetError, match="no active user"):
         _admit(service, cpu=1)
@@ -78,13 +77,13 @@ def test_what_a_rolled_back_transaction_read_is_never_cached(two_processes):
     _admit(service, cpu=1)
     # In the service's process: a transaction creates carol and admits her, then rolls back.
     with pytest.raises(RuntimeError):
-        with lfdb.session_scope(service) as db:
+        with database.session_scope(service) as db:
             directory.create_user(db, CLI, {"username": "carol", "domain": "acme", "projects": ["ml"]})
             assert sessions.admit(db, CLI, {"project": "acme/ml", "username": "carol"}).status == "SCHEDULED"
             raise RuntimeError("roll back")
     # Another process makes carol for real, in no project: the same version number the
     # rolled-back transaction had, with other contents.
-    with lfdb.session_scope(other) as db:
+    with database.session_scope(other) as db:
         directory.create_user(db, CLI, {"username": "carol", "domain": "acme"})
     with pytest.raises(LabfleetError, match="not a member"):
         _admit(service, "carol")
@@ -93,11 +92,11 @@ def test_what_a_rolled_back_transaction_read_is_never_cached(two_processes):
 def test_volatile_columns_do_not_bump_the_version(two_processes):
     service, other = two_processes
     before = _version(service)
-    with lfdb.session_scope(other) as db:
+    with database.session_scope(other) as db:
         kp = db.scalar(select(Keypair).limit(1))
         kp.last_used = kp.created_at  # what every signed request does
     assert _version(service) == before
-    with lfdb.session_scope(other) as db:
+    with database.session_scope(other) as db:
         directory.update_project(db, CLI, "acme", "ml", {"description": "changed"})
     assert _version(service) == before + 1
 
@@ -126,14 +125,14 @@ def test_the_me_view_follows_tenancy_and_the_ledger(two_processes):
     from labfleet.compute import quota
 
     service, other = two_processes
-    with lfdb.session_scope(service) as db:
+    with database.session_scope(service) as db:
         first = quota.me_view(db, "alice")
     assert first["quota"]["domain"]["used"] == {}
     _admit(service, cpu=2)
-    with lfdb.session_scope(other) as db:
+    with database.session_scope(other) as db:
         directory.update_domain(db, CLI, "acme", {"total_resource_slots": {"cpu": 8}})
         directory.update_user(db, CLI, "alice", {"full_name": "Alice A."})
-    with lfdb.session_scope(service) as db:
+    with database.session_scope(service) as db:
         now = quota.me_view(db, "alice")
         assert quota.me_view(db, "nobody") is None
     assert now["full_name"] == "Alice A."

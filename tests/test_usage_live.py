@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.models import UsageSessionState
 from labfleet.core.pages import page_of
@@ -40,7 +40,7 @@ def state(sid: str, user: str, domain: str, **kw) -> UsageSessionState:
 def factory(tmp_path, monkeypatch):
     engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
     sampled = NOW - timedelta(seconds=5)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         db.add_all(
             [
                 state("s-alice", "alice", "acme", sampled_at=sampled, cpu_now=0.5, gpu_mem_now=30.0 * GiB),
@@ -57,7 +57,7 @@ def factory(tmp_path, monkeypatch):
 
 
 def read(factory, actor: Actor, offset: int = 0, limit: int = 200):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return page_of(db, live_query(actor), offset, limit).map(live_view)
 
 

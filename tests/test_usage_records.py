@@ -14,7 +14,7 @@ from sqlalchemy.orm.attributes import flag_modified
 
 from labfleet.compute import nodes, sessions
 from labfleet.compute.devices.base import DeviceInfo, NodeInfo
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import InvalidInput, NotFound
 from labfleet.core.models import ComputeSession, UsageBucket, UsageDay, UsageSessionState
@@ -147,7 +147,7 @@ def factory(request, tmp_path, monkeypatch):
     else:
         url = fresh_database(request.getfixturevalue("postgres_url"), "usage_records")
     engine, factory = fresh_db(url, tmp_path, monkeypatch)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
         directory.create_domain(db, CLI, {"name": "acme"})
@@ -177,11 +177,11 @@ def factory(request, tmp_path, monkeypatch):
 
 def start(factory, user="alice", project="acme/ml", held_at=0.0, **slots) -> str:
     """Admit a session and move its placement to ``held_at`` seconds after T0."""
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = sessions.admit(db, CLI, {"project": project, "username": user, "slots": slots})
         assert s.status == "SCHEDULED", s.status_reason
         sid = s.id
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = db.get(ComputeSession, sid)
         s.status_history = [{"status": "SCHEDULED", "at": at(held_at).isoformat(), "reason": ""}]
         s.status_changed_at = at(held_at)
@@ -190,7 +190,7 @@ def start(factory, user="alice", project="acme/ml", held_at=0.0, **slots) -> str
 
 
 def end(factory, sid: str, ended_at: float, status: str = "TERMINATED") -> None:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         s = db.get(ComputeSession, sid)
         assert sessions.release(db, s, status, "stopped")
         s.status_history = [*s.status_history[:-1], {**s.status_history[-1], "at": at(ended_at).isoformat()}]
@@ -199,7 +199,7 @@ def end(factory, sid: str, ended_at: float, status: str = "TERMINATED") -> None:
 
 
 def accrue(factory, now: float, readings=(), **kw) -> records.Accrued:
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return records.accrue(db, readings, at(now), **kw)
 
 
@@ -266,11 +266,11 @@ def test_a_session_that_started_and_ended_between_two_runs_is_accounted(factory)
 
 def test_a_session_cancelled_while_queued_holds_nothing(factory):
     start(factory, held_at=0, gpu=2)  # both devices
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         queued = sessions.admit(db, CLI, {"project": "acme/ml", "username": "bob", "slots": {"gpu": 1}})
         assert queued.status == "PENDING"
         qid = queued.id
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         sessions.terminate(db, CLI, qid)
     accrue(factory, 600)
     with factory() as db:
@@ -397,7 +397,7 @@ def test_records_outlive_the_user_and_retention_purges_them(factory):
     sid = start(factory, user="bob", held_at=0, gpu=1)
     accrue(factory, 900)
     end(factory, sid, 900)  # a user is deleted once their sessions are over
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         directory.delete_user(db, CLI, "bob")
     done = accrue(factory, 1800)
     assert sid in done.finished
@@ -416,7 +416,7 @@ def test_targets_are_the_holding_sessions_of_the_node_with_a_runtime(factory):
     a = start(factory, held_at=0, **{"gpu.shares": 0.5})
     b = start(factory, user="bob", held_at=0, cpu=1)
     start(factory, user="erin", project="beta/web", held_at=0, cpu=1)  # no runtime reported
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         sessions.update_status(db, Actor.hub(), a, {"status": "RUNNING", "runtime": {"pid": 4242}})
         sessions.update_status(db, Actor.hub(), b, {"status": "RUNNING", "runtime": {"container": "ab" * 32}})
         with pytest.raises(InvalidInput):

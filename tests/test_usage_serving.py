@@ -1,4 +1,4 @@
-"""Model serving's usage over time (labfleet.usage.serving) on SQLite and PostgreSQL: the engine's
+"""Model serving's usage over time (labfleet.usage.serving_usage) on SQLite and PostgreSQL: the engine's
 tick writes 15-minute rows per endpoint and token beside its cumulative columns; ``GET /api/usage``'s
 serving part sums them over a period and in buckets, scoped like the rest of usage (a user their
 own endpoints, a domain admin their domain's, a monitor all); ``/api/usage/me`` per period and day;
@@ -14,14 +14,14 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import func, select
 
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.models import Domain, Project, ServingEndpoint, ServingToken, ServingUsage, User
-from labfleet.serving.engine import ServingEngine
+from labfleet.serving.controller import ServingController
 from labfleet.tenancy import directory
 from labfleet.tenancy.policies import ensure_default_keypair_policy
-from labfleet.usage import records, serving, stats
-from labfleet.usage.serving import Counts
+from labfleet.usage import records, serving_usage, stats
+from labfleet.usage.serving_usage import Counts
 from tests.dbfixture import fresh_db
 from tests.postgres_server import fresh_database
 
@@ -41,7 +41,7 @@ def world(request, tmp_path, monkeypatch):
         url = fresh_database(request.getfixturevalue("postgres_url"), "usage_serving")
     engine, factory = fresh_db(url, tmp_path, monkeypatch)
     ids: dict[str, object] = {}
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         for d, p in (("acme", "ml"), ("beta", "web")):
             directory.create_domain(db, CLI, {"name": d})
@@ -84,8 +84,8 @@ def world(request, tmp_path, monkeypatch):
 
 
 def tick(factory, ids, when, endpoint_counts, token_counts):
-    with lfdb.session_scope(factory) as db:
-        return serving.record(
+    with database.session_scope(factory) as db:
+        return serving_usage.record(
             db,
             {ids[k]: c for k, c in endpoint_counts.items()},
             {ids[k]: c for k, c in token_counts.items()},
@@ -119,7 +119,7 @@ def test_ticks_add_up_per_endpoint_token_and_bucket_in_every_scope(world):
         assert (row.requests, row.errors, row.latency_ms_total, row.bucket_start) == (4, 1, 38.0, at(0))
         assert (row.endpoint, row.user, row.project, row.domain) == ("echo", "alice", "acme/ml", "acme")
 
-        everything = serving.report(db, CLI, query())
+        everything = serving_usage.report(db, CLI, query())
         assert (everything["requests"], everything["errors"]) == (10, 3)
         by_endpoint = {r["endpoint"]: r for r in everything["endpoints"]}
         assert by_endpoint["echo"] == {
@@ -145,28 +145,30 @@ def test_ticks_add_up_per_endpoint_token_and_bucket_in_every_scope(world):
         erin = Actor(name="erin", role="user", domain="beta")
         mona = Actor(name="mona", role="monitor", domain="acme")
         for who, names, n in ((alice, {"echo", "pub"}, 9), (carol, {"echo", "pub"}, 9), (erin, {"far"}, 1)):
-            mine = serving.report(db, who, query())
+            mine = serving_usage.report(db, who, query())
             assert {r["endpoint"] for r in mine["endpoints"]} == names and mine["requests"] == n, who.name
             assert {r["endpoint"] for r in mine["tokens"]} <= names
-        assert serving.report(db, mona, query())["requests"] == 10
+        assert serving_usage.report(db, mona, query())["requests"] == 10
 
         # Buckets: by hour, echo 5 then 2; a period before any request is all zeros.
-        hours = [r for r in serving.report(db, CLI, query("hour"))["endpoints"] if r["endpoint"] == "echo"]
+        hours = [
+            r for r in serving_usage.report(db, CLI, query("hour"))["endpoints"] if r["endpoint"] == "echo"
+        ]
         assert [(r["bucket"], r["requests"]) for r in hours] == [
             (at(0).isoformat(), 5),
             (at(3600).isoformat(), 2),
         ]
-        quarters = serving.report(db, CLI, query("15m"))["tokens"]
+        quarters = serving_usage.report(db, CLI, query("15m"))["tokens"]
         assert [r["bucket"] for r in quarters if r["token_id"] == ids["echo-t2"]] == [
             at(0).isoformat(),
             at(3600).isoformat(),
         ]
-        days = serving.report(db, CLI, query("day"))["endpoints"]
+        days = serving_usage.report(db, CLI, query("day"))["endpoints"]
         assert {r["bucket"] for r in days} == {datetime(2026, 11, 2, tzinfo=timezone.utc).isoformat()}
-        empty = serving.report(db, CLI, query(start=-7200, end=-3600))
+        empty = serving_usage.report(db, CLI, query(start=-7200, end=-3600))
         assert empty == {"requests": 0, "errors": 0, "latency_ms_mean": None, "endpoints": [], "tokens": []}
         # The period is widened to whole quarters: from 09:10 counts the 09:00 quarter.
-        assert serving.report(db, CLI, query(start=600, end=900))["requests"] == 8
+        assert serving_usage.report(db, CLI, query(start=600, end=900))["requests"] == 8
 
 
 def test_me_has_serving_per_period_and_per_day(world):
@@ -177,7 +179,7 @@ def test_me_has_serving_per_period_and_per_day(world):
     tick(factory, ids, now - timedelta(days=2), {"far": Counts(7, 0, 7.0)}, {"far-t1": Counts(7, 0, 7.0)})
     alice = Actor(name="alice", role="user", domain="acme")
     with factory() as db:
-        me = serving.add_to_me(db, alice, stats.me(db, alice, now))
+        me = serving_usage.add_to_me(db, alice, stats.me(db, alice, now))
     periods = {p["key"]: p["serving"] for p in me["periods"]}
     assert (periods["7d"]["requests"], periods["7d"]["errors"], periods["30d"]["requests"]) == (3, 1, 8)
     assert periods["7d"]["latency_ms_mean"] == 10.0
@@ -190,7 +192,7 @@ def test_me_has_serving_per_period_and_per_day(world):
 
 def test_the_engine_tick_keeps_its_counters_and_writes_the_rows(world):
     factory, ids = world
-    engine = ServingEngine(factory, SimpleNamespace(api_url="", token=""), logging.getLogger("test"))
+    engine = ServingController(factory, SimpleNamespace(api_url="", token=""), logging.getLogger("test"))
     for ms, err in ((4.0, False), (6.0, True)):
         engine.count(ids["echo"], ids["echo-t1"], ms, err)
     engine.count(ids["pub"], None, 2.0, False)

@@ -11,16 +11,14 @@ from threading import Barrier
 import pytest
 from sqlalchemy import func, select
 
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, LabfleetError
 from labfleet.core.models import VFolder, VFolderUpload
 from labfleet.core.secretbox import ensure_key_file
-from labfleet.storage import folders as vfolders
-from labfleet.storage import hosts, uploads
-from labfleet.storage import quota as vfquota
+from labfleet.storage import hosts, uploads, vfolders, vfquota
+from labfleet.storage.rescans import FolderUsage
 from labfleet.storage.store import FolderStore
-from labfleet.storage.usage import FolderUsage
 from labfleet.tenancy import directory, policies
 from labfleet.tenancy.policies import ensure_default_keypair_policy
 from tests.postgres_server import fresh_database
@@ -35,15 +33,15 @@ def world(request, tmp_path, monkeypatch):
     ensure_key_file(tmp_path / "key")
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'lf.sqlite'}"
-        engine = lfdb.make_engine(url)
+        engine = database.make_engine(url)
     else:
         url = fresh_database(
             request.getfixturevalue("postgres_url"), "vf_" + request.node.name[-10:].strip("[]-")
         )
-        engine = lfdb.make_engine(url, pool_size=30, max_overflow=10)
-    lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
-    with lfdb.session_scope(factory) as db:
+        engine = database.make_engine(url, pool_size=30, max_overflow=10)
+    database.upgrade(engine)
+    factory = database.make_session_factory(engine)
+    with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         hosts.ensure_host(
             db, {"name": "local", "path": str(tmp_path / "vf"), "default_permissions": list(hosts.RIGHTS)}
@@ -61,14 +59,14 @@ def world(request, tmp_path, monkeypatch):
 
 
 def _actor(factory, name="alice"):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return directory.actor_for(directory.get_user(db, name))
 
 
 def test_racing_reservations_never_pass_the_scope_limit(world):
     factory = world
     alice = _actor(factory)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         a = vfolders.create(db, alice, {"name": "a"}, default_host="local").id
         b = vfolders.create(db, alice, {"name": "b"}, default_host="local").id
     # 30 uploads of 1,000 bytes into two folders of one scope (limit 10,000), all at once.
@@ -77,7 +75,7 @@ def test_racing_reservations_never_pass_the_scope_limit(world):
     def one(i):
         barrier.wait()
         try:
-            with lfdb.session_scope(factory) as db:
+            with database.session_scope(factory) as db:
                 v, _ = vfolders.readable(db, alice, a if i % 2 else b)
                 vfquota.reserve(db, v, alice.user_id, f"f{i}", 1000, None)
             return True
@@ -88,21 +86,21 @@ def test_racing_reservations_never_pass_the_scope_limit(world):
     with ThreadPoolExecutor(30) as pool:
         won = sum(pool.map(one, range(30)))
     assert won == 10
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert db.scalar(select(func.sum(VFolderUpload.size))) == 10_000
 
 
 def test_folder_count_limit_and_unique_names(world):
     factory = world
     alice = _actor(factory)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         vfolders.create(db, alice, {"name": "one"}, default_host="local")
-    with pytest.raises(LabfleetError) as e, lfdb.session_scope(factory) as db:
+    with pytest.raises(LabfleetError) as e, database.session_scope(factory) as db:
         vfolders.create(db, alice, {"name": "one"}, default_host="local")
     assert e.value.status == 409 and "already" in e.value.message
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         vfolders.create(db, alice, {"name": ".two"}, default_host="local")
-    with pytest.raises(LabfleetError) as e, lfdb.session_scope(factory) as db:
+    with pytest.raises(LabfleetError) as e, database.session_scope(factory) as db:
         vfolders.create(db, alice, {"name": "three"}, default_host="local")
     assert e.value.status == 409 and "policy small" in e.value.message
 
@@ -110,11 +108,11 @@ def test_folder_count_limit_and_unique_names(world):
 def test_mounts_for_a_session_include_dot_folders_and_refuse_the_unreachable(world):
     factory = world
     alice = _actor(factory)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         data = vfolders.create(db, alice, {"name": "data"}, default_host="local")
         dot = vfolders.create(db, alice, {"name": ".cfg"}, default_host="local")
         data_id, dot_id = data.id, dot.id
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         user = directory.get_user(db, "alice")
         got = {v.id: perm for v, perm in vfolders.resolve_mounts(db, user, ["data"])}
         assert got == {data_id: "wd", dot_id: "wd"}
@@ -132,16 +130,16 @@ def test_mounts_for_a_session_include_dot_folders_and_refuse_the_unreachable(wor
 def test_host_rights_come_from_the_host_domain_project_and_keypair_policy(world, tmp_path):
     factory = world
     alice = _actor(factory)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         hosts.create_host(db, CLI, {"name": "nfs", "path": str(tmp_path / "nfs")})
     # No right at all on a host without defaults or grants.
-    with pytest.raises(LabfleetError) as e, lfdb.session_scope(factory) as db:
+    with pytest.raises(LabfleetError) as e, database.session_scope(factory) as db:
         vfolders.create(db, alice, {"name": "x", "host": "nfs"}, default_host="local")
     assert e.value.status == 403 and "create-vfolder" in e.value.message
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         directory.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": {"nfs": ["create-vfolder"]}})
         fid = vfolders.create(db, alice, {"name": "x", "host": "nfs"}, default_host="local").id
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         v, _ = vfolders.readable(db, alice, fid)
         assert vfolders.host_rights(db, alice, v) == {"create-vfolder"}
         user = directory.get_user(db, "alice")
@@ -152,20 +150,20 @@ def test_host_rights_come_from_the_host_domain_project_and_keypair_policy(world,
             vfolders.trash(db, alice, fid)
         assert e.value.status == 403 and "delete-vfolder" in e.value.message
     # The keypair policy adds rights (a list of names: every right there).
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         policies.update_policy(
             db, CLI, "keypair", "default", {"allowed_storage_hosts": {"nfs": ["mount-in-session"]}}
         )
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         user = directory.get_user(db, "alice")
         assert [v.id for v, _ in vfolders.resolve_mounts(db, user, ["x"])] == [fid]
         policies.update_policy(db, CLI, "keypair", "default", {"allowed_storage_hosts": ["nfs"]})
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         v, _ = vfolders.readable(db, alice, fid)
         assert vfolders.host_rights(db, alice, v) == set(hosts.RIGHTS)
         vfolders.trash(db, alice, fid)
     # A project's grant counts for that project's folders only; bad grants are refused.
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         policies.update_policy(db, CLI, "keypair", "default", {"allowed_storage_hosts": []})
         directory.update_project(db, CLI, "acme", "ml", {"allowed_vfolder_hosts": {"nfs": ["upload-file"]}})
         directory.update_domain(db, CLI, "acme", {"allowed_vfolder_hosts": {}})
@@ -187,18 +185,18 @@ def _usage(factory):
 
 
 def _folder(factory, actor, name="up"):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         v = vfolders.create(db, actor, {"name": name}, default_host="local")
         return v.id, vfolders.store_of(v)
 
 
 def _reserved(factory, name="alice"):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return vfquota.scope_views(db, directory.get_user(db, name))[0]["reserved"]
 
 
 def _rows(factory):
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         return sorted(db.scalars(select(VFolderUpload.id)))
 
 
@@ -211,7 +209,7 @@ def test_upload_begin_checks_rights_room_and_target(world):
     alice = _actor(factory)
     fid, store = _folder(factory, alice)
     (store.data_dir / "adir").mkdir()
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         team = vfolders.create(
             db, CLI, {"name": "team", "project": "acme/ml", "permission": "ro"}, default_host="local"
         ).id
@@ -226,12 +224,12 @@ def test_upload_begin_checks_rights_room_and_target(world):
         (alice, fid, "f", LIMIT + 1, 413, "quota of user alice"),
     ]
     for actor, folder, path, size, status, words in refused:
-        with pytest.raises(LabfleetError) as e, lfdb.session_scope(factory) as db:
+        with pytest.raises(LabfleetError) as e, database.session_scope(factory) as db:
             uploads.begin(db, actor, folder, path, size)
         assert (e.value.status, words in e.value.message) == (status, True), e.value.message
     assert _rows(factory) == [] and _temp_files(store) == []
 
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         up, got = uploads.begin(db, alice, fid, "a//b.bin", 600)
         upload_id = up.id
         assert (up.path, up.size, got.root) == ("a/b.bin", 600, store.root)
@@ -253,14 +251,14 @@ async def test_upload_append_and_finish_a_resumable_upload(world):
     alice = _actor(factory)
     usage = _usage(factory)
     fid, store = _folder(factory, alice)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         upload_id = uploads.begin(db, alice, fid, "d/r.bin", 10)[0].id
         # Touched by every chunk, so an upload in use never expires.
         db.get(VFolderUpload, upload_id).updated_at = datetime.now(timezone.utc) - timedelta(hours=1)
 
     body = uploads.append(usage, alice, fid, upload_id, 0, 4)
     assert _reserved(factory) == 10  # the whole size while a request writes it
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert uploads.expire(db, 60) == []
     body.write(b"abc")
     body.write(b"d")
@@ -271,7 +269,7 @@ async def test_upload_append_and_finish_a_resumable_upload(world):
     assert (done.offset, done.entry, done.view["complete"], body.done) == (4, None, False, True)
     # The request is over: the upload holds what it received, not its whole size.
     assert done.view["reserved"] == 4 and _reserved(factory) == 4
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert uploads.status(db, alice, fid, upload_id)["offset"] == 4
 
     # A wrong offset is refused with the right one; a chunk past the size, or without its
@@ -299,13 +297,13 @@ async def test_upload_append_and_finish_a_resumable_upload(world):
 
     # Resuming needs room for the rest again: taken meanwhile, the chunk is refused (413) before
     # anything is written, and the upload goes on holding what it has.
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         other = uploads.begin(db, alice, fid, "other.bin", LIMIT - 6 - 3)[0].id
     with pytest.raises(LabfleetError) as e:
         uploads.append(usage, alice, fid, upload_id, 6, 4)
     assert e.value.status == 413 and "quota of user alice" in e.value.message, e.value.message
     assert _reserved(factory) == LIMIT - 3 and (store.uploads_dir / upload_id).read_bytes() == b"abcdef"
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         uploads.cancel(db, alice, fid, other)
 
     body = uploads.append(usage, alice, fid, upload_id, 6, 4)
@@ -316,7 +314,7 @@ async def test_upload_append_and_finish_a_resumable_upload(world):
     assert done.view["entry"]["size"] == 10
     assert (store.data_dir / "d" / "r.bin").read_bytes() == b"abcdefghij"
     assert _rows(factory) == [] and _temp_files(store) == [] and _reserved(factory) == 0
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         v = db.get(VFolder, fid)
         assert (v.usage_bytes, v.usage_files) == (10, 1)  # counted, then measured
         with pytest.raises(LabfleetError) as e:
@@ -346,7 +344,7 @@ async def test_whole_file_upload_finishes_under_the_folder_lock(world):
     done = await task
     assert done.entry is not None and done.entry.size == 30 and body.done
     assert (store.data_dir / "old.bin").read_bytes() == b"y" * 30
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert db.get(VFolder, fid).usage_bytes == 30  # the new size replaces the old one
     assert _rows(factory) == [] and _temp_files(store) == [] and _reserved(factory) == 0
 
@@ -359,7 +357,7 @@ async def test_abort_frees_the_reserved_room(world):
 
     def room_for(size):
         try:
-            with lfdb.session_scope(factory) as db:
+            with database.session_scope(factory) as db:
                 return uploads.begin(db, alice, fid, f"f{size}", size)[0].id
         except LabfleetError as e:
             assert e.status == 413, e.message
@@ -367,12 +365,12 @@ async def test_abort_frees_the_reserved_room(world):
 
     first = room_for(LIMIT)
     assert first is not None and room_for(1) is None
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         uploads.abort(db, store, first)
     assert _reserved(factory) == 0 and _rows(factory) == [] and _temp_files(store) == []
     second = room_for(LIMIT)
     assert second is not None
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         uploads.abort(db, store, second)
         uploads.abort(db, store, second)  # twice: nothing left to remove, no error
 
@@ -391,12 +389,12 @@ def test_expire_aborts_idle_uploads_only(world):
     factory = world
     alice = _actor(factory)
     fid, store = _folder(factory, alice)
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         old = uploads.begin(db, alice, fid, "old.bin", 100)[0]
         old.updated_at = datetime.now(timezone.utc) - timedelta(hours=2)
         fresh = uploads.begin(db, alice, fid, "fresh.bin", 100)[0].id
         old_id = old.id
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         assert uploads.expire(db, 3600) == [old_id]
     assert _rows(factory) == [fresh] and _temp_files(store) == [fresh] and _reserved(factory) == 100
 
@@ -439,12 +437,12 @@ async def test_every_way_out_of_an_upload_is_the_one_abort(world, monkeypatch):
     uploads.abandon(usage, gone)
     assert gone.done and gone.fh.closed
     # A cancel (DELETE), by someone who may write the folder.
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         cancelled = uploads.begin(db, alice, fid, "cancel.bin", 10)[0].id
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         uploads.cancel(db, alice, fid, cancelled)
     # An expiry, from the service's housekeeping.
-    with lfdb.session_scope(factory) as db:
+    with database.session_scope(factory) as db:
         idle = uploads.begin(db, alice, fid, "idle.bin", 10)[0]
         idle.updated_at = datetime.now(timezone.utc) - timedelta(days=2)
         idle_id = idle.id

@@ -50,6 +50,7 @@ from labfleet.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
+from labfleet.core.http import ServiceError
 from labfleet.usage.sampler import GpuProcess, Reading, Sampler, Target, kill_if_same, same_start
 
 # A reading whose error says the session's process or container is gone (not that the engine did not
@@ -57,14 +58,6 @@ from labfleet.usage.sampler import GpuProcess, Reading, Sampler, Target, kill_if
 GONE = ("is gone", "has exited", "no such container", "is not running")
 GONE_TICKS = 2
 MOCK_GPU = {"model": "A100-80GB", "memory": "80g"}
-
-
-class ServiceError(Exception):
-    """The service answered 4xx: ``status`` and its message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status, self.message = status, message
 
 
 class Unreachable(Exception):
@@ -381,7 +374,7 @@ class LabfleetAgent(Application):
                 message = ""
             if e.code >= 500 or e.code == 429:
                 raise Unreachable(f"the service answered {e.code} {message}".strip()) from None
-            raise ServiceError(e.code, message or e.reason) from None
+            raise ServiceError(message or e.reason, e.code) from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise Unreachable(str(getattr(e, "reason", e))) from None
         if not isinstance(answer, dict):

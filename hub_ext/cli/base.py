@@ -369,14 +369,13 @@ class Command:
 
     def open_engine(self, *, require_current: bool = True) -> Engine:
         """An engine on the database, which must exist and (by default) be at the current schema."""
-        from labfleet.core import bootstrap
-        from labfleet.core import db as lfdb
+        from labfleet.core import bootstrap, database
 
         path = sqlite_file(self.db_url)
         if path is not None and not path.exists():
             # Do not leave an empty database file behind just by asking.
             raise CliError(f"no labfleet database at {path}: run `labfleet init` first (or give --db-url)")
-        engine = lfdb.make_engine(self.db_url)
+        engine = database.make_engine(self.db_url)
         if require_current:
             current, head = bootstrap.schema_revisions(engine)
             if current is None:
@@ -394,12 +393,12 @@ class Command:
 
     def transaction(self, work: Callable[[Session], Any], engine: Engine | None = None) -> Any:
         """Run ``work(db)`` in one transaction: committed if it returns, rolled back if it raises."""
-        from labfleet.core import db as lfdb
+        from labfleet.core import database
 
         own = engine is None
         engine = engine or self.open_engine()
         try:
-            with lfdb.session_scope(lfdb.make_session_factory(engine)) as db:
+            with database.session_scope(database.make_session_factory(engine)) as db:
                 return work(db)
         finally:
             if own:

@@ -56,12 +56,11 @@ class InitSteps(Command):
             )
         from sqlalchemy import select
 
-        from labfleet.core import bootstrap, secretbox
-        from labfleet.core import db as lfdb
+        from labfleet.core import bootstrap, database, secretbox
         from labfleet.core.models import User
         from labfleet.tenancy import directory
 
-        probe = lfdb.make_engine(self.db_url)
+        probe = database.make_engine(self.db_url)
         try:
             key_path = bootstrap.ensure_secret_key(probe)
         except bootstrap.SecretKeyLost as e:
@@ -73,9 +72,9 @@ class InitSteps(Command):
         else:
             self.out(f"Secret key: {key_path} (the labfleet service must use the same file; back it up)")
 
-        database = bootstrap.open_database(self.db_url)  # schema to head, default rows seeded
-        engine = database.engine
-        self.out(f"Database: {shown_url(engine)} {database.state}")
+        opened = bootstrap.open_database(self.db_url)  # schema to head, default rows seeded
+        engine = opened.engine
+        self.out(f"Database: {shown_url(engine)} {opened.state}")
 
         name = admin_user or DEFAULT_ADMIN_USER
 
@@ -206,7 +205,7 @@ class Demo(InitSteps):
     )
 
     def run(self) -> None:
-        from labfleet.core import db as lfdb
+        from labfleet.core import database
 
         problem = check_password_strength(self.opts.password)
         if problem:
@@ -214,8 +213,8 @@ class Demo(InitSteps):
         path = sqlite_file(self.db_url)
         fresh = path is not None and not path.exists()
         if not fresh:
-            probe = lfdb.make_engine(self.db_url)
-            fresh = not lfdb.is_initialized(probe)
+            probe = database.make_engine(self.db_url)
+            fresh = not database.is_initialized(probe)
             probe.dispose()
         if fresh:
             engine = self.init_steps(

@@ -118,16 +118,18 @@ def _preview_row(v: dict[str, Any]) -> list[Any]:
 
 class CheckerPreview(ListCommand):
     name = "labfleet idle-checker preview"
-    description = """What the idle engine would reclaim now, and why (a dry run: nothing changes). Rules
+    description = """What the reclaimer would reclaim now, and why (a dry run: nothing changes). Rules
     that reclaim only when someone waits list the idle sessions they keep."""
 
     def run(self) -> None:
-        from labfleet.reclaim import engine
+        from labfleet.reclaim import reclaimer
 
         now = datetime.now(timezone.utc)
         # The service's global default, as the service would read it here
-        settings = engine.Settings(default_idle_timeout=float(os.environ.get("LABFLEET_IDLE_TIMEOUT") or 0))
-        views = self.transaction(lambda db: engine.preview(db, self.actor, now, settings)["sessions"])
+        settings = reclaimer.Settings(
+            default_idle_timeout=float(os.environ.get("LABFLEET_IDLE_TIMEOUT") or 0)
+        )
+        views = self.transaction(lambda db: reclaimer.preview(db, self.actor, now, settings)["sessions"])
         self.emit(views, ["session", "user/server", "group", "checker", "now", "why"], _preview_row)
 
 

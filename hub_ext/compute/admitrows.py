@@ -1,7 +1,7 @@
 """The rows an admission writes (the session, its allocations and folder mounts), and the ORM
 object it hands back, on the hot path of :func:`labfleet.compute.sessions.admit`.
 
-The statements are compiled once (:class:`labfleet.core.db.Prepared`), the rows are plain dicts,
+The statements are compiled once (:class:`labfleet.core.database.Prepared`), the rows are plain dicts,
 and the session becomes an ORM object only at the end, already persistent: no unit of work, no
 flush, no second read.  On PostgreSQL the ledger's charge and every insert go in one statement
 (:func:`write_in_one`): each statement there is a round trip to the server.
@@ -19,8 +19,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from labfleet.compute.tenants import Tenants
-from labfleet.core import audit, ledger
-from labfleet.core.db import Prepared
+from labfleet.core import audit, usage_ledger
+from labfleet.core.database import Prepared
 from labfleet.core.models import Allocation, AuditEntry, ComputeSession, VFolderMount
 
 
@@ -121,7 +121,7 @@ def _statement(returning: bool, allocations: bool, mounts: bool) -> Prepared:
     got = _ONE_STATEMENT.get(key)
     if got is None:
         sessions, audit_log = _table(ComputeSession), _table(AuditEntry)
-        charged = ledger.unnest_statement(returning=returning).cte("charged")
+        charged = usage_ledger.unnest_statement(returning=returning).cte("charged")
         parts = [
             insert(sessions).values(_values_of(sessions, "s_", _COLUMNS)).cte("new_session"),
             insert(audit_log).values(_values_of(audit_log, "l_", audit.COLUMNS)).cte("new_entry"),
@@ -147,11 +147,11 @@ def write_in_one(
     allocations: list[dict[str, Any]],
     mounts: list[tuple[str, str]],
     entry: Mapping[str, Any],
-) -> ledger.Rows:
-    """The ledger's ``charge`` (:func:`labfleet.core.ledger.charge_values`), the session, its
+) -> usage_ledger.Rows:
+    """The ledger's ``charge`` (:func:`labfleet.core.usage_ledger.charge_values`), the session, its
     allocations, its folder mounts and its audit ``entry`` in one statement (PostgreSQL: one round
     trip instead of four); the ledger's rows as they are now when ``returning``."""
-    params: dict[str, Any] = ledger.array_params(charge)
+    params: dict[str, Any] = usage_ledger.array_params(charge)
     params.update({f"s_{c}": row[c] for c in _COLUMNS})
     params.update({f"l_{c}": entry[c] for c in audit.COLUMNS})
     for c in _ALLOCATION_COLUMNS:
@@ -161,7 +161,7 @@ def write_in_one(
     params["mount_permission"] = [perm for _, perm in mounts]
     stmt = _statement(returning, bool(allocations), bool(mounts))
     result = stmt.execute(db.connection(), params)
-    return ledger.rows_of(result) if returning else {}
+    return usage_ledger.rows_of(result) if returning else {}
 
 
 def as_object(row: Mapping[str, Any]) -> ComputeSession:

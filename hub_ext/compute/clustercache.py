@@ -42,7 +42,7 @@ from labfleet.compute.scheduler.placement import Cluster
 from labfleet.compute.scheduler.placement import Device as PDevice
 from labfleet.compute.scheduler.placement import Node as PNode
 from labfleet.core import versions
-from labfleet.core.db import Prepared
+from labfleet.core.database import Prepared
 from labfleet.core.models import (
     Allocation,
     ComputeSession,

@@ -17,7 +17,7 @@ from labfleet.compute.quota import allocated
 from labfleet.core.models import Image, User
 from labfleet.core.slots import ResourceSlots
 from labfleet.core.vocab import SESSION_TYPES, SLOT_NAMES
-from labfleet.storage import folders as vfolders
+from labfleet.storage import vfolders
 
 
 def _left(

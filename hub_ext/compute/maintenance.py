@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 
 from labfleet.compute import reconcile
 from labfleet.compute.reconcile import HubServer
-from labfleet.core import audit, authz
-from labfleet.core import ledger as usage_ledger
+from labfleet.core import audit, authz, usage_ledger
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden
 from labfleet.core.models import ComputeSession, Domain, Keypair, Project, ResourceGroup, User

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from labfleet.core import ledger
+from labfleet.core import usage_ledger
 from labfleet.core.models import Keypair, Project, User
 from labfleet.core.slots import ResourceSlots
 from labfleet.tenancy import snapshot
@@ -23,7 +23,7 @@ def allocated(db: Session, **scope: Any) -> ResourceSlots:
     """Slots charged to live sessions in one scope: keypair=, user=, project= or domain= (an id),
     as the usage ledger holds them."""
     ((kind, ident),) = scope.items()
-    return ledger.used(ledger.read(db, [(kind, ident)])[(kind, ident)])
+    return usage_ledger.used(usage_ledger.read(db, [(kind, ident)])[(kind, ident)])
 
 
 def _left(limit: ResourceSlots, used: ResourceSlots, unlimited_unspecified: bool) -> dict[str, Any]:
@@ -114,10 +114,10 @@ def me_view(db: Session, username: str) -> dict[str, Any] | None:
     static = snapshot.cached(db, snapshot.current(db), ("me", username), lambda db: _me_static(db, username))
     if static is None:
         return None
-    held = ledger.read(db, [scope for _, _, scope, _, _ in static.limits])
+    held = usage_ledger.read(db, [scope for _, _, scope, _, _ in static.limits])
     quota: dict[str, Any] = {"projects": {}}
     for section, name, scope, limit, unlimited in static.limits:
-        report = scope_report(limit, ledger.used(held[scope]), unlimited_unspecified=unlimited)
+        report = scope_report(limit, usage_ledger.used(held[scope]), unlimited_unspecified=unlimited)
         if section == "projects":
             quota["projects"][name] = report
         else:

@@ -2,7 +2,7 @@
 
 Each decision runs in one transaction that first takes the locks it needs (the
 session's domain row and its resource group's row on PostgreSQL; the database write
-lock on SQLite, see labfleet.core.db), then reads usage, calls the pure admission checks
+lock on SQLite, see labfleet.core.database), then reads usage, calls the pure admission checks
 (:mod:`labfleet.compute.scheduler.admission`) and placement (:mod:`labfleet.compute.scheduler.placement`),
 and writes the outcome.  So two concurrent decisions never see the same free share.
 """
@@ -27,8 +27,7 @@ from labfleet.compute import admitrows, clustercache, shapes, tenants
 from labfleet.compute.nodes import DEFAULT_GROUP, mps_view
 from labfleet.compute.scheduler import admission, queueing
 from labfleet.compute.scheduler.placement import Placement, PlacementError, Request
-from labfleet.core import audit, authz, quanta, versions
-from labfleet.core import ledger as usage_ledger
+from labfleet.core import audit, authz, quanta, usage_ledger, versions
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
 from labfleet.core.models import (
@@ -58,7 +57,7 @@ from labfleet.core.vocab import (
     LIVE_STATUSES,
     SESSION_TYPES,
 )
-from labfleet.storage import folders as vfolders
+from labfleet.storage import vfolders
 from labfleet.tenancy import snapshot
 
 # Where the spawner may move a session; the scheduler alone makes SCHEDULED and CANCELLED.

@@ -21,7 +21,7 @@ from labfleet.core.errors import Conflict, Forbidden, NotFound
 from labfleet.core.models import Image, ResourceGroup, User, VFolder
 from labfleet.core.slots import ResourceSlots, charged
 from labfleet.core.validate import parse_project_ref
-from labfleet.storage import folders as vfolders
+from labfleet.storage import vfolders
 from labfleet.tenancy import snapshot
 from labfleet.tenancy.snapshot import KeypairSnap, PolicySnap, ProjectSnap, UserSnap
 

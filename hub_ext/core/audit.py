@@ -9,7 +9,7 @@ from sqlalchemy import Select, Table, and_, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from labfleet.core.authz import Actor
-from labfleet.core.db import Prepared
+from labfleet.core.database import Prepared
 from labfleet.core.models import AuditEntry, User, utcnow
 from labfleet.core.pages import Page, page_of
 

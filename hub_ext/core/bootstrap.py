@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labfleet.core import db as lfdb
-from labfleet.core import secretbox
+from labfleet.core import database, secretbox
 from labfleet.core.models import Keypair, KeypairResourcePolicy, ResourceGroup
 from labfleet.core.vocab import SESSION_TYPES
 
@@ -51,8 +50,8 @@ def schema_revisions(engine: Engine) -> tuple[str | None, str | None]:
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    head = ScriptDirectory.from_config(lfdb.alembic_config(engine)).get_current_head()
-    if not lfdb.is_initialized(engine):
+    head = ScriptDirectory.from_config(database.alembic_config(engine)).get_current_head()
+    if not database.is_initialized(engine):
         return None, head
     with engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
@@ -65,8 +64,8 @@ def secret_key_present() -> bool:
 
 def ensure_secret_key(engine: Engine) -> str:
     """Make the key file when there is none and nothing depends on an old one; its path."""
-    if not secret_key_present() and lfdb.is_initialized(engine):
-        with lfdb.session_scope(lfdb.make_session_factory(engine)) as db:
+    if not secret_key_present() and database.is_initialized(engine):
+        with database.session_scope(database.make_session_factory(engine)) as db:
             n = db.scalar(select(func.count()).select_from(Keypair))
         if n:
             raise SecretKeyLost(
@@ -79,12 +78,12 @@ def ensure_secret_key(engine: Engine) -> str:
 
 def open_database(url: str | None = None, *, upgrade: bool = True) -> Database:
     """An engine on ``url``, its schema brought to head (unless ``upgrade`` is off), defaults seeded."""
-    engine = lfdb.make_engine(url)
+    engine = database.make_engine(url)
     before, head = schema_revisions(engine)
     if upgrade:
-        lfdb.upgrade(engine)
-    factory = lfdb.make_session_factory(engine)
-    with lfdb.session_scope(factory) as db:
+        database.upgrade(engine)
+    factory = database.make_session_factory(engine)
+    with database.session_scope(factory) as db:
         seed_defaults(db)
     return Database(engine, factory, before, head)
 

@@ -11,7 +11,7 @@ from typing import Any
 class LabfleetError(Exception):
     status = 400
     # What must be written even though the transaction that raised rolls back (e.g. the audit entry
-    # of a refusal): called by labfleet.core.db.session_scope with a new unit of work.
+    # of a refusal): called by labfleet.core.database.session_scope with a new unit of work.
     after_rollback: Callable[[Any], None] | None = None
 
     def __init__(self, message: str, status: int | None = None) -> None:

@@ -37,6 +37,16 @@ _BODY_METHODS = ("POST", "PUT", "PATCH")
 _TEXT_WORDS = 500
 
 
+class ServiceError(Exception):
+    """The labfleet service refused or failed: ``message`` in its own words, ``status`` its code
+    (0 when there was no answer)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
 @dataclass(frozen=True)
 class HTTPReply:
     """What an upstream answered, or why it did not.

@@ -943,8 +943,8 @@ class ServingToken(Base):
 
 class ServingUsage(Base):
     """Requests to one endpoint with one token (``token_id`` None: no token, an endpoint open to the
-    public) in one 15-minute bucket (``bucket_start``, UTC), written by the serving engine each tick
-    (labfleet.usage.serving): how many, how many failed (5xx, or refused by the rate limit), their
+    public) in one 15-minute bucket (``bucket_start``, UTC), written by the serving controller each tick
+    (labfleet.usage.serving_usage): how many, how many failed (5xx, or refused by the rate limit), their
     summed latency in ms. Names are copied, as in the usage buckets, so a row outlives its endpoint,
     owner and project; retention deletes old ones with the usage buckets."""
 

@@ -26,9 +26,9 @@ from jupyterhub.auth import Authenticator
 from jupyterhub.utils import maybe_future
 from traitlets import Bool, Dict, Float, List, Unicode, default, import_item, validate
 
+from labfleet.core.http import HTTPReply
 from labfleet.hub import proxy_errors, users_api
 from labfleet.hub.client import LabfleetServiceClient
-from labfleet.hub.client import Reply as _Reply
 
 LABFLEET_ROLES = ("superadmin", "admin", "user", "monitor")
 
@@ -139,7 +139,7 @@ class LabfleetBaseAuthenticator(LabfleetServiceClient, Authenticator):
 
     # --- the service -----------------------------------------------------------------------------
 
-    async def _service_call(self, method: str, path: str, body: dict | None = None) -> _Reply:
+    async def _service_call(self, method: str, path: str, body: dict | None = None) -> HTTPReply:
         return await self.service_request(method, path, body, timeout=self.request_timeout)
 
     def _hub_default_role(self, name: str) -> dict:

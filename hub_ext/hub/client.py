@@ -2,7 +2,7 @@
 
 The authenticator and the spawners share it.  They call the service with the service's own API
 token, which the service treats as the Hub (``Actor.hub``).  A call never raises for an HTTP
-answer or an unreachable service; it returns a :class:`Reply` (``code`` 0 when unreachable),
+answer or an unreachable service; it returns a :class:`~labfleet.core.http.HTTPReply` (``code`` 0 when unreachable),
 and never logs the token or a body.  The request itself is :func:`labfleet.core.http.request`.
 """
 
@@ -24,7 +24,6 @@ SERVICE = "the labfleet service"
 
 # What the labfleet service answered: ``code`` (its ``status``) 0 when it could not be reached;
 # ``data`` its JSON, ``message`` its words (or why there was no answer).
-Reply = http.HTTPReply
 
 
 def default_service_url() -> str:
@@ -44,7 +43,7 @@ async def service_call(
     *,
     timeout: float = 10.0,
     log: logging.Logger | logging.LoggerAdapter | None = None,
-) -> Reply:
+) -> http.HTTPReply:
     """One request to the labfleet service at ``url`` (its API base) + ``path``."""
     log = log or logging.getLogger("labfleet")
     full = url.rstrip("/") + path
@@ -56,7 +55,7 @@ async def service_call(
             method,
             where,
         )
-        return Reply(0, error="no service token", upstream=SERVICE)
+        return http.HTTPReply(0, error="no service token", upstream=SERVICE)
     reply = await http.request(method, full, token=token, json_body=body, timeout=timeout, upstream=SERVICE)
     if reply.code == 0:
         log.error("labfleet service unreachable: %s %s failed: %s", method, where, reply.error)
@@ -102,7 +101,9 @@ class LabfleetServiceClient(LoggingConfigurable):
     def _service_token_default(self) -> str:
         return default_service_token()
 
-    async def service_request(self, method: str, path: str, body: Any = None, *, timeout: float) -> Reply:
+    async def service_request(
+        self, method: str, path: str, body: Any = None, *, timeout: float
+    ) -> http.HTTPReply:
         """One request to the service; never raises, never logs the token or the body."""
         return await service_call(
             self.service_url, self.service_token, method, path, body, timeout=timeout, log=self.log

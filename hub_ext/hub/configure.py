@@ -24,7 +24,7 @@ from labfleet.core.secretbox import KEY_FILE_ENV, ensure_key_file
 
 SERVICE_TOKEN_ENV = "LABFLEET_SERVICE_TOKEN"
 # Every LABFLEET_* variable of the Hub's environment reaches the service (which describes this node
-# with them, takes its clocks, the metrics token, the sampler's and the idle engine's settings from
+# with them, takes its clocks, the metrics token, the sampler's and the reclaimer's settings from
 # them; see labfleet.service.app), and so do these:
 NODE_ENV = ("DOCKER_HOST",)  # the engine whose containers the usage sampler reads
 

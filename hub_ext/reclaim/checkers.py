@@ -1,6 +1,6 @@
 """Idle checkers' judgments: plain values in, plain values out (no DB, no clock, no Hub).
 
-Three checkers, as Backend.AI has them, in one engine (:mod:`labfleet.reclaim.engine`):
+Three checkers, as Backend.AI has them, in one engine (:mod:`labfleet.reclaim.reclaimer`):
 
 - ``activity`` (:func:`judge_activity`): no activity for ``timeout`` seconds. Activity is the
   session's own report (jupyter-server's last activity: API requests, kernel and terminal traffic,

@@ -44,23 +44,22 @@ from labfleet.compute.devices.mps import (
     nvidia_devices,
 )
 from labfleet.compute.scheduler.admission import QueueLimits
-from labfleet.core import audit, bootstrap, hubmap
-from labfleet.core import db as lfdb
+from labfleet.core import audit, bootstrap, database, hubmap
 from labfleet.core.authz import Actor
 from labfleet.core.dburl import default_db_url
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Node, User
 from labfleet.core.secretbox import SecretBox
 from labfleet.core.signing import NonceCache, RateLimiter
-from labfleet.reclaim import engine
+from labfleet.reclaim import reclaimer
 from labfleet.service import jobs
 from labfleet.service.base import NotFoundHandler, PathOnlyLogs, ServiceHubAuth
 from labfleet.service.handlers import routes
 from labfleet.service.hubsync import HubSync
-from labfleet.serving.engine import ServingEngine
+from labfleet.serving.controller import ServingController
 from labfleet.storage import hosts
 from labfleet.storage.hosts import RIGHTS
-from labfleet.storage.usage import FolderUsage
+from labfleet.storage.rescans import FolderUsage
 from labfleet.usage import enforce, overuse, records
 from labfleet.usage.metrics import Metrics
 from labfleet.usage.sampler import Reading, Sampler, sample_interval
@@ -543,13 +542,13 @@ class LabfleetService(Application):
             if jobs.parent_changed(self.parent_pid):
                 self.log.warning("The process that started this service is gone: not starting")
                 self.exit(1)
-        database = bootstrap.open_database(self.db_url, upgrade=self.upgrade_db)
-        self.engine, self.session_factory = database.engine, database.session_factory
-        self.log.info("Database %s", database.state)
+        opened = bootstrap.open_database(self.db_url, upgrade=self.upgrade_db)
+        self.engine, self.session_factory = opened.engine, opened.session_factory
+        self.log.info("Database %s", opened.state)
         if self.register_local_node:
             self.register_node()
         self.ensure_images()
-        with lfdb.session_scope(self.session_factory) as db:
+        with database.session_scope(self.session_factory) as db:
             for h in self.storage_hosts:
                 hosts.ensure_host(db, h)
         self.secretbox = SecretBox()
@@ -586,7 +585,7 @@ class LabfleetService(Application):
                 pipe_dir=self.mps_pipe_dir,
                 log_dir=self.mps_log_dir,
             )
-        with lfdb.session_scope(self.session_factory) as db:
+        with database.session_scope(self.session_factory) as db:
             nodes.set_mps(db, nodes.register_node(db, info), self.mps_status)
         self.log.info(
             "Node %s: MPS %s%s",
@@ -609,7 +608,7 @@ class LabfleetService(Application):
         status = await asyncio.to_thread(self.mps_supervisor.check)
         if status != self.mps_status:
             self.mps_status = status
-            with lfdb.session_scope(self.session_factory) as db:
+            with database.session_scope(self.session_factory) as db:
                 node = db.scalar(select(Node).where(Node.name == self.node_name))
                 if node is not None:
                     nodes.set_mps(db, node, status)
@@ -617,14 +616,14 @@ class LabfleetService(Application):
 
     def ensure_images(self) -> None:
         for body in self.default_images:
-            with lfdb.session_scope(self.session_factory) as db:
+            with database.session_scope(self.session_factory) as db:
                 if images.find(db, body.get("name")) is not None:
                     continue
             labels = None
             try:
                 if body.get("inspect"):
                     labels = images.docker_labels(body["name"])
-                with lfdb.session_scope(self.session_factory) as db:
+                with database.session_scope(self.session_factory) as db:
                     images.register(db, Actor.cli(), body, labels)
                 self.log.info("Registered image %s", body["name"])
             except LabfleetError as e:
@@ -687,7 +686,7 @@ class LabfleetService(Application):
                     break
         if waiting.admitted.done():
             view, error = waiting.admitted.result()
-        with lfdb.session_scope(self.session_factory) as audit_db:
+        with database.session_scope(self.session_factory) as audit_db:
             audit.record(
                 audit_db,
                 actor,
@@ -768,16 +767,16 @@ class LabfleetService(Application):
         return jobs.serve_queues(self.session_factory, self.log, self.metrics.observe_queue_waits)
 
     @property
-    def idle_settings(self) -> engine.Settings:
-        return engine.Settings(
+    def idle_settings(self) -> reclaimer.Settings:
+        return reclaimer.Settings(
             default_idle_timeout=self.idle_timeout,
             interval=self.idle_check_interval or 30.0,
             report_interval=self.activity_interval,
         )
 
-    async def reclaim_idle(self) -> list[engine.Decision]:
-        """Reclaim idle sessions and those past their max lifetime (see ``labfleet.reclaim.engine``)."""
-        return await engine.reclaim(
+    async def reclaim_idle(self) -> list[reclaimer.Decision]:
+        """Reclaim idle sessions and those past their max lifetime (see ``labfleet.reclaim.reclaimer``)."""
+        return await reclaimer.reclaim(
             self.session_factory,
             self.hub_sync.stop_server,
             self.idle_settings,
@@ -819,7 +818,7 @@ class LabfleetService(Application):
         server = app.listen(url.port or 80, address=url.hostname or "127.0.0.1", xheaders=True)
         self.log.info("labfleet service listening on %s%s", self.service_url, self.prefix)
         if self.sync_groups_on_start and self.hub_sync.enabled:
-            with lfdb.session_scope(self.session_factory) as db:
+            with database.session_scope(self.session_factory) as db:
                 names = list(db.scalars(select(User.username)))
             sync = asyncio.ensure_future(self.hub_sync.sync_all(names))
             self._background.add(sync)
@@ -831,7 +830,7 @@ class LabfleetService(Application):
             # At start (after a restart of the Hub or of this service), then on a clock.
             self.jobs.add("reconcile", max(self.reconcile_interval, 0), self.reconcile_with_hub, first_in=0)
         self.jobs.add("schedule", self.schedule_interval, self.serve_queues)
-        self.serving = ServingEngine.attach(self)  # model serving: replicas, health, the router's table
+        self.serving = ServingController.attach(self)  # model serving: replicas, health, the router's table
         self.jobs.add("nodes", self.agent_heartbeat, self.watch_nodes)
         if self.idle_check_interval > 0 and self.hub_sync.enabled:
             self.jobs.add("idle", self.idle_check_interval, self.reclaim_idle)

@@ -26,7 +26,7 @@ from tornado.httputil import HTTPServerRequest
 from labfleet.compute.sessions import take_queue_waits
 from labfleet.core import authz, signing
 from labfleet.core.authz import Actor
-from labfleet.core.db import session_scope
+from labfleet.core.database import session_scope
 from labfleet.core.errors import Forbidden, InvalidInput, LabfleetError, RateLimited, Unauthorized
 from labfleet.core.pages import DEFAULT_LIMIT, MAX_LIMIT, Page
 from labfleet.core.secretbox import SecretKeyMissing

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from labfleet.compute.reconcile import HubServer
 from labfleet.core import http, hubmap
-from labfleet.core.db import session_scope
+from labfleet.core.database import session_scope
 from labfleet.tenancy.directory import get_user
 
 

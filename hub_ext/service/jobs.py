@@ -34,8 +34,7 @@ from typing import Any, Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from labfleet.compute import agents, reconcile, sessions
-from labfleet.core import audit
-from labfleet.core import db as lfdb
+from labfleet.core import audit, database
 from labfleet.core.authz import Actor
 from labfleet.core.models import ResourceGroup
 from labfleet.usage import records
@@ -55,11 +54,11 @@ def serve_queues(
 
     Returns the ids of the sessions scheduled; cancellations (pending timeouts) are logged; once
     each group's transaction has committed, ``observe_waits`` hears how long its placed sessions waited."""
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         group_ids = sessions.groups_with_queue(db)
     scheduled: list[str] = []
     for group_id in group_ids:
-        with lfdb.session_scope(session_factory) as db:
+        with database.session_scope(session_factory) as db:
             group = db.get(ResourceGroup, group_id)
             if group is None:
                 continue
@@ -90,7 +89,7 @@ async def account_usage(
     """One usage tick: read what runs on ``node_name`` (unless an agent samples it), sample it off
     the event loop, accrue, with the readings node agents sent since the last tick; then
     ``enforce`` (the GPU share backstop) hears every reading."""
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         targets = [] if agents.has_agent(db, node_name) else records.targets_on(db, node_name)
     readings = (
         await asyncio.get_running_loop().run_in_executor(None, sampler.sample, targets) if targets else []
@@ -99,7 +98,7 @@ async def account_usage(
     for r in readings:
         if not r.alive and r.error:
             log.debug("Usage: session %s not sampled: %s", r.session_id, r.error)
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         done = records.accrue(db, readings, max_gap=max_gap, retention_days=retention_days)
     if done.started or done.finished or done.purged:
         log.info(
@@ -147,7 +146,7 @@ async def reconcile_sessions(
     if servers is None:
         log.warning("Could not read the Hub's servers: sessions not reconciled")
         return None
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         planned = reconcile.plan_reconcile(reconcile.live_sessions(db, now), servers, grace)
     confirmed = set()
     for user in sorted({f.user for f in planned if f.releases}):
@@ -158,7 +157,7 @@ async def reconcile_sessions(
         else:
             servers.update({(user, name): state for name, state in again.items()})
             confirmed.add(user)
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         fixes = reconcile.reconcile(db, servers, grace, now, release_users=confirmed)
     waits = sessions.take_queue_waits(db)
     if observe_waits is not None and waits:
@@ -188,7 +187,7 @@ async def _stop_orphans(
     watch: reconcile.OrphanWatch,
 ) -> None:
     now = now or datetime.now(timezone.utc)
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         orphans = reconcile.orphan_servers(reconcile.live_sessions(db, now), servers)
     await stop_orphan_servers(session_factory, watch.due(orphans, now, grace), stop_server, log)
 
@@ -209,7 +208,7 @@ async def stop_orphan_servers(
         label = f"{user}/{server}" if server else f"{user}'s default server"
         log.warning("The Hub runs %s, which holds no live session: stopping it", label)
         stopped = await stop_server(user, server)
-        with lfdb.session_scope(session_factory) as db:
+        with database.session_scope(session_factory) as db:
             audit.record(
                 db,
                 actor or Actor.cli(),
@@ -241,11 +240,11 @@ async def watch_nodes(
     then the Hub is asked to stop those sessions' servers. ``since``: the service's start (heartbeats
     missed before it do not count). Returns {node: its sessions ended}."""
     now = now or datetime.now(timezone.utc)
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         names = agents.judge(agents.node_beats(db), now, heartbeat, lost_after, since)
     out: dict[str, list[agents.LostSession]] = {}
     for name in names:
-        with lfdb.session_scope(session_factory) as db:
+        with database.session_scope(session_factory) as db:
             lost = agents.mark_lost(db, name, now, heartbeat, lost_after, since)
         waits = sessions.take_queue_waits(db)
         if observe_waits is not None and waits:

@@ -2,7 +2,7 @@
 
 Who sees what, as everywhere: a user their own endpoints, a domain admin their domain's, a monitor
 and a superadmin all; what an actor may not read is *not found*. Changing needs the owner, their
-domain admin or a superadmin. The engine (:mod:`labfleet.serving.engine`) does what the rows ask.
+domain admin or a superadmin. The engine (:mod:`labfleet.serving.controller`) does what the rows ask.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from labfleet.compute import sessions
 from labfleet.core import audit, passwords
 from labfleet.core.authz import Actor
-from labfleet.core.db import session_scope
+from labfleet.core.database import session_scope
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from labfleet.core.models import Domain, ServingEndpoint, ServingRoute, ServingToken, User, VFolder
 from labfleet.core.validate import (
@@ -32,7 +32,7 @@ from labfleet.core.validate import (
 )
 from labfleet.core.vocab import COMMAND_PORT_RANGE
 from labfleet.serving import definition
-from labfleet.storage import folders
+from labfleet.storage import vfolders
 from labfleet.tenancy.directory import get_project, get_user
 
 LIVE = ("PENDING", "DEPLOYING", "READY", "DEGRADED", "DESTROYING")
@@ -62,7 +62,7 @@ def _now() -> datetime:
 
 def read_definition(v: VFolder) -> bytes:
     """The folder's ``model-definition.yaml`` (or ``.yml``), at most 256 KiB."""
-    store = folders.store_of(v)
+    store = vfolders.store_of(v)
     for name in definition.DEFINITION_FILES:
         try:
             f, st = store.open_read(name)
@@ -153,7 +153,7 @@ def _check_replicas(value: Any, user: User, *, minimum: int) -> int:
 def _folder(db: Session, user: User, ref: Any) -> VFolder:
     if not isinstance(ref, str) or not ref:
         raise InvalidInput("model_folder must be the name or id of a model folder")
-    hits = [v for v, _ in folders.resolve_mounts(db, user, [ref]) if ref in (v.id, v.name)]
+    hits = [v for v, _ in vfolders.resolve_mounts(db, user, [ref]) if ref in (v.id, v.name)]
     if not hits:
         raise NotFound(f"no vfolder {ref!r} that you can mount")
     v = hits[0]

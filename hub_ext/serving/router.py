@@ -2,7 +2,7 @@
 
 A request is checked (``Authorization: Bearer <token>`` unless the endpoint is open to the public;
 401 without it or with a wrong one; 429 past the token's requests per minute; 403 while the endpoint's
-domain or owner is deactivated, see :func:`labfleet.serving.engine.suspension`), then passed to one of
+domain or owner is deactivated, see :func:`labfleet.serving.controller.suspension`), then passed to one of
 the endpoint's healthy replicas, chosen round robin (``LABFLEET_SERVING_BALANCE=least_outstanding``:
 the one with the fewest requests in flight). A replica that refuses the connection is taken out of
 rotation and the request goes to the next one; the answer streams back as it comes (server-sent
@@ -15,7 +15,7 @@ way in. A caller's own ``X-Labfleet-Replica-*`` headers are dropped. The front's
 command refused the connection (``X-Labfleet-Replica-Refused``) counts as a refused connection.
 
 :func:`choose` is the pure part; :class:`ServeHandler` the tornado handler (the service's routes list
-it). The routing table is the engine's (:mod:`labfleet.serving.engine`), rebuilt at every tick.
+it). The routing table is the engine's (:mod:`labfleet.serving.controller`), rebuilt at every tick.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.ioloop import IOLoop
 
 from labfleet.core import passwords
-from labfleet.core.db import session_scope
+from labfleet.core.database import session_scope
 from labfleet.core.models import ServingToken
 from labfleet.core.signing import RateLimiter
 from labfleet.serving import credentials, endpoints
-from labfleet.serving.engine import Entry, Replica, ServingEngine, token_key
+from labfleet.serving.controller import Entry, Replica, ServingController, token_key
 
 POLICIES = ("round_robin", "least_outstanding")
 # Not passed on, either way (RFC 9110 7.6.1), nor what the router sets itself.
@@ -193,7 +193,7 @@ class ServeHandler(websocket.WebSocketHandler):
 
     # ------------------------------------------------------------ the work
 
-    async def _authorize(self, engine: ServingEngine, entry: Entry) -> tuple[bool, int | None]:
+    async def _authorize(self, engine: ServingController, entry: Entry) -> tuple[bool, int | None]:
         """(allowed, token id); answers 401 or 429 itself when not allowed."""
         if entry.open_to_public:
             return True, None
@@ -260,7 +260,7 @@ class ServeHandler(websocket.WebSocketHandler):
 
     async def serve(self, name: str, path: str) -> None:
         started = time.perf_counter()
-        engine: ServingEngine | None = getattr(self.settings["labfleet"], "serving", None)
+        engine: ServingController | None = getattr(self.settings["labfleet"], "serving", None)
         entry = engine.table.get(name) if engine is not None else None
         if engine is None or entry is None:
             self._answer(404, f"no endpoint {name[:64]!r} serves here")
@@ -289,7 +289,7 @@ class ServeHandler(websocket.WebSocketHandler):
 
     # ------------------------------------------------------------ websockets
 
-    async def _bridge(self, engine: ServingEngine, entry: Entry, name: str, path: str) -> int:
+    async def _bridge(self, engine: ServingController, entry: Entry, name: str, path: str) -> int:
         """Connect to a replica's websocket (the next one if it refuses), then accept the caller's."""
         headers = httputil.HTTPHeaders()
         for k, v in self._upstream_headers(entry, name).get_all():
@@ -372,7 +372,7 @@ class ServeHandler(websocket.WebSocketHandler):
                 self.set_header(k, v)
                 seen.add(lk)
 
-    async def _forward(self, engine: ServingEngine, entry: Entry, name: str, path: str) -> int:
+    async def _forward(self, engine: ServingController, entry: Entry, name: str, path: str) -> int:
         """Pass the request to a replica and stream its answer back; the status answered."""
         method = self.request.method or "GET"
         body = self.request.body if method in ("POST", "PUT", "PATCH") or self.request.body else None

@@ -24,7 +24,7 @@ from labfleet.core.errors import LabfleetError, NotFound
 from labfleet.core.models import VFolder
 from labfleet.core.validate import parse_project_ref
 from labfleet.serving import definition
-from labfleet.storage import folders
+from labfleet.storage import vfolders
 from labfleet.storage.store import FolderStore
 
 README_FILES = ("README.md", "Readme.md", "readme.md")
@@ -201,17 +201,17 @@ def candidates(db: Session, actor: Actor, *, project: str | None = None) -> list
     """The project model folders ``actor`` may see in the store (see the module's doc), optionally
     of one ``project`` (DOMAIN/PROJECT; 400 when malformed)."""
     wanted = parse_project_ref(project) if project is not None else None
-    user = folders.actor_user(db, actor)
+    user = vfolders.actor_user(db, actor)
     deployer = user is not None and actor.kind == "user" and actor.role != "monitor"
-    reach = folders.mountable_for(db, user) if deployer and user is not None else []
+    reach = vfolders.mountable_for(db, user) if deployer and user is not None else []
     mountable = {v.id: can for v, _, can in reach}
     if actor.reads_everything or actor.role == "admin":
         scope = "all" if actor.reads_everything else "domain"
-        q = folders.folders_query(db, actor, {"scope": scope, "status": "READY"}).where(
+        q = vfolders.folders_query(db, actor, {"scope": scope, "status": "READY"}).where(
             VFolder.owner_kind == "project", VFolder.usage_mode == "model"
         )
-        found = list(db.scalars(q.options(*folders.FOLDER_LOADS)).unique())
-        rows = list(zip(found, folders.accesses(db, actor, found), strict=True))
+        found = list(db.scalars(q.options(*vfolders.FOLDER_LOADS)).unique())
+        rows = list(zip(found, vfolders.accesses(db, actor, found), strict=True))
     else:
         rows = [(v, acc) for v, acc, can in reach if can]
     out = []
@@ -229,7 +229,7 @@ def candidates(db: Session, actor: Actor, *, project: str | None = None) -> list
                 host=v.host.name,
                 permission=acc.permission,
                 can_deploy=bool(mountable.get(v.id)),
-                store=folders.store_of(v),
+                store=vfolders.store_of(v),
             )
         )
     return out

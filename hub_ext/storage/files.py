@@ -1,4 +1,4 @@
-"""A folder's files through the API: who may do what to them (labfleet.storage.folders.open_files
+"""A folder's files through the API: who may do what to them (labfleet.storage.vfolders.open_files
 decides), the store call that does it, and the views of entries.
 
 Reading needs ``ro`` on the folder's files, creating and moving ``rw``, whatever removes or
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden
-from labfleet.storage import folders, hosts
+from labfleet.storage import hosts, vfolders
 from labfleet.storage.store import Entry, FolderStore, TrashEntry, check_relpath
 
 
@@ -38,11 +38,11 @@ class Download(NamedTuple):
 
 def download(db: Session, actor: Actor, folder_id: str, rel: str, *, archive: bool) -> Download:
     """What reading ``rel`` (normalised) gives the actor; a file or a tar needs ``download-file``."""
-    v, store = folders.open_files(db, actor, folder_id, "ro")
+    v, store = vfolders.open_files(db, actor, folder_id, "ro")
     entry = store.stat(rel) if rel else None
     is_dir = entry is None or entry.type == "dir"
     if archive or not is_dir:
-        hosts.need_right(folders.host_rights(db, actor, v), "download-file", v.host)
+        hosts.need_right(vfolders.host_rights(db, actor, v), "download-file", v.host)
     if not is_dir:
         return Download(store, rel, "file", v.name)
     name = (entry.name if entry else v.name) or v.name
@@ -54,36 +54,36 @@ def listing(d: Download) -> dict[str, Any]:
 
 
 def mkdir(db: Session, actor: Actor, folder_id: str, path: str, *, parents: bool) -> Entry:
-    _, store = folders.open_files(db, actor, folder_id, "rw")
+    _, store = vfolders.open_files(db, actor, folder_id, "rw")
     return store.mkdir(check_relpath(path, allow_root=False), parents=parents)
 
 
 def move(db: Session, actor: Actor, folder_id: str, src: str, dst: str, *, overwrite: bool) -> Entry:
     """Rename inside the folder; replacing what is at ``dst`` needs ``wd``."""
-    _, store = folders.open_files(db, actor, folder_id, "wd" if overwrite else "rw")
+    _, store = vfolders.open_files(db, actor, folder_id, "wd" if overwrite else "rw")
     return store.move(src, dst, overwrite=overwrite)
 
 
 def trash(db: Session, actor: Actor, folder_id: str, path: str) -> TrashEntry:
     """Move an entry to the folder's trash (it still counts against the limits until purged)."""
-    _, store = folders.open_files(db, actor, folder_id, "wd")
+    _, store = vfolders.open_files(db, actor, folder_id, "wd")
     return store.trash(check_relpath(path, allow_root=False), by=actor.name)
 
 
 def list_trash(db: Session, actor: Actor, folder_id: str) -> list[TrashEntry]:
-    _, store = folders.open_files(db, actor, folder_id, "ro")
+    _, store = vfolders.open_files(db, actor, folder_id, "ro")
     return store.list_trash()
 
 
 def restore(db: Session, actor: Actor, folder_id: str, trash_id: str, *, to: str | None) -> str:
     """Put a trashed entry back (at its old path, or ``to``); returns where."""
-    _, store = folders.open_files(db, actor, folder_id, "wd")
+    _, store = vfolders.open_files(db, actor, folder_id, "wd")
     return store.restore(trash_id, to=to)
 
 
 def purge(db: Session, actor: Actor, folder_id: str, trash_id: str) -> None:
     """Delete a trash entry for good: the owner's or an admin's call, shared or not."""
-    v, acc = folders.readable(db, actor, folder_id)
+    v, acc = vfolders.readable(db, actor, folder_id)
     if not acc.manage:
         raise Forbidden(f"only the owner or an admin can purge vfolder {v.name}'s trash")
-    folders.store_of(v).purge(trash_id)
+    vfolders.store_of(v).purge(trash_id)

@@ -20,7 +20,7 @@ from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from labfleet.core.models import User, VFolderInvitation, VFolderPermission
 from labfleet.core.validate import check_fields
 from labfleet.storage import hosts
-from labfleet.storage.folders import check_permission, find_user, host_rights, need_ready, readable
+from labfleet.storage.vfolders import check_permission, find_user, host_rights, need_ready, readable
 
 
 def _grant(db: Session, folder_id: str, user_id: int) -> VFolderPermission | None:

@@ -1,7 +1,7 @@
 """Uploads into a folder, from the reservation to the file in place.
 
     begin   check the caller's rights and the room left, reserve the upload's whole size (a
-            ``vfolder_uploads`` row, labfleet.storage.quota.reserve) and make its temp file
+            ``vfolder_uploads`` row, labfleet.storage.vfquota.reserve) and make its temp file
     append  write a request's bytes at the upload's offset (a ``Body``; one writer at a time);
             a resumable upload reserves its whole size again for the request (quota.hold), and
             when the request ends unfinished (done or dropped) holds only what it received
@@ -19,7 +19,7 @@ arrived when its request drops, and finishes with its last byte.
 
 ``begin``, ``status``, ``cancel``, ``abort`` and ``expire`` work in the caller's transaction.
 The streaming steps (``start``, ``append``, ``finish``, ``abandon``) span several: they take the
-service's FolderUsage (labfleet.storage.usage), which holds the session factory and the locks.
+service's FolderUsage (labfleet.storage.rescans), which holds the session factory and the locks.
 """
 
 from __future__ import annotations
@@ -30,17 +30,16 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import InvalidInput, LabfleetError, NotFound
 from labfleet.core.models import VFolder, VFolderUpload
-from labfleet.storage import folders, hosts
-from labfleet.storage import quota as vfquota
+from labfleet.storage import hosts, vfolders, vfquota
 from labfleet.storage.files import entry_view
 from labfleet.storage.store import Entry, FolderStore, check_relpath
 
 if TYPE_CHECKING:
-    from labfleet.storage.usage import FolderUsage
+    from labfleet.storage.rescans import FolderUsage
 
 MAX_UPLOAD = 1 << 40  # one upload's size; the quotas are the real limit
 
@@ -121,7 +120,7 @@ def begin(
     Needs ``rw`` on the folder's files and the ``upload-file`` right on its host.  ``size`` is
     None when the request did not say how long its body is (refused, 411).
     """
-    v, store = folders.open_files(db, actor, folder_id, "rw", "upload-file")
+    v, store = vfolders.open_files(db, actor, folder_id, "rw", "upload-file")
     rel = check_relpath(path, allow_root=False)
     if size is None:
         raise LengthRequired("send the body with a Content-Length (chunked uploads: use /uploads)")
@@ -139,7 +138,7 @@ def find(
     db: Session, actor: Actor, folder_id: str, upload_id: str, right: str | None = None
 ) -> tuple[VFolderUpload, FolderStore]:
     """An upload in progress in a folder the actor may write (and ``right`` on its host)."""
-    v, store = folders.open_files(db, actor, folder_id, "rw", right)
+    v, store = vfolders.open_files(db, actor, folder_id, "rw", right)
     return vfquota.get_upload(db, v, upload_id), store
 
 
@@ -147,7 +146,7 @@ def in_progress(db: Session, actor: Actor, folder_id: str) -> list[dict[str, Any
     """The uploads in progress in a folder the actor may write, oldest first: each holds its
     whole size while a request writes it, what it received otherwise, until it finishes, is
     cancelled (DELETE) or expires."""
-    v, store = folders.open_files(db, actor, folder_id, "rw")
+    v, store = vfolders.open_files(db, actor, folder_id, "rw")
     rows = db.scalars(
         select(VFolderUpload).where(VFolderUpload.vfolder_id == v.id).order_by(VFolderUpload.created_at)
     )
@@ -191,7 +190,7 @@ def expire(db: Session, idle: float) -> list[str]:
     """Abort the uploads nobody wrote to for ``idle`` seconds; returns their ids."""
     gone = []
     for up in vfquota.expired_uploads(db, idle):
-        abort(db, folders.store_of(db.get(VFolder, up.vfolder_id)), up.id)  # type: ignore[arg-type]
+        abort(db, vfolders.store_of(db.get(VFolder, up.vfolder_id)), up.id)  # type: ignore[arg-type]
         gone.append(up.id)
     return gone
 
@@ -224,13 +223,13 @@ def _rows(db: Session, folder_id: str, upload_id: str) -> tuple[VFolder, VFolder
 
 def start(usage: FolderUsage, actor: Actor, folder_id: str, path: str, size: int | None) -> Body:
     """A whole-file upload: ``begin``, then its body from offset 0."""
-    with lfdb.session_scope(usage.session_factory) as db:
+    with database.session_scope(usage.session_factory) as db:
         up, store = begin(db, actor, folder_id, path, size)
         upload_id, expected = up.id, up.size
     try:
         fh = store.upload_open(upload_id, 0)
     except (LabfleetError, OSError):
-        with lfdb.session_scope(usage.session_factory) as db:
+        with database.session_scope(usage.session_factory) as db:
             abort(db, store, upload_id)
         raise
     return Body(folder_id, store, upload_id, fh, expected, whole=True)
@@ -246,7 +245,7 @@ def append(
 ) -> Body:
     """The next chunk of a resumable upload: ``length`` bytes from ``offset``, which must be
     where the upload stands (else ChunkRefused, with the right offset).  None: not given."""
-    with lfdb.session_scope(usage.session_factory) as db:
+    with database.session_scope(usage.session_factory) as db:
         up, store = find(db, actor, folder_id, upload_id, "upload-file")
         if offset is None:
             raise InvalidInput("send the chunk's position in an Upload-Offset header")
@@ -261,7 +260,7 @@ def append(
         raise ChunkRefused(e.message, e.status, store.upload_offset(upload_id)) from None
     try:
         # Under the writer lock: the room for the rest, before any of the body is read.
-        with lfdb.session_scope(usage.session_factory) as db:
+        with database.session_scope(usage.session_factory) as db:
             v, row = _rows(db, folder_id, upload_id)
             vfquota.hold(db, v, row, hosts.free_disk(v.host.path))
     except BaseException:
@@ -280,7 +279,7 @@ def _let_go(usage: FolderUsage, body: Body) -> tuple[VFolderUpload | None, int]:
         except OSError:
             pass  # what did not reach the file is not there: the offset says so
         offset = body.store.upload_offset(body.id)
-        with lfdb.session_scope(usage.session_factory) as db:
+        with database.session_scope(usage.session_factory) as db:
             row = db.get(VFolderUpload, body.id)
             if row is not None:
                 vfquota.let_go(row, offset)
@@ -306,7 +305,7 @@ def abandon(usage: FolderUsage, body: Body) -> None:
         return
     body.done = True
     body.close()
-    with lfdb.session_scope(usage.session_factory) as db:
+    with database.session_scope(usage.session_factory) as db:
         abort(db, body.store, body.id)
 
 
@@ -324,7 +323,7 @@ async def finish(usage: FolderUsage, body: Body) -> Progress:
                 raise InvalidInput(f"received {body.received} of {body.expected} bytes")
             offset = body.expected
             async with usage.lock(body.folder_id):
-                with lfdb.session_scope(usage.session_factory) as db:
+                with database.session_scope(usage.session_factory) as db:
                     v, row = _rows(db, body.folder_id, body.id)
                     view = upload_view(row, offset)
                     entry: Entry | None = _move_into_place(db, v, row, body.store)
@@ -341,7 +340,7 @@ async def finish(usage: FolderUsage, body: Body) -> Progress:
         entry = None
         if offset == held.size:
             async with usage.lock(body.folder_id):
-                with lfdb.session_scope(usage.session_factory) as db:
+                with database.session_scope(usage.session_factory) as db:
                     v, current = _rows(db, body.folder_id, body.id)
                     entry = _move_into_place(db, v, current, body.store)
     if entry is not None:

@@ -34,8 +34,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from labfleet.compute import sessions
-from labfleet.core import audit
-from labfleet.core import db as lfdb
+from labfleet.core import audit, database
 from labfleet.core.authz import Actor
 from labfleet.core.models import Allocation, ComputeSession, Device, Domain, Node, ResourceGroup, User
 from labfleet.core.vocab import HOLDING_STATUSES
@@ -176,7 +175,7 @@ def _note(
     session_factory: sessionmaker[Session], d: overuse.Decision, w: _Where, reason: str, details: dict
 ) -> None:
     """Audit the action and tell the session (its status reason), in one transaction."""
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         s = db.get(ComputeSession, d.holding.session_id)
         if s is not None and s.status == "RUNNING":
             s.status_reason = reason[:1000]
@@ -246,7 +245,7 @@ async def act(
         _write_kill(session_factory, d, w, details, [kill(p) for p in d.victims])
     else:
         reason = f"gpu-overuse: {why}; stopped"[:1000]
-        with lfdb.session_scope(session_factory) as db:
+        with database.session_scope(session_factory) as db:
             s = db.get(ComputeSession, sid)
             if s is None or s.status != "RUNNING":
                 return None
@@ -258,7 +257,7 @@ async def act(
         assert stop_server is not None
         if not await stop_server(w.user, w.server):
             log.warning("Session %s is over its GPU share, but the Hub did not stop it", sid)
-            with lfdb.session_scope(session_factory) as db:
+            with database.session_scope(session_factory) as db:
                 s = db.get(ComputeSession, sid)
                 if s is not None and s.status == "TERMINATING" and s.status_reason == reason:
                     sessions.set_status(
@@ -345,7 +344,7 @@ def sweep_agent_kills(
     wanted = agent_kills.sessions()
     if not wanted:
         return
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         live = {
             (node, sid)
             for sid, node in db.execute(
@@ -374,7 +373,7 @@ async def enforce(
     where kills on agents' nodes are queued (None: they are warnings)."""
     if agent_kills is not None:
         sweep_agent_kills(session_factory, agent_kills, log=log, observe=observe)
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         found, where = holdings(db, readings, node_name)
     done = []
     for d in overuse.judge(found, watch):

@@ -34,7 +34,7 @@ their labels:
 
 Model serving (labfleet.serving), per endpoint not destroyed (endpoint, project, domain): the counters
 ``serving_requests_total`` and ``serving_errors_total``, read from the endpoints' cumulative columns
-(written by the serving engine each tick, so they survive restarts and lag by at most a tick); the
+(written by the serving controller each tick, so they survive restarts and lag by at most a tick); the
 gauges ``serving_replicas_healthy`` and ``serving_replicas_wanted``; the histogram
 ``serving_request_duration_seconds`` (endpoint), observed by the router as it counts each request.
 Per token there is no label (as many series as tokens): per token is in ``GET /api/usage``.
@@ -61,7 +61,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labfleet.core import ledger
+from labfleet.core import usage_ledger
 from labfleet.core.models import (
     RECLAIM_REASONS,
     Allocation,
@@ -305,7 +305,7 @@ class Fleet:
     held: dict[int, Held] = field(default_factory=dict)  # node id -> held
     domains: list[Tenant] = field(default_factory=list)
     projects: list[Tenant] = field(default_factory=list)
-    ledger: ledger.Rows = field(default_factory=dict)
+    ledger: usage_ledger.Rows = field(default_factory=dict)
     utilisation: list[SessionFigures] = field(default_factory=list)
     serving: list[EndpointRow] = field(default_factory=list)
 
@@ -390,7 +390,7 @@ def read_fleet(db: Session) -> Fleet:
             )
         )
     ]
-    fleet.ledger = ledger.read_kinds(db, ("domain", "project"))
+    fleet.ledger = usage_ledger.read_kinds(db, ("domain", "project"))
     fleet.utilisation = [
         SessionFigures(
             st.session_id, st.domain, st.project, st.user, st.cpu_now, st.mem_now, st.gpu_now, st.gpu_mem_now
@@ -497,7 +497,7 @@ def quota_families(
     ):
         used_f, limit_f = gauge(f"labfleet_{kind}_quota_used"), gauge(f"labfleet_{kind}_quota_limit")
         for t in sorted(tenants, key=lambda t: (t.domain, t.name)):
-            used = ledger.used(rows.get((kind, t.id), {}))
+            used = usage_ledger.used(rows.get((kind, t.id), {}))
             cap = _cap(t.cap)
             for slot in sorted(set(used) | set(cap)):
                 used_f.add_metric([*labels(t), slot], float(used.get_amount(slot)))

@@ -368,7 +368,7 @@ def purge(db: Session, before: datetime) -> int:
     result: Any = db.execute(delete(UsageBucket).where(UsageBucket.bucket_start < before))
     gone = result.rowcount or 0
     db.execute(delete(UsageDay).where(UsageDay.bucket_start < before - accrual.DAY))
-    db.execute(delete(ServingUsage).where(ServingUsage.bucket_start < before))  # labfleet.usage.serving
+    db.execute(delete(ServingUsage).where(ServingUsage.bucket_start < before))  # labfleet.usage.serving_usage
     db.execute(
         delete(UsageSessionState).where(
             UsageSessionState.finished.is_(True), UsageSessionState.held_until < before

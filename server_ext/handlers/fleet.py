@@ -16,10 +16,11 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from labfleet.core.http import HTTPReply
 from labfleet.core.vocab import ACTIVE_STATUSES
 
 from .. import fleet
-from ..calls import Answer, SessionCalls, quoted
+from ..calls import SessionCalls, quoted
 from ..runner import Runner, SessionEnv, port_is_listening
 from ..usage import ProcessSampler, devices_from_env, session_usage
 from . import AUTH_RESOURCE
@@ -76,7 +77,7 @@ class FleetHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(data))
 
-    def fail(self, answer: Answer, what: str) -> None:
+    def fail(self, answer: HTTPReply, what: str) -> None:
         status = answer.status if 400 <= answer.status < 600 else 502
         self.answer({"message": f"{what}: {answer.message}"}, status)
 

@@ -175,7 +175,7 @@ def test_loggable_urls_drop_query_and_credentials():
 
 
 def test_a_reply_built_by_hand():
-    # the Hub side builds replies in tests as Reply(status, data)
+    # the Hub side builds replies in tests as HTTPReply(status, data)
     made = HTTPReply(201, {"id": "s1"})
     assert made.ok and made.code == 201 and made.data == {"id": "s1"} and made.message == ""
     said = HTTPReply(503, {"message": "no service here"}, content_type=http.JSON, is_json=True)

@@ -62,7 +62,7 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            if mod.count(".") < 2:  # `from labfleet.core import db` imports labfleet.core.db
+            if mod.count(".") < 2:  # `from labfleet.core import db` imports labfleet.core.database
                 out += [(node.lineno, f"{mod}.{a.name}") for a in node.names]
             else:
                 out.append((node.lineno, mod))
@@ -128,7 +128,7 @@ def test_imports_run_one_way():
     [
         ("from labfleet.compute import sessions\n", "tenancy sits below compute"),
         ("from ..storage.hosts import RIGHTS\n", "tenancy sits below storage"),
-        ("from labfleet.hub.client import Reply\n", "only the Hub process imports hub/"),
+        ("from labfleet.hub.client import service_call\n", "only the Hub process imports hub/"),
     ],
 )
 def test_a_wrong_way_import_is_caught(tmp_path, monkeypatch, source, expected):

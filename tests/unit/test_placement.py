@@ -22,7 +22,7 @@ from labfleet.compute.scheduler import (
     place,
     release,
 )
-from labfleet.compute.scheduler.fragmentation import Shape, shape_of
+from labfleet.compute.scheduler.fragmentation import TaskShape, shape_of
 
 GIB = 2**30
 
@@ -76,7 +76,7 @@ def test_fgd_keeps_a_whole_gpu_free_where_pack_does_not():
     # pack picks a (least GPU left on the node) and breaks its whole device; fgd fills b's
     # half-used device, since the target workload is mostly whole-GPU tasks.
     c = Cluster([node("a", "0"), node("b", "0.5", "0", "0")])
-    wl = Workload({Shape(cpu=1000, mem=GIB, whole=1): 9, Shape(cpu=1000, mem=GIB, frac=50): 1})
+    wl = Workload({TaskShape(cpu=1000, mem=GIB, whole=1): 9, TaskShape(cpu=1000, mem=GIB, frac=50): 1})
     assert place(half(), c, "pack").devices == (("a-gpu0", D("0.5")),)
     p = place(half(), c, "fgd", workload=wl)
     assert (p.node, p.devices) == ("b", (("b-gpu0", D("0.5")),))
@@ -89,14 +89,14 @@ def test_fgd_packs_fractions_that_fit_the_workload_together():
     # Device 1 has 0.5 free. Filling it removes the 0.5 that whole-GPU tasks cannot use
     # (fragmentation falls); taking half of the empty device 0 would break a whole GPU (it rises).
     c = Cluster([node("n1", "0", "0.5")])
-    wl = Workload({Shape(cpu=0, mem=0, frac=50): 1, Shape(cpu=0, mem=0, whole=1): 1})
+    wl = Workload({TaskShape(cpu=0, mem=0, frac=50): 1, TaskShape(cpu=0, mem=0, whole=1): 1})
     assert place(half(), c, "fgd", workload=wl).devices == (("n1-gpu1", D("0.5")),)
 
 
 def test_fgd_cpu_only_task_goes_where_it_strands_no_gpu():
     # b's GPU is fully used, so taking b's CPU strands nothing; taking a's last CPU would.
     c = Cluster([node("a", "0", cpu=4), node("b", "1", cpu=4)])
-    wl = Workload({Shape(cpu=2000, mem=0, whole=1): 1})
+    wl = Workload({TaskShape(cpu=2000, mem=0, whole=1): 1})
     p = place(Request(cpu=D(3)), c, "fgd", workload=wl)
     assert p.node == "b" and p.devices == ()
 
@@ -251,11 +251,11 @@ def test_node_dict_round_trip():
 def test_node_fragmentation_definition():
     # Devices free 0.3 and 1.0; workload: half 0.5-tasks, half 1-GPU tasks.
     n = node("n", "0.7", "0")
-    wl = Workload({Shape(cpu=0, mem=0, frac=50): 1, Shape(cpu=0, mem=0, whole=1): 1})
+    wl = Workload({TaskShape(cpu=0, mem=0, frac=50): 1, TaskShape(cpu=0, mem=0, whole=1): 1})
     # 0.5 task: 0.3 unusable; whole task: 0.3 unusable -> expected 0.3.
     assert node_fragmentation(n, wl) == D("0.3")
     # A task the node cannot host sees all 1.3 free shares as fragment.
-    big = Workload({Shape(cpu=10**9, mem=0, frac=10): 1})
+    big = Workload({TaskShape(cpu=10**9, mem=0, frac=10): 1})
     assert node_fragmentation(n, big) == D("1.3")
     cpu_only = Workload({shape_of(Request(cpu=D(1))): 1})
     assert node_fragmentation(n, cpu_only) == D("1.3")
@@ -276,7 +276,7 @@ def test_workload_top_and_observe():
 
 def test_online_workload_change_is_seen():
     c = Cluster([node("a", "0"), node("b", "0.5", "0", "0")])
-    wl = Workload({Shape(cpu=0, mem=0, frac=50): 1})
+    wl = Workload({TaskShape(cpu=0, mem=0, frac=50): 1})
     first = place(half(), c, "fgd", workload=wl)
     for _ in range(20):
         wl.observe(Request(gpu=1))

@@ -19,7 +19,7 @@ from tornado.httputil import HTTPHeaders
 from tornado.netutil import bind_sockets
 
 from labfleet.serving import credentials
-from labfleet.serving.engine import Entry, Replica, ServingEngine, backoff
+from labfleet.serving.controller import Entry, Replica, ServingController, backoff
 from labfleet.serving.router import ServeHandler, _front_refused, _refused, choose, replica_url
 from labfleet.session.front import ReplicaFront
 
@@ -104,7 +104,7 @@ def _port(server: Any) -> int:
 
 
 async def test_the_router_sends_each_replica_its_credential_and_fails_over_when_the_front_refuses():
-    engine = ServingEngine(None, None, logging.getLogger("test"), secret_key=b"router test")  # type: ignore[arg-type]
+    engine = ServingController(None, None, logging.getLogger("test"), secret_key=b"router test")  # type: ignore[arg-type]
     model = await asyncio.start_server(_model, "127.0.0.1", 0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

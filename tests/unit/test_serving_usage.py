@@ -1,12 +1,12 @@
 """Model serving's numbers, the pure parts: one tick's counts split per endpoint and token
-(labfleet.usage.serving.split) and the Prometheus families built from plain endpoint rows
+(labfleet.usage.serving_usage.split) and the Prometheus families built from plain endpoint rows
 (labfleet.usage.metrics.serving_families)."""
 
 from __future__ import annotations
 
 from labfleet.usage import metrics
 from labfleet.usage.metrics import EndpointRow
-from labfleet.usage.serving import Counts, split
+from labfleet.usage.serving_usage import Counts, split
 
 
 def test_what_an_endpoint_has_beyond_its_tokens_came_without_one():

@@ -14,7 +14,7 @@ from typing import Any
 
 from jupyterhub.spawner import SpawnException
 
-from labfleet.hub.client import Reply
+from labfleet.core.http import HTTPReply
 from labfleet.spawner.mixin import LabfleetSpawnerMixin
 
 
@@ -45,13 +45,13 @@ class QueuedSpawner:
     def _lf_admission_body(self, options: Any) -> dict[str, Any]:
         return {}
 
-    async def lf_call(self, method: str, path: str, body: Any = None) -> Reply:
+    async def lf_call(self, method: str, path: str, body: Any = None) -> HTTPReply:
         self.calls.append((method, path, body))
         if method == "GET":
             self.queued.set()
         if method == "PATCH":
             await asyncio.sleep(self.release_takes)
-        return Reply(201 if method == "POST" else 200, {"id": "s1", "status": "PENDING"})
+        return HTTPReply(201 if method == "POST" else 200, {"id": "s1", "status": "PENDING"})
 
 
 async def test_a_queued_spawn_cancelled_by_the_hub_ends_at_once_and_still_gives_back():
@@ -82,14 +82,14 @@ class AdmittingSpawner(QueuedSpawner):
         self.answer = answer
         self.service_restart_wait = wait
 
-    async def lf_call(self, method: str, path: str, body: Any = None) -> Reply:
+    async def lf_call(self, method: str, path: str, body: Any = None) -> HTTPReply:
         self.calls.append((method, path, body))
         if method == "POST" and self.silent:
             self.silent -= 1
-            return Reply(0, error="connection refused")
+            return HTTPReply(0, error="connection refused")
         if method == "POST" and self.answer >= 400:
-            return Reply(self.answer, {"status": self.answer, "message": "no room"})
-        return Reply(self.answer, {"id": body["id"], "status": "SCHEDULED"})
+            return HTTPReply(self.answer, {"status": self.answer, "message": "no room"})
+        return HTTPReply(self.answer, {"id": body["id"], "status": "SCHEDULED"})
 
 
 async def test_an_admission_with_no_answer_is_asked_again_with_the_same_id():

@@ -468,7 +468,7 @@ class _Started:
 def _mixin_spawner(withheld, tmp_path, **config):
     from types import SimpleNamespace
 
-    from labfleet.hub.client import Reply
+    from labfleet.core.http import HTTPReply
     from labfleet.spawner.mixin import LabfleetSpawnerMixin
 
     placed = {**SESSION, **MPS_ON, "id": "s-1", "status": "SCHEDULED", "node": "node-1"}
@@ -488,7 +488,7 @@ def _mixin_spawner(withheld, tmp_path, **config):
 
         async def lf_call(self, method, path, body=None):
             self.calls.append((method, path, body))
-            return Reply(201 if method == "POST" else 200, placed)
+            return HTTPReply(201 if method == "POST" else 200, placed)
 
     s = Spawner(session_log_dir=str(tmp_path), **config)
     s.calls = []

@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from labfleet.hub.client import Reply
+from labfleet.core.http import HTTPReply
 from labfleet.spawner.docker import LabfleetDockerSpawner
 from labfleet.spawner.docker_config import container_config
 from labfleet.spawner.form import render
@@ -162,8 +162,8 @@ class FakeSpawner(LabfleetSpawnerMixin, _Backend):
     async def lf_call(self, method, path, body=None):
         self.calls.append((method, path, body))
         if method == "POST":
-            return Reply(201, dict(self.session))
-        return Reply(200, {})
+            return HTTPReply(201, dict(self.session))
+        return HTTPReply(200, {})
 
     def lf_session_home(self) -> str:
         return "/home/alice"

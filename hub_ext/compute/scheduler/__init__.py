@@ -4,7 +4,7 @@ See :mod:`labfleet.compute.scheduler.placement` for the API and the policies, an
 :mod:`labfleet.compute.scheduler.fragmentation` for the fragmentation measure behind ``fgd``.
 """
 
-from labfleet.compute.scheduler.fragmentation import Shape, Workload, node_fragmentation, shape_of
+from labfleet.compute.scheduler.fragmentation import TaskShape, Workload, node_fragmentation, shape_of
 from labfleet.compute.scheduler.placement import (
     POLICIES,
     Cluster,
@@ -26,7 +26,7 @@ __all__ = [
     "Placement",
     "PlacementError",
     "Request",
-    "Shape",
+    "TaskShape",
     "Workload",
     "apply",
     "node_fragmentation",

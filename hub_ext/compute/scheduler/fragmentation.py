@@ -42,7 +42,7 @@ FREE_MASK = (1 << MODEL_SHIFT) - 1
 
 
 @dataclass(frozen=True, order=True)
-class Shape:
+class TaskShape:
     """One task shape of a workload, in integer units.
 
     ``whole`` whole devices, or ``frac`` hundredths of one device (never both), ``models`` the
@@ -60,14 +60,14 @@ class Shape:
         return self.whole > 0 or self.frac > 0
 
 
-def shape_of(request: Request) -> Shape:
+def shape_of(request: Request) -> TaskShape:
     """The workload shape of a placement request (what was asked, never rounded up)."""
     cpu = int(request.cpu * CPU_UNITS)
     if request.gpu:
-        return Shape(cpu, request.mem, whole=request.gpu, models=request.models)
+        return TaskShape(cpu, request.mem, whole=request.gpu, models=request.models)
     if request.shares:
-        return Shape(cpu, request.mem, frac=int(request.shares * SHARE_UNITS), models=request.models)
-    return Shape(cpu, request.mem)
+        return TaskShape(cpu, request.mem, frac=int(request.shares * SHARE_UNITS), models=request.models)
+    return TaskShape(cpu, request.mem)
 
 
 class Workload:
@@ -78,10 +78,10 @@ class Workload:
     fragmentation values are recomputed.
     """
 
-    def __init__(self, counts: Mapping[Shape, int] | None = None) -> None:
-        self._counts: dict[Shape, int] = {}
+    def __init__(self, counts: Mapping[TaskShape, int] | None = None) -> None:
+        self._counts: dict[TaskShape, int] = {}
         self.version = 0
-        self._key: frozenset[tuple[Shape, int]] | None = None
+        self._key: frozenset[tuple[TaskShape, int]] | None = None
         self._key_version = -1
         for shape, weight in (counts or {}).items():
             self.add_shape(shape, weight)
@@ -98,17 +98,17 @@ class Workload:
         """Count one more occurrence of ``request``'s shape."""
         self.add_shape(shape_of(request), weight)
 
-    def add_shape(self, shape: Shape, weight: int = 1) -> None:
+    def add_shape(self, shape: TaskShape, weight: int = 1) -> None:
         if weight <= 0:
             raise ValueError(f"workload weight must be a positive integer, not {weight!r}")
         self._counts[shape] = self._counts.get(shape, 0) + int(weight)
         self.version += 1
 
-    def counts(self) -> dict[Shape, int]:
-        """Shape -> weight, a copy."""
+    def counts(self) -> dict[TaskShape, int]:
+        """TaskShape -> weight, a copy."""
         return dict(self._counts)
 
-    def key(self) -> frozenset[tuple[Shape, int]]:
+    def key(self) -> frozenset[tuple[TaskShape, int]]:
         """What the workload is now, as an immutable value: equal for equal counts, whichever
         object holds them.  Caches of what depends only on the workload (a cluster's evaluators)
         are keyed by it.  Built once per :attr:`version`; a frozenset keeps its hash."""
@@ -125,7 +125,7 @@ class Workload:
         if not 0 < coverage <= 1:
             raise ValueError("coverage must be in (0, 1]")
         total = sum(self._counts.values())
-        out: dict[Shape, int] = {}
+        out: dict[TaskShape, int] = {}
         acc = 0
         for shape, w in sorted(self._counts.items(), key=lambda kv: (-kv[1], kv[0])):
             if acc >= coverage * total:

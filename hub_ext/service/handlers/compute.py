@@ -13,7 +13,7 @@ from labfleet.core import authz
 from labfleet.core.errors import Forbidden, LabfleetError, NotFound
 from labfleet.core.validate import check_bool, check_choice
 from labfleet.core.vocab import SESSION_STATUSES
-from labfleet.reclaim import engine
+from labfleet.reclaim import reclaimer
 from labfleet.service.base import (
     APIHandler,
     page_answer,
@@ -123,7 +123,9 @@ class SessionHandler(APIHandler):
             s = sessions.readable(db, a, session_id)
             detail = sessions.session_detail(db, s)
             if s.status == "RUNNING":  # how long it has been idle, and when it would be reclaimed
-                detail["idle"] = engine.idle_of(db, s.id, datetime.now(timezone.utc), self.lf.idle_settings)
+                detail["idle"] = reclaimer.idle_of(
+                    db, s.id, datetime.now(timezone.utc), self.lf.idle_settings
+                )
             return detail, None
 
         await self.run(op)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from labfleet.reclaim import engine, rules
+from labfleet.reclaim import reclaimer, rules
 from labfleet.service.base import APIHandler, request_json, required_body
 
 
@@ -38,14 +38,14 @@ class IdleCheckerHandler(APIHandler):
 
 class IdlePreviewHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: (engine.preview(db, a, _now(), self.lf.idle_settings), None))
+        await self.run(lambda db, a: (reclaimer.preview(db, a, _now(), self.lf.idle_settings), None))
 
 
 class SessionIdleHandler(APIHandler):
     async def get(self, session_id):
         def op(db, a):
-            s = engine.sessions.readable(db, a, session_id)
-            return engine.idle_of(db, s.id, _now(), self.lf.idle_settings), None
+            s = reclaimer.sessions.readable(db, a, session_id)
+            return reclaimer.idle_of(db, s.id, _now(), self.lf.idle_settings), None
 
         await self.run(op)
 
@@ -53,13 +53,13 @@ class SessionIdleHandler(APIHandler):
 class SessionActivityHandler(APIHandler):
     async def post(self, session_id):
         body = request_json(self)
-        await self.run(lambda db, a: (engine.report_activity(db, a, session_id, body, _now()), None))
+        await self.run(lambda db, a: (reclaimer.report_activity(db, a, session_id, body, _now()), None))
 
 
 class StillHereHandler(APIHandler):
     async def post(self, session_id):
         await self.run(
-            lambda db, a: (engine.still_here(db, a, session_id, _now(), self.lf.idle_settings), None)
+            lambda db, a: (reclaimer.still_here(db, a, session_id, _now(), self.lf.idle_settings), None)
         )
 
 

@@ -16,8 +16,7 @@ from labfleet.core.errors import InvalidInput, LabfleetError
 from labfleet.core.validate import check_bool, check_fields, check_int
 from labfleet.service.base import APIHandler, page_answer, page_args, request_json, required_body
 from labfleet.storage import files as vffiles
-from labfleet.storage import folders as vfolders
-from labfleet.storage import hosts, uploads
+from labfleet.storage import hosts, uploads, vfolders
 from labfleet.storage import sharing as vfshare
 from labfleet.storage.store import FolderStore, check_relpath, iter_tar
 

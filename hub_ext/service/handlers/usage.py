@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from labfleet.core.errors import LabfleetError
 from labfleet.core.pages import page_of
 from labfleet.service.base import APIHandler, page_answer, page_args
-from labfleet.usage import serving, stats
+from labfleet.usage import serving_usage, stats
 
 
 class UsageHandler(APIHandler):
@@ -21,7 +21,7 @@ class UsageHandler(APIHandler):
             with self.db() as db:
                 answer = stats.report(db, self.actor, query)
                 if query.format == "json":
-                    answer["serving"] = serving.report(db, self.actor, query)
+                    answer["serving"] = serving_usage.report(db, self.actor, query)
         except LabfleetError as e:
             self.send_error_json(e.status, e.message)
             return
@@ -37,7 +37,7 @@ class UsageHandler(APIHandler):
 
 class MyUsageHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, actor: (serving.add_to_me(db, actor, stats.me(db, actor)), None))
+        await self.run(lambda db, actor: (serving_usage.add_to_me(db, actor, stats.me(db, actor)), None))
 
 
 class LiveUsageHandler(APIHandler):

@@ -14,12 +14,11 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labfleet.core import db as lfdb
+from labfleet.core import database
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import ComputeSession, VFolder
 from labfleet.core.vocab import FINAL_STATUSES
-from labfleet.storage import folders, uploads
-from labfleet.storage import quota as vfquota
+from labfleet.storage import uploads, vfolders, vfquota
 
 
 class FolderUsage:
@@ -48,12 +47,12 @@ class FolderUsage:
     async def rescan(self, folder_id: str) -> None:
         """Measure one folder on disk (in a thread) and record its usage."""
         async with self.lock(folder_id):
-            with lfdb.session_scope(self.session_factory) as db:
+            with database.session_scope(self.session_factory) as db:
                 v = db.get(VFolder, folder_id)
                 if v is None:
                     self._locks.pop(folder_id, None)
                     return
-                store = folders.store_of(v)
+                store = vfolders.store_of(v)
             try:
                 usage = await asyncio.get_running_loop().run_in_executor(None, store.usage)
             except LabfleetError as e:  # e.g. the tree changed under the walk: the next scan counts it
@@ -62,12 +61,12 @@ class FolderUsage:
             except OSError as e:
                 self.log.warning("Could not measure vfolder %s: %s", folder_id, e)
                 return
-            with lfdb.session_scope(self.session_factory) as db:
+            with database.session_scope(self.session_factory) as db:
                 vfquota.set_usage(db, folder_id, usage)
 
     async def rescan_session_mounts(self, session_id: str) -> None:
         """Measure the folders an ended session could write."""
-        with lfdb.session_scope(self.session_factory) as db:
+        with database.session_scope(self.session_factory) as db:
             s = db.get(ComputeSession, session_id)
             if s is None or s.status not in FINAL_STATUSES:
                 return
@@ -77,10 +76,10 @@ class FolderUsage:
 
     async def housekeeping(self) -> None:
         """Expire idle uploads, purge old trash, rescan every folder."""
-        with lfdb.session_scope(self.session_factory) as db:
+        with database.session_scope(self.session_factory) as db:
             for upload_id in uploads.expire(db, self.upload_expiry):
                 self.log.info("Cancelled idle upload %s", upload_id)
-            ids = [(v.id, folders.store_of(v)) for v in db.scalars(select(VFolder))]
+            ids = [(v.id, vfolders.store_of(v)) for v in db.scalars(select(VFolder))]
         for folder_id, store in ids:
             if self.trash_retention:
                 try:

@@ -1,4 +1,4 @@
-"""The serving engine: the service job that keeps every endpoint's replicas at the wanted count.
+"""The serving controller: the service job that keeps every endpoint's replicas at the wanted count.
 
 Each tick (``LABFLEET_SERVING_INTERVAL`` seconds, 2 by default, and at once after an API change):
 
@@ -46,11 +46,11 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from labfleet.compute import sessions
 from labfleet.core import http
-from labfleet.core.db import session_scope
+from labfleet.core.database import session_scope
 from labfleet.core.models import ComputeSession, ServingEndpoint, ServingRoute, ServingToken
 from labfleet.core.secretbox import load_key
 from labfleet.serving import credentials, definition, endpoints
-from labfleet.usage import serving as serving_usage
+from labfleet.usage import serving_usage
 
 LOCAL_HOST = "127.0.0.1"
 _HOSTNAME = re.compile(
@@ -162,7 +162,7 @@ class Stats:
 
 
 class HubServers(Protocol):
-    """What the engine needs of :class:`labfleet.service.hubsync.HubSync`."""
+    """What the controller needs of :class:`labfleet.service.hubsync.HubSync`."""
 
     api_url: str
     token: str
@@ -187,7 +187,7 @@ class _Actions:
     stops: list[tuple[str, str]] = field(default_factory=list)  # user, server
 
 
-class ServingEngine:
+class ServingController:
     def __init__(
         self,
         session_factory: sessionmaker[Session],
@@ -216,8 +216,8 @@ class ServingEngine:
         self._credentials: dict[tuple[str, int], str] = {}
 
     @classmethod
-    def attach(cls, app: Any) -> ServingEngine:
-        """Make the engine of the service ``app`` and register its job (when the service knows the Hub)."""
+    def attach(cls, app: Any) -> ServingController:
+        """Make the controller of the service ``app`` and register its job (when the service knows the Hub)."""
         interval = float(os.environ.get("LABFLEET_SERVING_INTERVAL") or 2)
         engine = cls(app.session_factory, app.hub_sync, app.log, interval=interval)
         if app.hub_sync.enabled:

@@ -7,7 +7,7 @@ folder's domain admin) manage every folder in their reach but read a user's file
 owner shared them.  A folder nobody may see is *not found*, whatever the route.
 
 The folder's data lives at ``<host path>/<id>/data`` (labfleet.storage.store); ``open_files`` decides
-who reaches it and how far.  Sizes are kept by labfleet.storage.quota.
+who reaches it and how far.  Sizes are kept by labfleet.storage.vfquota.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from labfleet.core.models import (
 from labfleet.core.pages import Page, contains_text, page_of
 from labfleet.core.validate import check_choice, check_fields, check_int, check_username, parse_project_ref
 from labfleet.core.vocab import FOLDER_PERMISSIONS, LIVE_STATUSES
-from labfleet.storage import hosts
-from labfleet.storage import quota as vfquota
+from labfleet.storage import hosts, vfquota
 from labfleet.storage.store import FolderStore
 from labfleet.tenancy.directory import actor_for
 

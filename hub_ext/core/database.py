@@ -314,5 +314,5 @@ def is_initialized(engine: Engine) -> bool:
 # Flush hooks every process that writes must have: state versions (caches learn of changes) and
 # the usage ledger's part in deletions. Imported here, where every session factory comes from; at
 # the end, since the ledger uses this module's Prepared.
-from labfleet.core import ledger as _ledger  # noqa: E402,F401
+from labfleet.core import usage_ledger  # noqa: E402,F401
 from labfleet.core import versions as _versions  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""The serving engine's decisions on a real (SQLite) DB with a fake Hub: replicas started as inference
+"""The serving controller's decisions on a real (SQLite) DB with a fake Hub: replicas started as inference
 sessions, health, a crashed replica FAILED with its reason and replaced after the backoff, scale down,
 destroy; replicas called at their session's address, with their credential (derived, one per replica),
 health checks through a real replica front. The real-Hub test (tests/test_serving_hub.py) runs the same
@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from labfleet.core.authz import Actor
-from labfleet.core.db import session_scope
+from labfleet.core.database import session_scope
 from labfleet.core.http import HTTPReply
 from labfleet.core.models import ServingEndpoint
 from labfleet.serving import credentials, endpoints
+from labfleet.serving.controller import ServingController, _Probe, replica_address, replica_host, suspension
 from labfleet.serving.definition import HealthCheck, parse_definition
-from labfleet.serving.engine import ServingEngine, _Probe, replica_address, replica_host, suspension
 from labfleet.session.front import ReplicaFront
 from labfleet.tenancy import directory
 from labfleet.tenancy.policies import ensure_default_keypair_policy
@@ -81,7 +81,7 @@ def world(tmp_path, monkeypatch):
             )
         )
     hub = FakeHub()
-    eng = ServingEngine(factory, hub, logging.getLogger("test"), interval=0)  # checks at every tick
+    eng = ServingController(factory, hub, logging.getLogger("test"), interval=0)  # checks at every tick
     healthy: set[int] = set()
     eng.probed = []  # (route id, host, credential) of every health check
 
@@ -256,8 +256,10 @@ def test_credentials_are_derived_one_per_replica_and_key():
 
 def test_the_engine_derives_from_the_services_secret_key(world):
     factory, hub, eng, healthy = world
-    other = ServingEngine(factory, hub, logging.getLogger("test"), secret_key=b"another key")
-    assert eng.credential("ep", 1) == ServingEngine(factory, hub, logging.getLogger("t")).credential("ep", 1)
+    other = ServingController(factory, hub, logging.getLogger("test"), secret_key=b"another key")
+    assert eng.credential("ep", 1) == ServingController(factory, hub, logging.getLogger("t")).credential(
+        "ep", 1
+    )
     assert eng.credential("ep", 1) != other.credential("ep", 1)
 
 
@@ -269,7 +271,7 @@ def _free_port() -> int:
 
 async def test_health_checks_go_through_the_replica_front_with_the_credential(world):
     factory, hub, _eng, _ = world
-    eng = ServingEngine(factory, hub, logging.getLogger("test"))  # the real _probe
+    eng = ServingController(factory, hub, logging.getLogger("test"))  # the real _probe
     cred = eng.credential("ep", 1)
     inner = _free_port()
     front = ReplicaFront(cred, inner)

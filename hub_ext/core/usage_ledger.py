@@ -39,7 +39,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from labfleet.core import quanta
-from labfleet.core.db import Prepared
+from labfleet.core.database import Prepared
 from labfleet.core.models import LEDGER_SCOPES, ComputeSession, Domain, Keypair, Project, UsageLedger, User
 from labfleet.core.slots import ResourceSlots
 from labfleet.core.vocab import LIVE_STATUSES

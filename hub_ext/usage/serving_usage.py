@@ -1,6 +1,6 @@
 """Model serving's usage over time: requests, errors and latency per endpoint and per token.
 
-The router counts every request in memory (``ServingEngine.count``); each tick the engine adds the
+The router counts every request in memory (``ServingController.count``); each tick the engine adds the
 counts to its cumulative columns and, through :func:`record`, to the 15-minute rows of
 ``serving_usage`` (one per endpoint, token and bucket; token None for requests without one, to an
 endpoint open to the public), so that "how many requests yesterday" has an answer. A tick's counts

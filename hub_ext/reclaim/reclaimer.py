@@ -32,8 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from labfleet.compute import sessions
 from labfleet.compute.reconcile import STARTING
-from labfleet.core import audit
-from labfleet.core import db as lfdb
+from labfleet.core import audit, database
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput
 from labfleet.core.models import (
@@ -292,7 +291,7 @@ async def reclaim(
     the Hub cannot tell). A server still starting is left to the next tick: stopping it would
     interrupt its spawn, and the Hub would answer that spawn's request with a 500."""
     now = now or datetime.now(timezone.utc)
-    with lfdb.session_scope(session_factory) as db:
+    with database.session_scope(session_factory) as db:
         decisions = decide(db, judge_all(db, now, settings))
     done = []
     for d in decisions:
@@ -300,7 +299,7 @@ async def reclaim(
         if server_state is not None and await server_state(subject.user, subject.server) == STARTING:
             log.debug("Session %s is to be reclaimed, but its server is still starting", subject.id)
             continue
-        with lfdb.session_scope(session_factory) as db:
+        with database.session_scope(session_factory) as db:
             s = db.get(ComputeSession, subject.id)
             if s is None or s.status != "RUNNING":
                 continue  # ended meanwhile
@@ -330,7 +329,7 @@ async def reclaim(
             # Still running: back to RUNNING, so the next tick tries again (reconciling leaves a
             # TERMINATING session alone while its server lives).
             log.warning("Session %s is to be reclaimed, but the Hub did not stop it", subject.id)
-            with lfdb.session_scope(session_factory) as db:
+            with database.session_scope(session_factory) as db:
                 s = db.get(ComputeSession, subject.id)
                 if s is not None and s.status == "TERMINATING" and s.status_reason == status_reason(j):
                     sessions.set_status(s, "RUNNING", "the Hub did not stop it when it was to be reclaimed")
