@@ -47,6 +47,7 @@ from labfleet.compute.scheduler.admission import QueueLimits
 from labfleet.core import audit, bootstrap, database, hubmap
 from labfleet.core.authz import Actor
 from labfleet.core.dburl import default_db_url
+from labfleet.core.envtraits import EnvError, document_env, load_env_fallbacks
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Node, User
 from labfleet.core.secretbox import SecretBox
@@ -152,84 +153,63 @@ class Launches:
                 del self._waiting[key]
 
 
+@document_env
 class LabfleetService(Application):
     name = "labfleet-service"
     description = "The labfleet service: tenancy, policies, keypairs and audit behind a REST API."
 
-    db_url = Unicode(
-        help="SQLAlchemy URL of labfleet's DB (default: $LABFLEET_DB_URL, else labfleet.sqlite here)."
-    ).tag(config=True)
+    db_url = Unicode(help="SQLAlchemy URL of labfleet's DB (default: labfleet.sqlite here).").tag(
+        config=True, env="LABFLEET_DB_URL"
+    )
 
     @default("db_url")
     def _db_url(self):
         return default_db_url()
 
-    prefix = Unicode(help="URL prefix the Hub's proxy routes to this service.").tag(config=True)
+    prefix = Unicode("/services/labfleet/", help="URL prefix the Hub's proxy routes to this service.").tag(
+        config=True, env="JUPYTERHUB_SERVICE_PREFIX"
+    )
 
-    @default("prefix")
-    def _prefix(self):
-        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/labfleet/")
+    service_url = Unicode(
+        "http://127.0.0.1:10101", help="Where this service listens (the Hub's service 'url')."
+    ).tag(config=True, env="JUPYTERHUB_SERVICE_URL")
 
-    service_url = Unicode(help="Where this service listens (the Hub's service 'url').").tag(config=True)
-
-    @default("service_url")
-    def _service_url(self):
-        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
-
-    hub_api_url = Unicode(help="The Hub's REST API, for group sync.").tag(config=True)
-
-    @default("hub_api_url")
-    def _hub_api_url(self):
-        return os.environ.get("JUPYTERHUB_API_URL", "")
+    hub_api_url = Unicode("", help="The Hub's REST API, for group sync.").tag(
+        config=True, env="JUPYTERHUB_API_URL"
+    )
 
     service_token = Unicode(
-        help="This service's own Hub API token; the Hub's authenticator uses it to call the service."
-    ).tag(config=True)
+        "", help="This service's own Hub API token; the Hub's authenticator uses it to call the service."
+    ).tag(config=True, env="JUPYTERHUB_API_TOKEN")
 
-    @default("service_token")
-    def _service_token(self):
-        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
-
-    node_name = Unicode(
-        help="This node's name in the fleet (default: $LABFLEET_NODE_NAME, else the host name)."
-    ).tag(config=True)
+    node_name = Unicode(help="This node's name in the fleet (default: the host name).").tag(
+        config=True, env="LABFLEET_NODE_NAME"
+    )
 
     @default("node_name")
     def _node_name(self):
-        return os.environ.get("LABFLEET_NODE_NAME") or socket.gethostname()
+        return socket.gethostname()
 
     device_plugins = List(
         Unicode(),
-        help="Device plugins that describe this node's accelerators (default: $LABFLEET_DEVICE_PLUGINS, "
-        "comma-separated, else 'nvidia'); 'mock' declares fake devices for machines without a GPU.",
-    ).tag(config=True)
-
-    @default("device_plugins")
-    def _device_plugins(self):
-        return [
-            p.strip() for p in os.environ.get("LABFLEET_DEVICE_PLUGINS", "nvidia").split(",") if p.strip()
-        ]
+        ["nvidia"],
+        help="Device plugins that describe this node's accelerators (comma-separated in the environment); "
+        "'mock' declares fake devices for machines without a GPU.",
+    ).tag(config=True, env="LABFLEET_DEVICE_PLUGINS")
 
     mock_devices = List(
         JSONDict(),
         help='Devices of the mock plugin, e.g. [{"model": "A100-80GB", "memory": "80g", "count": 2}] '
-        "(default: $LABFLEET_MOCK_DEVICES as JSON).",
-    ).tag(config=True)
-
-    @default("mock_devices")
-    def _mock_devices(self):
-        return json.loads(os.environ.get("LABFLEET_MOCK_DEVICES") or "[]")
+        "(JSON in the environment).",
+    ).tag(config=True, env="LABFLEET_MOCK_DEVICES")
 
     mps = Unicode(
+        "auto",
         help=f"""Whether this node runs its own NVIDIA MPS daemon, which limits the sessions that hold a
         fraction of a GPU: {" | ".join(MPS_MODES)}. auto: where the nvidia plugin finds GPUs MPS can
         share (not MIG instances) and nvidia-cuda-mps-control is on PATH; on: required (the node shows
-        failed, with the reason, when it cannot run); off: never. Default: $LABFLEET_MPS, else auto.""",
-    ).tag(config=True)
-
-    @default("mps")
-    def _mps(self):
-        return os.environ.get("LABFLEET_MPS") or "auto"
+        failed, with the reason, when it cannot run); off: never.""",
+    ).tag(config=True, env="LABFLEET_MPS")
 
     @validate("mps")
     def _check_mps(self, proposal):
@@ -243,22 +223,15 @@ class LabfleetService(Application):
     ).tag(config=True)
 
     mps_pipe_dir = Unicode(
+        DEFAULT_PIPE_DIR,
         help="""This node's MPS daemon's own pipe directory (its $CUDA_MPS_PIPE_DIRECTORY, given to the
-        sessions placed here). Default: $LABFLEET_MPS_PIPE_DIR, else /run/labfleet/mps.""",
-    ).tag(config=True)
-
-    @default("mps_pipe_dir")
-    def _mps_pipe_dir(self):
-        return os.environ.get("LABFLEET_MPS_PIPE_DIR") or DEFAULT_PIPE_DIR
+        sessions placed here).""",
+    ).tag(config=True, env="LABFLEET_MPS_PIPE_DIR")
 
     mps_log_dir = Unicode(
-        help="""This node's MPS daemon's own log directory (its $CUDA_MPS_LOG_DIRECTORY). Default:
-        $LABFLEET_MPS_LOG_DIR, else /var/log/labfleet/mps.""",
-    ).tag(config=True)
-
-    @default("mps_log_dir")
-    def _mps_log_dir(self):
-        return os.environ.get("LABFLEET_MPS_LOG_DIR") or DEFAULT_LOG_DIR
+        DEFAULT_LOG_DIR,
+        help="""This node's MPS daemon's own log directory (its $CUDA_MPS_LOG_DIRECTORY).""",
+    ).tag(config=True, env="LABFLEET_MPS_LOG_DIR")
 
     mps_check_interval = Float(
         10.0, help="Seconds between checks of this node's MPS daemon (a dead one restarts with backoff)."
@@ -266,36 +239,29 @@ class LabfleetService(Application):
 
     session_log_dir = Unicode(
         help="""Folder of the sessions' logs, one file per session id, written by the spawners and read
-        at /api/sessions/{id}/logs (default: $LABFLEET_SESSION_LOG_DIR, else session-logs here).""",
-    ).tag(config=True)
+        at /api/sessions/{id}/logs (default: session-logs here).""",
+    ).tag(config=True, env="LABFLEET_SESSION_LOG_DIR")
 
     @default("session_log_dir")
     def _session_log_dir(self):
-        return os.environ.get("LABFLEET_SESSION_LOG_DIR") or str(Path.cwd() / "session-logs")
+        return str(Path.cwd() / "session-logs")
 
     default_images = List(
         JSONDict(),
         help="""Images registered at start when missing, as POST /api/images bodies (with "inspect": true
-        their labels are read from Docker). Default: $LABFLEET_DEFAULT_IMAGES as JSON.""",
-    ).tag(config=True)
-
-    @default("default_images")
-    def _default_images(self):
-        return json.loads(os.environ.get("LABFLEET_DEFAULT_IMAGES") or "[]")
+        their labels are read from Docker); JSON in the environment.""",
+    ).tag(config=True, env="LABFLEET_DEFAULT_IMAGES")
 
     storage_hosts = List(
         JSONDict(),
         help="""Storage hosts added at start when missing, as POST /api/storage-hosts bodies ({"name",
-        "path", "default_permissions", "owner_uid", ...})
-        (default: $LABFLEET_STORAGE_HOSTS as JSON, else one host "local" at ./vfolders whose rights
-        everyone has). Change existing ones through /api/storage-hosts.""",
-    ).tag(config=True)
+        "path", "default_permissions", "owner_uid", ...}; JSON in the environment). Default: one host
+        "local" at ./vfolders whose rights everyone has. Change existing ones through
+        /api/storage-hosts.""",
+    ).tag(config=True, env="LABFLEET_STORAGE_HOSTS")
 
     @default("storage_hosts")
     def _storage_hosts(self):
-        raw = os.environ.get("LABFLEET_STORAGE_HOSTS")
-        if raw:
-            return json.loads(raw)
         return [{"name": "local", "path": str(Path.cwd() / "vfolders"), "default_permissions": list(RIGHTS)}]
 
     vfolder_default_host = Unicode(
@@ -307,14 +273,10 @@ class LabfleetService(Application):
         return self.storage_hosts[0]["name"] if self.storage_hosts else ""
 
     vfolder_scan_interval = Integer(
+        300,
         help="""Seconds between scans of every folder's size (what sessions write is counted then;
-        changes through the API are counted at once). 0 turns the periodic scan off.
-        Default: $LABFLEET_VFOLDER_SCAN_INTERVAL, else 300.""",
-    ).tag(config=True)
-
-    @default("vfolder_scan_interval")
-    def _vfolder_scan_interval(self):
-        return int(os.environ.get("LABFLEET_VFOLDER_SCAN_INTERVAL") or 300)
+        changes through the API are counted at once). 0 turns the periodic scan off.""",
+    ).tag(config=True, env="LABFLEET_VFOLDER_SCAN_INTERVAL")
 
     max_queued_sessions = Integer(
         hubmap.DEFAULT_MAX_QUEUED_SESSIONS,
@@ -332,69 +294,46 @@ class LabfleetService(Application):
     ).tag(config=True)
 
     schedule_interval = Float(
+        5.0,
         help="""Seconds between two services of every resource group's queue: a pending timeout fires within
         this, and a session queued for capacity that came from outside a request (a node registered, a
         limit raised with the CLI) starts within this. Every committed write of the API serves the queues
-        at once too. Default: $LABFLEET_SCHEDULE_INTERVAL, else 5.""",
-    ).tag(config=True)
-
-    @default("schedule_interval")
-    def _schedule_interval(self):
-        return float(os.environ.get("LABFLEET_SCHEDULE_INTERVAL") or 5)
+        at once too.""",
+    ).tag(config=True, env="LABFLEET_SCHEDULE_INTERVAL")
 
     idle_check_interval = Float(
+        30.0,
         help="""Seconds between two runs of the idle reclamation engine, which also stops sessions past
         their keypair policy's max_session_lifetime (the Hub is asked to stop them). 0 turns it off.
-        Default: $LABFLEET_IDLE_CHECK_INTERVAL, else $LABFLEET_LIFETIME_CHECK_INTERVAL (its former
-        name), else 30.""",
-    ).tag(config=True)
-
-    @default("idle_check_interval")
-    def _idle_check_interval(self):
-        env = os.environ
-        return float(
-            env.get("LABFLEET_IDLE_CHECK_INTERVAL") or env.get("LABFLEET_LIFETIME_CHECK_INTERVAL") or 30
-        )
+        ($LABFLEET_LIFETIME_CHECK_INTERVAL is the former name of its variable.)""",
+    ).tag(config=True, env=("LABFLEET_IDLE_CHECK_INTERVAL", "LABFLEET_LIFETIME_CHECK_INTERVAL"))
 
     idle_timeout = Float(
+        0.0,
         help="""Seconds without activity after which a session is reclaimed, for keypair policies whose
-        idle_timeout is negative (the global default). 0: never. Default: $LABFLEET_IDLE_TIMEOUT, else 0.""",
-    ).tag(config=True)
-
-    @default("idle_timeout")
-    def _idle_timeout(self):
-        return float(os.environ.get("LABFLEET_IDLE_TIMEOUT") or 0)
+        idle_timeout is negative (the global default). 0: never.""",
+    ).tag(config=True, env="LABFLEET_IDLE_TIMEOUT")
 
     activity_interval = Float(
+        60.0,
         help="""Seconds between two activity reports of a session's server extension (it reads
         $LABFLEET_ACTIVITY_INTERVAL too); a report three intervals old no longer keeps a busy kernel's
-        session alive. Default: $LABFLEET_ACTIVITY_INTERVAL, else 60.""",
-    ).tag(config=True)
-
-    @default("activity_interval")
-    def _activity_interval(self):
-        return float(os.environ.get("LABFLEET_ACTIVITY_INTERVAL") or 60)
+        session alive.""",
+    ).tag(config=True, env="LABFLEET_ACTIVITY_INTERVAL")
 
     reconcile_interval = Float(
+        30.0,
         help="""Seconds between two reconciliations of the sessions with the Hub's servers (also done at
         start): statuses follow what the Hub reports (a ready server's session is RUNNING even if the
         spawner's report was lost), and slots held with no Hub server go back after
-        `reconcile_grace`. 0: only at start. Default: $LABFLEET_RECONCILE_INTERVAL, else 30.""",
-    ).tag(config=True)
-
-    @default("reconcile_interval")
-    def _reconcile_interval(self):
-        return float(os.environ.get("LABFLEET_RECONCILE_INTERVAL") or 30)
+        `reconcile_grace`. 0: only at start.""",
+    ).tag(config=True, env="LABFLEET_RECONCILE_INTERVAL")
 
     reconcile_grace = Float(
+        reconcile.RECONCILE_GRACE,
         help="""Seconds since a session's last status change before reconciling gives back the slots
-        of a session whose Hub server does not exist (its spawner may be about to start or stop it).
-        Default: $LABFLEET_RECONCILE_GRACE, else 120.""",
-    ).tag(config=True)
-
-    @default("reconcile_grace")
-    def _reconcile_grace(self):
-        return float(os.environ.get("LABFLEET_RECONCILE_GRACE") or reconcile.RECONCILE_GRACE)
+        of a session whose Hub server does not exist (its spawner may be about to start or stop it).""",
+    ).tag(config=True, env="LABFLEET_RECONCILE_GRACE")
 
     exit_with_parent = Bool(
         help="""Stop when the process that started this service (the Hub) is gone: a parent-death signal
@@ -427,34 +366,25 @@ class LabfleetService(Application):
     ).tag(config=True)
 
     metrics_token = Unicode(
+        "",
         help="""A token a Prometheus server presents as `Authorization: Bearer <token>` to read
         /services/labfleet/metrics (monitors and superadmins read it with their Hub token or login too).
-        Empty: no such token. Keep it secret: it is compared in constant time and never logged.
-        Default: $LABFLEET_METRICS_TOKEN, else empty.""",
-    ).tag(config=True)
-
-    @default("metrics_token")
-    def _metrics_token(self):
-        return os.environ.get("LABFLEET_METRICS_TOKEN", "")
+        Empty: no such token. Keep it secret: it is compared in constant time and never logged.""",
+    ).tag(config=True, env="LABFLEET_METRICS_TOKEN")
 
     sample_interval = Float(
         help="""Seconds between two usage samples of the sessions on this node (CPU, memory, GPU, read
-        from outside the sessions) and two accruals of the usage records; 0 turns both off.
-        Default: $LABFLEET_SAMPLE_INTERVAL, else 15.""",
-    ).tag(config=True)
+        from outside the sessions) and two accruals of the usage records; 0 turns both off.""",
+    ).tag(config=True, env="LABFLEET_SAMPLE_INTERVAL")
 
     @default("sample_interval")
     def _sample_interval(self):
         return sample_interval()
 
     usage_retention_days = Integer(
-        help="""Days the usage records (15-minute buckets) are kept. Default: $LABFLEET_USAGE_RETENTION_DAYS,
-        else 400.""",
-    ).tag(config=True)
-
-    @default("usage_retention_days")
-    def _usage_retention_days(self):
-        return int(os.environ.get("LABFLEET_USAGE_RETENTION_DAYS") or records.DEFAULT_RETENTION_DAYS)
+        records.DEFAULT_RETENTION_DAYS,
+        help="""Days the usage records (15-minute buckets) are kept.""",
+    ).tag(config=True, env="LABFLEET_USAGE_RETENTION_DAYS")
 
     @validate("usage_retention_days")
     def _check_retention(self, proposal):
@@ -463,23 +393,17 @@ class LabfleetService(Application):
         return proposal["value"]
 
     agent_heartbeat = Float(
+        agents.DEFAULT_HEARTBEAT,
         help="""Seconds between two heartbeats of a node agent (`labfleet agent`: it takes this from the
-        service's answers). Default: $LABFLEET_AGENT_HEARTBEAT, else 10.""",
-    ).tag(config=True)
-
-    @default("agent_heartbeat")
-    def _agent_heartbeat(self):
-        return float(os.environ.get("LABFLEET_AGENT_HEARTBEAT") or agents.DEFAULT_HEARTBEAT)
+        service's answers).""",
+    ).tag(config=True, env="LABFLEET_AGENT_HEARTBEAT")
 
     node_lost_after = Integer(
+        agents.DEFAULT_LOST_AFTER,
         help="""Missed heartbeats after which an agent's node is LOST: its sessions end in ERROR ("node
         lost"), their slots go back and the Hub stops their servers. The node the service registers
-        itself has no agent and is never LOST. Default: $LABFLEET_NODE_LOST_AFTER, else 3.""",
-    ).tag(config=True)
-
-    @default("node_lost_after")
-    def _node_lost_after(self):
-        return int(os.environ.get("LABFLEET_NODE_LOST_AFTER") or agents.DEFAULT_LOST_AFTER)
+        itself has no agent and is never LOST.""",
+    ).tag(config=True, env="LABFLEET_NODE_LOST_AFTER")
 
     @validate("agent_heartbeat", "node_lost_after")
     def _check_heartbeat(self, proposal):
@@ -536,6 +460,11 @@ class LabfleetService(Application):
         path = Path(self.config_file)
         self.load_config_file(path.name, path=str(path.parent.absolute()))
         self.update_config(cli_config)  # the command line wins over the file
+        try:  # then the environment, for what neither set
+            load_env_fallbacks(self, self.config.get(type(self).__name__, {}))
+        except EnvError as e:
+            self.log.critical("%s", e)
+            self.exit(2)
         if self.exit_with_parent:
             if not exit_with_parent_signal():
                 self.log.info("No parent-death signal here: the parent is checked on a clock only")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
+from labfleet.core.envtraits import EnvError, env_names, load_env_fallbacks, parse_env
 from labfleet.core.secretbox import ensure_key_file
 from labfleet.hub.configure import configure, service_args
 from labfleet.service.app import LabfleetService
@@ -115,6 +116,7 @@ def test_every_labfleet_variable_of_the_hub_reaches_the_service(tmp_path, monkey
         if name.startswith("LABFLEET_"):
             monkeypatch.setenv(name, value)
     app = LabfleetService()
+    load_env_fallbacks(app, {})  # as its initialize() does, after its config file and command line
     assert app.idle_check_interval == 3 and app.idle_timeout == 900
 
 
@@ -206,3 +208,97 @@ def test_the_hubs_spawn_limit_grows_by_what_the_fleet_may_queue(tmp_path):
     c.JupyterHub.concurrent_spawn_limit = 30
     configure(c, tmp_path, service_port=12345, admin_console=False)
     assert c.JupyterHub.concurrent_spawn_limit == 30
+
+
+# ---------------------------------------------------------------- options that fall back on variables
+
+# A value each kind of option takes from its variable, and what it then is.
+SAMPLES = {
+    "Unicode": ("some-text", "some-text"),
+    "Float": ("2.5", 2.5),
+    "Int": ("7", 7),
+    "List": ("mock, nvidia", ["mock", "nvidia"]),
+    "ListOfObjects": ('[{"name": "x", "path": "/srv/x"}]', [{"name": "x", "path": "/srv/x"}]),
+}
+
+
+def _sample(trait):
+    kind = type(trait).__name__
+    if kind == "List" and type(getattr(trait, "_trait", None)).__name__ != "Unicode":
+        kind = "ListOfObjects"
+    return SAMPLES[kind]
+
+
+ENV_OPTIONS = sorted(n for n, t in LabfleetService.class_traits(config=True).items() if env_names(t))
+
+
+def test_the_service_reads_no_variable_but_through_its_options():
+    """The variables are declared on the options (one loader reads them): no default of the
+    service's reads the environment itself, but the one that asks whether the Hub started it."""
+    source = (REPO / "hub_ext" / "service" / "app.py").read_text()
+    cls = source[source.index("class LabfleetService(") :]
+    reads = [line.strip() for line in cls.splitlines() if "os.environ" in line]
+    assert reads == ['return bool(os.environ.get("JUPYTERHUB_SERVICE_NAME"))'], reads
+    assert len(ENV_OPTIONS) >= 25
+
+
+@pytest.mark.parametrize("option", ENV_OPTIONS)
+def test_an_option_falls_back_on_its_variable_and_configuration_wins(option, monkeypatch):
+    trait = LabfleetService.class_traits()[option]
+    names = env_names(trait)
+    if option == "mps":
+        raw, value = "off", "off"
+    else:
+        raw, value = _sample(trait)
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(names[-1], raw)  # the last of them too (a former name)
+    app = LabfleetService()
+    assert load_env_fallbacks(app, {}) == [option]
+    assert getattr(app, option) == value
+    # Set in the config file or on the command line: the variable is not read.
+    assert load_env_fallbacks(LabfleetService(), {option: "set in the config"}) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "says"),
+    [
+        ("LABFLEET_SCHEDULE_INTERVAL", "soon", "not a number"),
+        ("LABFLEET_NODE_LOST_AFTER", "2.5", "not a whole number"),
+        ("LABFLEET_MOCK_DEVICES", "[{not json", "not JSON"),
+        ("LABFLEET_NODE_LOST_AFTER", "0", "must be more than 0"),
+        ("LABFLEET_MPS", "sometimes", "LABFLEET_MPS"),
+    ],
+)
+def test_a_variable_that_cannot_be_read_is_refused_by_name(name, raw, says, monkeypatch):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(EnvError) as e:
+        load_env_fallbacks(LabfleetService(), {})
+    assert f"${name}=" in str(e.value) and says in str(e.value)
+
+
+def test_the_service_started_with_a_bad_variable_stops_with_its_name(tmp_path):
+    env = {**os.environ, "LABFLEET_SCHEDULE_INTERVAL": "soon"}
+    out = subprocess.run(
+        [sys.executable, "-m", "labfleet.service", f"--db-url=sqlite:///{tmp_path / 'lf.sqlite'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "$LABFLEET_SCHEDULE_INTERVAL='soon': not a number" in out.stderr
+    assert not (tmp_path / "lf.sqlite").exists()  # nothing was done
+
+
+def test_help_all_lists_each_options_variables():
+    out = subprocess.run(
+        [sys.executable, "-m", "labfleet.service", "--help-all"], capture_output=True, text=True, timeout=60
+    )
+    text = " ".join(out.stdout.split())
+    for option in ENV_OPTIONS:
+        trait = LabfleetService.class_traits()[option]
+        listed = "Environment: " + ", then ".join(f"${n}" for n in env_names(trait))
+        assert listed in text, option
+    assert parse_env(LabfleetService.class_traits()["register_local_node"], "X", "yes") is True
