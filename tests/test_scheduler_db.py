@@ -64,9 +64,14 @@ def world(request, tmp_path, monkeypatch):
 
 
 def _admit(factory, user="alice", **slots):
-    with database.session_scope(factory) as db:
-        s = sessions.admit(db, CLI, {"project": "acme/ml", "username": user, "slots": slots})
-        return s.id, s.status
+    try:
+        with database.session_scope(factory) as db:
+            s = sessions.admit(db, CLI, {"project": "acme/ml", "username": user, "slots": slots})
+            return s.id, s.status
+    except sessions.Refused as e:  # rolled back: its audit entry goes in a unit of its own
+        with database.session_scope(factory) as db:
+            sessions.record_refusal(db, e)
+        raise
 
 
 def _held_centi(factory):

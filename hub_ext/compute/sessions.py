@@ -81,11 +81,23 @@ REFUSAL_STATUS = {
 
 
 class Refused(LabfleetError):
-    """Admission said no; ``code`` names the check, the message says why."""
+    """Admission said no; ``code`` names the check, the message says why.  Its transaction rolls
+    back (the ledger's charge with it); whoever caught it records it in a unit of work of its own
+    (:func:`record_refusal`), so that the refusal is audited."""
 
-    def __init__(self, refusal: admission.Refusal, status: int) -> None:
+    def __init__(
+        self, refusal: admission.Refusal, status: int, audit_args: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(refusal.message, status)
         self.code = refusal.code
+        self.audit_args = audit_args  # the session.refuse entry: actor, target, domain, details
+
+
+def record_refusal(db: Session, refused: Refused) -> None:
+    """Audit a refused admission (``session.refuse``), in a unit of work after the refused one's
+    rollback."""
+    if refused.audit_args is not None:
+        audit.record(db, action="session.refuse", success=False, **refused.audit_args)
 
 
 # ---------------------------------------------------------------- helpers
@@ -329,12 +341,12 @@ def _refused(
 ) -> Refused:
     """The refusal to raise: the transaction rolls back (the ledger's charge with it), the refusal
     is still audited."""
-    refused = Refused(refusal, status)
     details = {"reason": refusal.message, "code": refusal.code, "project": t.project.full_name}
-    refused.after_rollback = lambda db: audit.record(
-        db, actor, "session.refuse", username, target_domain=t.user.domain, details=details, success=False
+    return Refused(
+        refusal,
+        status,
+        {"actor": actor, "target": username, "target_domain": t.user.domain, "details": details},
     )
-    return refused
 
 
 def _pending_counts(db: Session, user_id: int) -> tuple[int, int]:

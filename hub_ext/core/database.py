@@ -270,19 +270,13 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
 
 @contextmanager
 def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """A unit of work: commit on success, roll back on any error (then write, in a unit of its own,
-    what the error says must outlive the rollback: ``LabfleetError.after_rollback``)."""
+    """A unit of work: commit on success, roll back on any error."""
     db = factory()
     try:
         yield db
         db.commit()
-    except BaseException as e:
+    except BaseException:
         db.rollback()
-        follow = getattr(e, "after_rollback", None)
-        if follow is not None:
-            e.after_rollback = None  # type: ignore[attr-defined]  # once, even if the error passes another scope
-            with session_scope(factory) as record:
-                follow(record)
         raise
     finally:
         db.close()

@@ -4,15 +4,9 @@ Raised by the logic modules, turned into JSON responses by the service and into
 one line on stderr (and a non-zero exit) by the CLI.
 """
 
-from collections.abc import Callable
-from typing import Any
-
 
 class LabfleetError(Exception):
     status = 400
-    # What must be written even though the transaction that raised rolls back (e.g. the audit entry
-    # of a refusal): called by labfleet.core.database.session_scope with a new unit of work.
-    after_rollback: Callable[[Any], None] | None = None
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)

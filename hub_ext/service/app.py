@@ -16,9 +16,7 @@ import secrets
 import signal
 import socket
 import sys
-import time
 from copy import deepcopy
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from tornado import web
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Application, catch_config_error
 
-from labfleet.compute import agents, images, nodes, reconcile, sessions
+from labfleet.compute import agents, images, nodes, reconcile
 from labfleet.compute.devices import DevicePlugin, describe_node, get_plugin
 from labfleet.compute.devices.mps import (
     CONTROL_BINARY,
@@ -44,7 +42,7 @@ from labfleet.compute.devices.mps import (
     nvidia_devices,
 )
 from labfleet.compute.scheduler.admission import QueueLimits
-from labfleet.core import audit, bootstrap, database, hubmap
+from labfleet.core import bootstrap, database, hubmap
 from labfleet.core.authz import Actor
 from labfleet.core.dburl import default_db_url
 from labfleet.core.envtraits import EnvError, document_env, load_env_fallbacks
@@ -57,6 +55,7 @@ from labfleet.service import jobs
 from labfleet.service.base import NotFoundHandler, PathOnlyLogs, ServiceHubAuth
 from labfleet.service.handlers import routes
 from labfleet.service.hubsync import HubSync
+from labfleet.service.launches import Launches
 from labfleet.serving.controller import ServingController
 from labfleet.storage import hosts
 from labfleet.storage.hosts import RIGHTS
@@ -98,59 +97,6 @@ def exit_with_parent_signal(sig: int = signal.SIGTERM) -> bool:
         return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
-
-
-LAUNCH_TTL = 300.0  # seconds a launch waits for its spawner's admission before it is forgotten
-
-
-@dataclass
-class Waiting:
-    """A session started through the API whose Hub server is starting: the spawner's admission
-    settles it with the session's view (or the refusal), which the API request answers."""
-
-    launch: sessions.Launch
-    expires: float
-    admitted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-    def settle(self, view: dict[str, Any] | None, error: LabfleetError | None = None) -> None:
-        if not self.admitted.done():
-            self.admitted.set_result((view, error))
-
-
-class Launches:
-    """The launches waiting for their spawner, by (user, server name)."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[tuple[str, str], Waiting] = {}
-
-    def add(self, launch: sessions.Launch, ttl: float = LAUNCH_TTL) -> Waiting:
-        self._purge()
-        waiting = Waiting(launch, time.monotonic() + ttl)
-        self._waiting[(launch.username, launch.server)] = waiting
-        return waiting
-
-    def take(self, body: Any) -> Waiting | None:
-        """The launch that the spawner's admission request ``body`` admits, if any (only once)."""
-        self._purge()
-        if not isinstance(body, dict):
-            return None
-        key = (body.get("username"), body.get("name"))
-        waiting = self._waiting.get(key)  # type: ignore[arg-type]
-        if waiting is None or not waiting.launch.matches(body):
-            return None
-        del self._waiting[key]  # type: ignore[arg-type]
-        return waiting
-
-    def discard(self, waiting: Waiting) -> None:
-        key = (waiting.launch.username, waiting.launch.server)
-        if self._waiting.get(key) is waiting:
-            del self._waiting[key]
-
-    def _purge(self) -> None:
-        now = time.monotonic()
-        for key, w in list(self._waiting.items()):
-            if w.expires <= now:
-                del self._waiting[key]
 
 
 @document_env
@@ -575,74 +521,10 @@ class LabfleetService(Application):
             self.stopping.set()
 
     async def start_api_session(self, actor: Actor, body: Any) -> tuple[int, dict[str, Any]]:
-        """POST /api/sessions from anyone but the Hub: start the session's Hub server, as the spawn form does.
-
-        The request is checked as admission would check it, holding nothing; then the Hub is asked to
-        start a named server for the user with the request as its spawn options, and its spawner asks
-        for the session (charged to the keypair that signed the request). Answers 202 with the session
-        as admitted and its server's name once the spawner has asked, or after ``api_session_wait``
-        seconds without the session; the Hub's refusal (bad options, a quota) is the answer otherwise.
-        """
-        if not self.hub_sync.enabled:
-            raise LabfleetError("this service does not know the Hub: sessions start through the Hub", 503)
-        db = self.session_factory()
-        try:
-            launch = sessions.prepare_launch(db, actor, body)
-        finally:
-            db.rollback()  # nothing is held until the spawner asks
-            db.close()
-        waiting = self.launches.add(launch)
-        hub_call = asyncio.ensure_future(
-            self.hub_sync.start_server(launch.username, launch.server, launch.user_options)
+        """POST /api/sessions from anyone but the Hub (see :meth:`Launches.start`)."""
+        return await self.launches.start(
+            actor, body, self.session_factory, self.hub_sync, self.api_session_wait
         )
-        self._background.add(hub_call)  # it may outlive this request: keep a reference
-        hub_call.add_done_callback(self._background.discard)
-        view: dict[str, Any] | None = None
-        error: LabfleetError | None = None
-        pending: set[asyncio.Future] = {waiting.admitted, hub_call}
-        deadline = time.monotonic() + self.api_session_wait
-        while pending and not waiting.admitted.done():
-            done, pending = await asyncio.wait(
-                pending, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
-                break  # the wait's bound
-            if hub_call in done and not waiting.admitted.done():
-                reply = hub_call.result()
-                if not reply.ok:
-                    self.launches.discard(waiting)
-                    error = _hub_refusal(reply)
-                    break
-        if waiting.admitted.done():
-            view, error = waiting.admitted.result()
-        with database.session_scope(self.session_factory) as audit_db:
-            audit.record(
-                audit_db,
-                actor,
-                "session.start",
-                view["id"] if view else f"{launch.username}/{launch.server}",
-                target_domain=view["domain"] if view else None,
-                details={
-                    "server": launch.server,
-                    "project": launch.project,
-                    **({"status": view["status"]} if view else {}),
-                    **({"reason": error.message} if error else {}),
-                },
-                success=error is None,
-            )
-        if error is not None:
-            raise error
-        if view is None:
-            return 202, {
-                "id": None,
-                "name": launch.server,
-                "server": launch.server,
-                "user": launch.username,
-                "status": "STARTING",
-                "status_reason": f"the Hub is starting server {launch.server}; its session shows in "
-                "GET /api/sessions once the spawner asks for it",
-            }
-        return 202, {**view, "server": launch.server}
 
     async def account_usage(self) -> records.Accrued:
         """Sample this node's sessions (in a worker thread) and accrue every session's usage, with
@@ -786,15 +668,6 @@ class LabfleetService(Application):
 
     def start(self) -> None:
         asyncio.run(self.start_async())
-
-
-def _hub_refusal(reply) -> LabfleetError:
-    """The Hub's answer to a server start that did not start it, as this API's error."""
-    if reply.status == 0:
-        return LabfleetError(f"the Hub did not start the session: {reply.message}", 503)
-    if 400 <= reply.status < 500:
-        return LabfleetError(reply.message or f"the Hub answered {reply.status}", reply.status)
-    return LabfleetError(f"the Hub did not start the session: {reply.message}", 502)
 
 
 def main(argv=None) -> None:

@@ -113,6 +113,10 @@ class SessionListHandler(APIHandler):
                 timed["outcome"] = ASKED_AGAIN  # not a second admission
             elif self.get_status() == 201 and "view" in outcome:  # admitted and committed
                 timed["outcome"] = "queued" if outcome["view"]["status"] == "PENDING" else "scheduled"
+        refused = outcome.get("error")
+        if isinstance(refused, sessions.Refused):  # rolled back: its audit entry in a unit of its own
+            with self.db() as db:
+                sessions.record_refusal(db, refused)
         if waiting is not None:
             waiting.settle(outcome.get("view"), outcome.get("error"))
 
