@@ -28,7 +28,7 @@ from tornado import web
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Application, catch_config_error
 
-from labfleet.compute import agents, images, nodes, reconcile
+from labfleet.compute import agents, images, nodes, reconcile, sessions
 from labfleet.compute.devices import DevicePlugin, describe_node, get_plugin
 from labfleet.compute.devices.mps import (
     CONTROL_BINARY,
@@ -51,7 +51,7 @@ from labfleet.core.models import Node, User
 from labfleet.core.secretbox import SecretBox
 from labfleet.core.signing import NonceCache, RateLimiter
 from labfleet.reclaim import reclaimer
-from labfleet.service import jobs
+from labfleet.service import hubsync, jobs
 from labfleet.service.base import NotFoundHandler, PathOnlyLogs, ServiceHubAuth
 from labfleet.service.handlers import routes
 from labfleet.service.hubsync import HubSync
@@ -519,6 +519,19 @@ class LabfleetService(Application):
         if jobs.parent_changed(self.parent_pid):
             self.log.warning("The Hub (pid %d) that started this service is gone: stopping", self.parent_pid)
             self.stopping.set()
+
+    async def after_commit(self, db: Any, *, write: bool) -> None:
+        """The service's hooks after each committed unit of work of its API, in this order: the
+        queue waits the unit recorded go to the metrics; a write serves the queues (it may have made
+        room: a limit raised, a node, a release); the Hub learns what the unit recorded for it
+        (groups follow tenancy: :func:`labfleet.service.hubsync.after_commit`), which never fails
+        the request."""
+        self.metrics.observe_queue_waits(sessions.take_queue_waits(db))
+        if write:
+            self.jobs.poke("schedule")
+        plan = hubsync.take_plan(db)
+        if plan is not None:
+            await self.hub_sync.apply(plan)
 
     async def start_api_session(self, actor: Actor, body: Any) -> tuple[int, dict[str, Any]]:
         """POST /api/sessions from anyone but the Hub (see :meth:`Launches.start`)."""

@@ -23,7 +23,6 @@ from tornado import iostream, web
 from tornado.concurrent import Future
 from tornado.httputil import HTTPServerRequest
 
-from labfleet.compute.sessions import take_queue_waits
 from labfleet.core import authz, signing
 from labfleet.core.authz import Actor
 from labfleet.core.database import session_scope
@@ -35,6 +34,10 @@ from labfleet.tenancy import keypairs, snapshot
 from labfleet.tenancy.directory import actor_for, why_inactive
 
 MAX_BODY = 1 << 20  # JSON bodies; file uploads (vfolders) have their own streaming handlers
+# Like the Hub's REST API (jupyterhub/apihandlers/base.py): a client that sends this media type in
+# Accept gets {"items": [...], "_pagination": {...}}; any other gets the page's items as an array.
+PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
+MAX_OFFSET = 2**31 - 1
 MAX_JSON_DEPTH = 64  # nesting levels of a JSON body; no API body needs more than a few
 
 
@@ -450,25 +453,19 @@ class APIHandler(BaseHandler):
         self.finish(json.dumps({"status": status_code, "message": message}))
 
     async def run(self, fn, *args, status: int | Callable[[Any], int] = 200, after_commit=None):
-        """Run ``fn(db, actor, *args)`` in one transaction; answer its result or its error.
+        """Run ``fn(db, actor, *args)`` in one unit of work; answer its result or its error.
 
+        Once the unit commits, the service's after-commit hooks run (``self.lf.after_commit``: what
+        the unit recorded for them, such as the Hub's groups), then ``after_commit``, when given.
         ``status``: the answer's status, or a function of the result that says it.
-        ``after_commit``, when given, is awaited once the change is committed, before the answer.
         """
         try:
             with self.db() as db:
-                result, after = fn(db, self.actor, *args)
+                result = fn(db, self.actor, *args)
         except LabfleetError as e:
             self.send_error_json(e.status, e.message, getattr(e, "retry_after", None))
             return
-        # Committed: a release may have placed queued sessions (it serves its group's queue).
-        self.lf.metrics.observe_queue_waits(take_queue_waits(db))
-        if self.request.method != "GET":
-            # Any committed write may have made room (a limit raised, a node, a release): serve the queues.
-            self.lf.jobs.poke("schedule")
-        if after is not None:
-            # After commit: tell the Hub (groups follow tenancy); never fails the request.
-            await self.lf.hub_sync.apply(after)
+        await self.lf.after_commit(db, write=self.request.method != "GET")
         if after_commit is not None:
             await after_commit()
         self.write_json(result, status(result) if callable(status) else status)
@@ -493,103 +490,88 @@ class APIHandler(BaseHandler):
             raise InvalidInput(f"query argument {name} must not contain NUL characters")
         return None if value is None else value.strip()
 
+    # ------------------------------------------------------------ the request (JupyterHub's names)
+
+    def get_json_body(self, *, required: bool = False) -> Any:
+        """The request's JSON body, with numbers that have no fraction read as whole numbers.
+
+        JSON (and openapi.yaml's ``integer``, JSON Schema 2020-12) does not tell ``3`` from ``3.0``;
+        the logic modules check ``int``.  Walked without recursion: the body may nest deeply.
+
+        ``required`` (openapi.yaml: ``requestBody.required``): an empty body reads as ``{}``, which is
+        a valid (empty) change for the PATCH routes and a valid request for POST /keypairs; refuse
+        it, so a client that forgot the body is told so.  Call it inside ``run()``: it raises
+        InvalidInput (400)."""
+        if required and not (self.request.body or b"").strip():
+            raise InvalidInput("a JSON object is required as the request body; send {} to change nothing")
+        body = self.body
+        if isinstance(body, float) and body.is_integer():
+            return int(body)
+        stack = [body]
+        while stack:
+            node = stack.pop()
+            pairs = (
+                node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+            )
+            for key, value in list(pairs):
+                if isinstance(value, float) and value.is_integer():
+                    node[key] = int(value)
+                elif isinstance(value, (dict, list)):
+                    stack.append(value)
+        return body
+
+    def whole_number_arg(self, name: str, *, default: int, minimum: int, maximum: int) -> int:
+        """An optional query argument that must be a whole number (ASCII digits) from minimum to maximum."""
+        raw = self.query_arg(name)
+        if raw is None:
+            return default
+        if not re.fullmatch(r"[0-9]{1,18}", raw):
+            raise InvalidInput(f"{name} must be a whole number from {minimum} to {maximum}")
+        return check_int(int(raw), name, minimum=minimum, maximum=maximum)
+
+    # ------------------------------------------------------------ pages of the list endpoints
+
+    def get_api_pagination(self) -> tuple[int, int]:
+        """``(offset, limit)`` from the query: offset 0.. (default 0), limit 1..1000 (default 200);
+        InvalidInput (400) for anything else."""
+        offset = self.whole_number_arg("offset", default=0, minimum=0, maximum=MAX_OFFSET)
+        limit = self.whole_number_arg("limit", default=DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
+        return offset, limit
+
+    def accepts_pagination(self) -> bool:
+        """Whether the request's Accept header names the pagination media type."""
+        accept = self.request.headers.get("Accept", "")
+        return PAGINATION_MEDIA_TYPE in {part.split(";")[0].strip().lower() for part in accept.split(",")}
+
+    def page_url(self, offset: int, limit: int) -> str:
+        """The path and query of the page at ``offset``: this request's, with offset and limit set
+        (the Hub's ``next.url`` keeps the other query arguments the same way)."""
+        query = parse_qs(self.request.query, keep_blank_values=True)
+        query["offset"] = [str(offset)]
+        query["limit"] = [str(limit)]
+        return f"{self.request.path}?{urlencode(query, doseq=True)}"
+
+    def paginated_model(self, page: Page[Any]) -> Any:
+        """The body for one page of a list endpoint (its items already rendered); sets the ``Link``
+        header to the next page, when there is one, and the pagination media type when asked for."""
+        nxt = page.next_offset
+        url = self.page_url(nxt, page.limit) if nxt is not None else None
+        if url is not None:
+            self.set_header("Link", f'<{url}>; rel="next"')
+        if not self.accepts_pagination():
+            return page.items
+        self.set_header("Content-Type", f"{PAGINATION_MEDIA_TYPE}; charset=utf-8")
+        return {
+            "items": page.items,
+            "_pagination": {
+                "offset": page.offset,
+                "limit": page.limit,
+                "total": page.total,
+                "next": None if url is None else {"offset": nxt, "limit": page.limit, "url": url},
+            },
+        }
+
 
 def needs_hub(actor: Actor) -> None:
     if actor.kind != "hub":
         raise Forbidden("only the Hub may call this endpoint")
-
-
-# ---------------------------------------------------------------- request parsing for handlers
-
-
-def request_json(handler: APIHandler) -> Any:
-    """The request's JSON body, with numbers that have no fraction read as whole numbers.
-
-    JSON (and openapi.yaml's ``integer``, JSON Schema 2020-12) does not tell ``3`` from ``3.0``;
-    the logic modules check ``int``.  Walked without recursion: the body may nest deeply."""
-    body = handler.body
-    if isinstance(body, float) and body.is_integer():
-        return int(body)
-    stack = [body]
-    while stack:
-        node = stack.pop()
-        pairs = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, value in list(pairs):
-            if isinstance(value, float) and value.is_integer():
-                node[key] = int(value)
-            elif isinstance(value, (dict, list)):
-                stack.append(value)
-    return body
-
-
-def required_body(handler: APIHandler) -> Any:
-    """The JSON body of a request that must have one (openapi.yaml: ``requestBody.required``).
-
-    An empty body reads as ``{}``, which is a valid (empty) change for the PATCH routes and a valid
-    request for POST /keypairs: refuse it, so a client that forgot the body is told so.  Call it
-    inside ``run()``: it raises InvalidInput (400)."""
-    if not (handler.request.body or b"").strip():
-        raise InvalidInput("a JSON object is required as the request body; send {} to change nothing")
-    return request_json(handler)
-
-
-def whole_number_arg(handler: APIHandler, name: str, *, default: int, minimum: int, maximum: int) -> int:
-    """An optional query argument that must be a whole number (ASCII digits) from minimum to maximum."""
-    raw = handler.query_arg(name)
-    if raw is None:
-        return default
-    if not re.fullmatch(r"[0-9]{1,18}", raw):
-        raise InvalidInput(f"{name} must be a whole number from {minimum} to {maximum}")
-    return check_int(int(raw), name, minimum=minimum, maximum=maximum)
-
-
-# ---------------------------------------------------------------- pages of the list endpoints
-
-# Like the Hub's REST API (jupyterhub/apihandlers/base.py): a client that sends this media type in
-# Accept gets {"items": [...], "_pagination": {...}}; any other gets the page's items as an array.
-PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
-MAX_OFFSET = 2**31 - 1
-
-
-def page_args(handler: APIHandler) -> tuple[int, int]:
-    """``(offset, limit)`` from the query: offset 0.. (default 0), limit 1..1000 (default 200);
-    InvalidInput (400) for anything else."""
-    offset = whole_number_arg(handler, "offset", default=0, minimum=0, maximum=MAX_OFFSET)
-    limit = whole_number_arg(handler, "limit", default=DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
-    return offset, limit
-
-
-def accepts_pagination(handler: APIHandler) -> bool:
-    """Whether the request's Accept header names the pagination media type."""
-    accept = handler.request.headers.get("Accept", "")
-    return PAGINATION_MEDIA_TYPE in {part.split(";")[0].strip().lower() for part in accept.split(",")}
-
-
-def page_url(handler: APIHandler, offset: int, limit: int) -> str:
-    """The path and query of the page at ``offset``: this request's, with offset and limit set
-    (the Hub's ``next.url`` keeps the other query arguments the same way)."""
-    query = parse_qs(handler.request.query, keep_blank_values=True)
-    query["offset"] = [str(offset)]
-    query["limit"] = [str(limit)]
-    return f"{handler.request.path}?{urlencode(query, doseq=True)}"
-
-
-def page_answer(handler: APIHandler, page: Page[Any]) -> Any:
-    """The body for one page of a list endpoint (its items already rendered); sets the ``Link``
-    header to the next page, when there is one, and the pagination media type when asked for."""
-    nxt = page.next_offset
-    url = page_url(handler, nxt, page.limit) if nxt is not None else None
-    if url is not None:
-        handler.set_header("Link", f'<{url}>; rel="next"')
-    if not accepts_pagination(handler):
-        return page.items
-    handler.set_header("Content-Type", f"{PAGINATION_MEDIA_TYPE}; charset=utf-8")
-    return {
-        "items": page.items,
-        "_pagination": {
-            "offset": page.offset,
-            "limit": page.limit,
-            "total": page.total,
-            "next": None if url is None else {"offset": nxt, "limit": page.limit, "url": url},
-        },
-    }

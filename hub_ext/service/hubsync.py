@@ -31,6 +31,24 @@ class SyncPlan:
     deleted_groups: set[str] = field(default_factory=set)
 
 
+PLAN = "labfleet.hub_sync"  # Session.info key: the unit of work's SyncPlan
+
+
+def after_commit(db: Any, plan: SyncPlan) -> None:
+    """Record on the unit of work ``db`` what the Hub must learn once it commits (merged with what
+    is recorded already); the service applies it after the commit (:func:`take_plan`)."""
+    recorded = db.info.setdefault(PLAN, SyncPlan())
+    recorded.users |= plan.users
+    recorded.deleted_users |= plan.deleted_users
+    recorded.deleted_groups |= plan.deleted_groups
+
+
+def take_plan(db: Any) -> SyncPlan | None:
+    """What the committed unit of work ``db`` recorded for the Hub (once: it is taken out)."""
+    plan: SyncPlan | None = db.info.pop(PLAN, None)
+    return plan
+
+
 class HubSync:
     def __init__(self, api_url: str, token: str, session_factory, log: logging.Logger) -> None:
         self.api_url = api_url.rstrip("/")

@@ -152,3 +152,15 @@ def test_the_hub_process_may_not_reach_the_db(tmp_path, monkeypatch, source):
     bad.write_text(source)
     monkeypatch.setitem(globals(), "HUB_EXT", fake)
     assert violations(bad), source
+
+
+# The service's transport (its base handler: authentication, bodies, pages, run()) knows who is
+# calling (tenancy) and nothing of what the calls do: the service's own after-commit hooks serve
+# the queues, count their waits and tell the Hub (LabfleetService.after_commit).
+TRANSPORT = HUB_EXT / "service" / "base.py"
+TRANSPORT_MAY_IMPORT = {"core", "tenancy"}
+
+
+def test_the_service_transport_imports_no_context_but_who_calls():
+    contexts = {context_of(mod) for _, mod in imports_of(TRANSPORT)} - {None}
+    assert contexts <= TRANSPORT_MAY_IMPORT, sorted(contexts - TRANSPORT_MAY_IMPORT)

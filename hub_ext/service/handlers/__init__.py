@@ -12,7 +12,7 @@ from tornado import web
 from labfleet.compute.quota import me_view
 from labfleet.core import audit
 from labfleet.core.errors import NotFound
-from labfleet.service.base import APIHandler, BaseHandler, page_answer, page_args
+from labfleet.service.base import APIHandler, BaseHandler
 from labfleet.service.handlers import (
     auth,
     compute,
@@ -40,7 +40,7 @@ class MeHandler(APIHandler):
             view = me_view(db, actor.name)
             if view is None:
                 raise NotFound(f"no labfleet user {actor.name!r}")
-            return view, None
+            return view
 
         await self.run(op)
 
@@ -48,9 +48,9 @@ class MeHandler(APIHandler):
 class AuditHandler(APIHandler):
     async def get(self):
         def op(db, actor):
-            offset, limit = page_args(self)
+            offset, limit = self.get_api_pagination()
             page = audit.page_entries(db, actor, offset=offset, limit=limit, action=self.query_arg("action"))
-            return page_answer(self, page.map(audit.entry_view)), None
+            return self.paginated_model(page.map(audit.entry_view))
 
         await self.run(op)
 

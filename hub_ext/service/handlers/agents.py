@@ -13,11 +13,10 @@ from dataclasses import asdict
 from typing import Any
 
 from labfleet.compute import agents, nodes
-from labfleet.compute.sessions import take_queue_waits
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden, LabfleetError, Unauthorized
 from labfleet.core.models import NodeToken
-from labfleet.service.base import APIHandler, request_json, required_body
+from labfleet.service.base import APIHandler
 from labfleet.usage import enforce, overuse, records
 from labfleet.usage.sampler import Target
 
@@ -29,7 +28,7 @@ class NodeTokenListHandler(APIHandler):
         await self.run(lambda db, a: ([agents.token_view(db, t) for t in agents.list_tokens(db, a)], None))
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             token, plain = agents.create_token(db, actor, body)
@@ -46,7 +45,7 @@ class NodeTokenHandler(APIHandler):
 class NodeHandler(APIHandler):
     async def patch(self, name):
         def op(db, actor):
-            node = agents.set_schedulable(db, actor, name, required_body(self))
+            node = agents.set_schedulable(db, actor, name, self.get_json_body(required=True))
             return nodes.node_view(db, node), None
 
         await self.run(op)
@@ -89,7 +88,7 @@ class AgentHandler(APIHandler):
             raise Unauthorized("unknown or revoked node token")
         return token
 
-    def answer(self, work, *, poke: bool) -> None:
+    async def answer(self, work, *, poke: bool) -> None:
         """Run ``work(db)`` in one transaction and answer its result; serve the queues if ``poke``
         (an agent's heartbeat changes nothing most of the time: it does not poke the clock)."""
         try:
@@ -98,15 +97,13 @@ class AgentHandler(APIHandler):
         except LabfleetError as e:
             self.send_error_json(e.status, e.message)
             return
-        self.lf.metrics.observe_queue_waits(take_queue_waits(db))
-        if poke or changed:
-            self.lf.jobs.poke("schedule")
+        await self.lf.after_commit(db, write=poke or changed)
         self.write_json(result)
 
 
 class AgentRegisterHandler(AgentHandler):
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
         remote = self.request.remote_ip or ""
 
         def work(db):
@@ -120,12 +117,12 @@ class AgentRegisterHandler(AgentHandler):
                 "stop": [],
             }, True
 
-        self.answer(work, poke=True)
+        await self.answer(work, poke=True)
 
 
 class AgentHeartbeatHandler(AgentHandler):
     async def post(self):
-        beat, raw = agents.parse_heartbeat(request_json(self))
+        beat, raw = agents.parse_heartbeat(self.get_json_body())
         readings = records.parse_agent_readings(raw, time.time())
         reports = overuse.parse_kill_reports(list(beat.kill_reports))
         remote = self.request.remote_ip or ""
@@ -149,7 +146,7 @@ class AgentHeartbeatHandler(AgentHandler):
                 "kill": kill,
             }, bool(result.released or result.came_back)
 
-        self.answer(work, poke=False)
+        await self.answer(work, poke=False)
         if self.get_status() == 200:
             self.lf.agent_readings_in(accepted)
         # Taken from the queue: written up whatever the answer (a report is not taken twice).

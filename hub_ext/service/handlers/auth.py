@@ -10,7 +10,7 @@ from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden, InvalidInput, NotFound
 from labfleet.core.passwords import verify_password
 from labfleet.core.validate import check_bool, check_fields, check_name, check_text, check_username
-from labfleet.service.base import APIHandler, needs_hub, request_json
+from labfleet.service.base import APIHandler, needs_hub
 from labfleet.tenancy import directory
 
 
@@ -25,7 +25,7 @@ class PasswordLoginHandler(APIHandler):
     """The Hub's authenticator checks a password here; logins and failures go to the audit log."""
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             needs_hub(actor)
@@ -48,7 +48,7 @@ class PasswordLoginHandler(APIHandler):
                     success=False,
                     details={"reason": reason},
                 )
-                return None, None
+                return None
             user.last_login = datetime.now(timezone.utc)
             audit.record(
                 db,
@@ -57,7 +57,7 @@ class PasswordLoginHandler(APIHandler):
                 user.username,
                 target_domain=user.domain.name,
             )
-            return {"auth_model": _auth_model(user)}, None
+            return {"auth_model": _auth_model(user)}
 
         await self._answer_or_refuse(op, "invalid username or password")
 
@@ -79,7 +79,7 @@ class IdentityHandler(PasswordLoginHandler):
     """Map an identity proven by another authenticator (OAuth, ...) to a labfleet user."""
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
         created: list[str] = []
 
         def op(db, actor):
@@ -109,7 +109,7 @@ class IdentityHandler(PasswordLoginHandler):
                         success=False,
                         details={"reason": "unknown user", "source": source},
                     )
-                    return None, None
+                    return None
                 user = directory.create_user(db, actor, {"username": name, **fields})
                 created.append(name)
             elif sync and fields:
@@ -127,7 +127,7 @@ class IdentityHandler(PasswordLoginHandler):
                     success=False,
                     details={"reason": refused, "source": source},
                 )
-                return None, None
+                return None
             user.last_login = datetime.now(timezone.utc)
             audit.record(
                 db,
@@ -137,7 +137,7 @@ class IdentityHandler(PasswordLoginHandler):
                 target_domain=user.domain.name,
                 details={"source": source},
             )
-            return {"auth_model": _auth_model(user), "created": bool(created)}, None
+            return {"auth_model": _auth_model(user), "created": bool(created)}
 
         await self._answer_or_refuse(op, "this identity has no active labfleet account")
 
@@ -154,7 +154,7 @@ class AuthUserHandler(APIHandler):
             refused = directory.why_inactive(user)
             if refused:
                 raise Forbidden(refused)
-            return {"auth_model": _auth_model(user)}, None
+            return {"auth_model": _auth_model(user)}
 
         await self.run(op)
 

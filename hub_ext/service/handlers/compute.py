@@ -16,11 +16,6 @@ from labfleet.core.vocab import SESSION_STATUSES
 from labfleet.reclaim import reclaimer
 from labfleet.service.base import (
     APIHandler,
-    page_answer,
-    page_args,
-    request_json,
-    required_body,
-    whole_number_arg,
 )
 from labfleet.service.handlers import agents
 from labfleet.tenancy import directory
@@ -31,28 +26,28 @@ from labfleet.usage.metrics import ASKED_AGAIN
 
 class ResourceGroupListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: ([nodes.group_view(g) for g in nodes.list_groups(db, a)], None))
+        await self.run(lambda db, a: [nodes.group_view(g) for g in nodes.list_groups(db, a)])
 
     async def post(self):
-        body = request_json(self)
-        await self.run(lambda db, a: (nodes.group_view(nodes.create_group(db, a, body)), None), status=201)
+        body = self.get_json_body()
+        await self.run(lambda db, a: nodes.group_view(nodes.create_group(db, a, body)), status=201)
 
 
 class ResourceGroupHandler(APIHandler):
     async def get(self, name):
-        await self.run(lambda db, a: (nodes.group_view(nodes.get_group(db, a, name)), None))
+        await self.run(lambda db, a: nodes.group_view(nodes.get_group(db, a, name)))
 
     async def patch(self, name):
         await self.run(
-            lambda db, a: (nodes.group_view(nodes.update_group(db, a, name, required_body(self))), None)
+            lambda db, a: nodes.group_view(nodes.update_group(db, a, name, self.get_json_body(required=True)))
         )
 
 
 class NodeListHandler(APIHandler):
     async def get(self):
         def op(db, actor):
-            offset, limit = page_args(self)
-            return page_answer(self, nodes.page_node_views(db, actor, offset=offset, limit=limit)), None
+            offset, limit = self.get_api_pagination()
+            return self.paginated_model(nodes.page_node_views(db, actor, offset=offset, limit=limit))
 
         await self.run(op)
 
@@ -63,14 +58,14 @@ class SessionListHandler(APIHandler):
             filters = {k: self.query_arg(k) for k in ("user", "project", "domain", "status")}
             if filters["status"] is not None:  # ?status= (empty) too: a filter that matches nothing is a typo
                 check_choice(filters["status"], "status", SESSION_STATUSES)
-            offset, limit = page_args(self)
+            offset, limit = self.get_api_pagination()
             page = sessionlist.page_sessions(db, actor, filters, offset=offset, limit=limit)
-            return page_answer(self, page.map(sessions.session_view)), None
+            return self.paginated_model(page.map(sessions.session_view))
 
         await self.run(op)
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
         if self.actor.kind != "hub":
             # A session asked through the API gets a Hub server, as one from the spawn form does:
             # the Hub starts it, and its spawner asks for the session below (202 once it has).
@@ -89,7 +84,7 @@ class SessionListHandler(APIHandler):
             if earlier is not None:  # asked again (an answer was lost): the session it has
                 outcome["view"] = sessions.session_detail(db, earlier)
                 outcome["again"] = True
-                return outcome["view"], None
+                return outcome["view"]
             try:
                 view = sessions.session_detail(
                     db,
@@ -105,7 +100,7 @@ class SessionListHandler(APIHandler):
                 outcome["error"] = e
                 raise
             outcome["view"] = view
-            return view, None
+            return view
 
         with self.lf.metrics.timing_admission() as timed:  # refused unless admitted
             await self.run(op, status=lambda _: 200 if "again" in outcome else 201)
@@ -130,18 +125,18 @@ class SessionHandler(APIHandler):
                 detail["idle"] = reclaimer.idle_of(
                     db, s.id, datetime.now(timezone.utc), self.lf.idle_settings
                 )
-            return detail, None
+            return detail
 
         await self.run(op)
 
     async def patch(self, session_id):
-        body = request_json(self)
+        body = self.get_json_body()
         await self.run(
-            lambda db, a: (sessions.session_detail(db, sessions.update_status(db, a, session_id, body)), None)
+            lambda db, a: sessions.session_detail(db, sessions.update_status(db, a, session_id, body))
         )
 
     async def delete(self, session_id):
-        await self.run(lambda db, a: (sessions.session_view(sessions.terminate(db, a, session_id)), None))
+        await self.run(lambda db, a: sessions.session_view(sessions.terminate(db, a, session_id)))
 
     def on_finish(self) -> None:
         # A session that ended may have written into its folders: count that now, not at the next scan.
@@ -156,13 +151,13 @@ class SessionLogsHandler(APIHandler):
     """The session's backend output (process output, container logs), for its owner and admins."""
 
     async def get(self, session_id):
-        limit = whole_number_arg(self, "tail", default=MAX_LOG_TAIL, minimum=1, maximum=MAX_LOG_TAIL)
+        limit = self.whole_number_arg("tail", default=MAX_LOG_TAIL, minimum=1, maximum=MAX_LOG_TAIL)
 
         def op(db, actor):
             s = sessions.readable(db, actor, session_id)
             if actor.role == "monitor" and actor.name != s.user.username:
                 raise NotFound(f"no logs for session {session_id}")
-            return s.id, None
+            return s.id
 
         with self.db() as db:
             sid, _ = op(db, self.actor)
@@ -183,7 +178,7 @@ class QueueHandler(APIHandler):
             group = nodes.get_group(db, actor, self.query_arg("resource_group") or nodes.DEFAULT_GROUP)
             readable = sessionlist.readable_ids(db, actor, {"status": "PENDING"})
             # Positions count everyone's sessions; only the caller's own (or their domain's) are shown.
-            return [row for row in sessions.queue_view(db, group) if row["id"] in readable], None
+            return [row for row in sessions.queue_view(db, group) if row["id"] in readable]
 
         await self.run(op)
 
@@ -193,10 +188,10 @@ class QueueHandler(APIHandler):
 
 class ImageListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: ([images.image_view(i) for i in images.list_images(db, a)], None))
+        await self.run(lambda db, a: [images.image_view(i) for i in images.list_images(db, a)])
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
         labels = None
         if isinstance(body, dict) and "inspect" in body:
             # Read the image's own labels from the Docker engine (off the event loop), for those who
@@ -206,24 +201,22 @@ class ImageListHandler(APIHandler):
             if check_bool(body["inspect"], "inspect"):
                 name = images.check_image_name(body.get("name"))
                 labels = await asyncio.to_thread(images.docker_labels, name)
-        await self.run(
-            lambda db, a: (images.image_view(images.register(db, a, body, labels)), None), status=201
-        )
+        await self.run(lambda db, a: images.image_view(images.register(db, a, body, labels)), status=201)
 
 
 class ImageHandler(APIHandler):
     async def get(self, name):
-        await self.run(lambda db, a: (images.image_view(images.get_image(db, a, name)), None))
+        await self.run(lambda db, a: images.image_view(images.get_image(db, a, name)))
 
     async def patch(self, name):
         await self.run(
-            lambda db, a: (images.image_view(images.update(db, a, name, required_body(self))), None)
+            lambda db, a: images.image_view(images.update(db, a, name, self.get_json_body(required=True)))
         )
 
     async def delete(self, name):
         def op(db, actor):
             images.remove(db, actor, name)
-            return {"removed": name}, None
+            return {"removed": name}
 
         await self.run(op)
 
@@ -238,7 +231,7 @@ class LaunchOptionsHandler(APIHandler):
                 actor.kind in ("hub", "cli") or authz.can_read_user(actor, user.username, user.domain.name)
             ):
                 raise NotFound(f"no user {username!r}")
-            return launch_options(db, user), None
+            return launch_options(db, user)
 
         await self.run(op)
 

@@ -9,22 +9,22 @@ from datetime import datetime, timezone
 from typing import Any
 
 from labfleet.service import fleetinfo
-from labfleet.service.base import APIHandler, required_body
+from labfleet.service.base import APIHandler
 from labfleet.tenancy import announcements
 
 
 class AnnouncementHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, actor: (announcements.current(db, actor), None))
+        await self.run(lambda db, actor: announcements.current(db, actor))
 
     async def put(self):
         def op(db, actor):
-            return announcements.publish(db, actor, required_body(self)), None
+            return announcements.publish(db, actor, self.get_json_body(required=True))
 
         await self.run(op)
 
     async def delete(self):
-        await self.run(lambda db, actor: (announcements.clear(db, actor), None))
+        await self.run(lambda db, actor: announcements.clear(db, actor))
 
 
 class InfoHandler(APIHandler):
@@ -36,8 +36,8 @@ class InfoHandler(APIHandler):
         database = {**fleetinfo.db_health(lf.engine), **fleetinfo.db_server(lf.engine)}
         hub = await fleetinfo.hub_health(lf.hub_sync.api_url, lf.hub_sync.token)
 
-        def op(db, actor) -> tuple[dict[str, Any], None]:
-            return fleetinfo.info_answer(db, actor, lf, database=database, hub=hub, now=now), None
+        def op(db, actor) -> dict[str, Any]:
+            return fleetinfo.info_answer(db, actor, lf, database=database, hub=hub, now=now)
 
         await self.run(op)
 
@@ -47,8 +47,8 @@ class ConfigurationHandler(APIHandler):
         fleetinfo.need_reader(self.actor, "configuration")
         lf = self.lf
 
-        def op(db, actor) -> tuple[dict[str, Any], None]:
-            return fleetinfo.configuration_answer(db, actor, lf), None
+        def op(db, actor) -> dict[str, Any]:
+            return fleetinfo.configuration_answer(db, actor, lf)
 
         await self.run(op)
 

@@ -7,12 +7,12 @@ from typing import Any
 from labfleet.compute import maintenance
 from labfleet.core.validate import check_bool, check_fields
 from labfleet.service import jobs
-from labfleet.service.base import APIHandler, request_json
+from labfleet.service.base import APIHandler
 
 
 class RecalculateUsageHandler(APIHandler):
     async def post(self):
-        body = check_fields(request_json(self), optional=["dry_run"])
+        body = check_fields(self.get_json_body(), optional=["dry_run"])
         dry_run = check_bool(body.get("dry_run", False), "dry_run")
         maintenance.check_may_recalculate(self.actor)  # refused before the Hub is asked anything
         hub = self.lf.hub_sync
@@ -24,7 +24,7 @@ class RecalculateUsageHandler(APIHandler):
 
         def op(db, actor):
             answer.update(maintenance.recalculate_usage(db, actor, dry_run=dry_run, hub_servers=servers))
-            return answer, None
+            return answer
 
         async def stop_unaccounted() -> None:
             found = answer.get("unaccounted_servers") or []

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from labfleet.reclaim import reclaimer, rules
-from labfleet.service.base import APIHandler, request_json, required_body
+from labfleet.service.base import APIHandler
 
 
 def _now() -> datetime:
@@ -15,52 +15,53 @@ def _now() -> datetime:
 
 class IdleCheckerListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: ([rules.view(c) for c in rules.list_checkers(db, a)], None))
+        await self.run(lambda db, a: [rules.view(c) for c in rules.list_checkers(db, a)])
 
     async def post(self):
-        await self.run(lambda db, a: (rules.view(rules.create(db, a, required_body(self))), None), status=201)
+        await self.run(
+            lambda db, a: rules.view(rules.create(db, a, self.get_json_body(required=True))),
+            status=201,
+        )
 
 
 class IdleCheckerHandler(APIHandler):
     async def get(self, name):
-        await self.run(lambda db, a: (rules.view(rules.get_checker(db, a, name)), None))
+        await self.run(lambda db, a: rules.view(rules.get_checker(db, a, name)))
 
     async def patch(self, name):
-        await self.run(lambda db, a: (rules.view(rules.update(db, a, name, required_body(self))), None))
+        await self.run(lambda db, a: rules.view(rules.update(db, a, name, self.get_json_body(required=True))))
 
     async def delete(self, name):
         def op(db, a):
             rules.delete(db, a, name)
-            return {"deleted": name}, None
+            return {"deleted": name}
 
         await self.run(op)
 
 
 class IdlePreviewHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: (reclaimer.preview(db, a, _now(), self.lf.idle_settings), None))
+        await self.run(lambda db, a: reclaimer.preview(db, a, _now(), self.lf.idle_settings))
 
 
 class SessionIdleHandler(APIHandler):
     async def get(self, session_id):
         def op(db, a):
             s = reclaimer.sessions.readable(db, a, session_id)
-            return reclaimer.idle_of(db, s.id, _now(), self.lf.idle_settings), None
+            return reclaimer.idle_of(db, s.id, _now(), self.lf.idle_settings)
 
         await self.run(op)
 
 
 class SessionActivityHandler(APIHandler):
     async def post(self, session_id):
-        body = request_json(self)
-        await self.run(lambda db, a: (reclaimer.report_activity(db, a, session_id, body, _now()), None))
+        body = self.get_json_body()
+        await self.run(lambda db, a: reclaimer.report_activity(db, a, session_id, body, _now()))
 
 
 class StillHereHandler(APIHandler):
     async def post(self, session_id):
-        await self.run(
-            lambda db, a: (reclaimer.still_here(db, a, session_id, _now(), self.lf.idle_settings), None)
-        )
+        await self.run(lambda db, a: reclaimer.still_here(db, a, session_id, _now(), self.lf.idle_settings))
 
 
 def routes(api: str) -> list[tuple]:

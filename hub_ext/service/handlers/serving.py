@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from labfleet.core.errors import InvalidInput, NotFound
-from labfleet.service.base import APIHandler, request_json, required_body
+from labfleet.service.base import APIHandler
 from labfleet.serving import credentials, endpoints, store
 from labfleet.serving.router import ServeHandler
 
@@ -30,14 +30,13 @@ class EndpointListHandler(_ServingHandler):
         if raw not in (None, "true", "false"):
             raise InvalidInput("destroyed must be true or false")
         await self.run(
-            lambda db, a: (
-                [self.view(e) for e in endpoints.list_endpoints(db, a, include_destroyed=raw == "true")],
-                None,
-            )
+            lambda db, a: [
+                self.view(e) for e in endpoints.list_endpoints(db, a, include_destroyed=raw == "true")
+            ]
         )
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
         view = endpoints.create(self.lf.session_factory, self.actor, body)
         view["url"] = f"{self.lf.prefix}serve/{view['name']}/"
         await self.changed()
@@ -46,30 +45,26 @@ class EndpointListHandler(_ServingHandler):
 
 class EndpointHandler(_ServingHandler):
     async def get(self, name):
-        await self.run(lambda db, a: (self.view(endpoints.readable(db, a, name)), None))
+        await self.run(lambda db, a: self.view(endpoints.readable(db, a, name)))
 
     async def patch(self, name):
         await self.run(
-            lambda db, a: (self.view(endpoints.update(db, a, name, required_body(self))), None),
+            lambda db, a: self.view(endpoints.update(db, a, name, self.get_json_body(required=True))),
             after_commit=self.changed,
         )
 
     async def delete(self, name):
-        await self.run(
-            lambda db, a: (self.view(endpoints.destroy(db, a, name)), None), after_commit=self.changed
-        )
+        await self.run(lambda db, a: self.view(endpoints.destroy(db, a, name)), after_commit=self.changed)
 
 
 class TokenListHandler(_ServingHandler):
     async def get(self, name):
-        await self.run(
-            lambda db, a: ([endpoints.token_view(t) for t in endpoints.list_tokens(db, a, name)], None)
-        )
+        await self.run(lambda db, a: [endpoints.token_view(t) for t in endpoints.list_tokens(db, a, name)])
 
     async def post(self, name):
         def op(db, a):
-            token, plain = endpoints.create_token(db, a, name, request_json(self))
-            return {**endpoints.token_view(token), "token": plain}, None
+            token, plain = endpoints.create_token(db, a, name, self.get_json_body())
+            return {**endpoints.token_view(token), "token": plain}
 
         await self.run(op, status=201, after_commit=self.changed)
 
@@ -77,7 +72,7 @@ class TokenListHandler(_ServingHandler):
 class TokenHandler(_ServingHandler):
     async def delete(self, name, token_id):
         await self.run(
-            lambda db, a: (endpoints.token_view(endpoints.revoke_token(db, a, name, token_id)), None),
+            lambda db, a: endpoints.token_view(endpoints.revoke_token(db, a, name, token_id)),
             after_commit=self.changed,
         )
 
@@ -111,7 +106,7 @@ class ReplicaCredentialHandler(APIHandler):
                 "route": r.id if r is not None else None,
                 "header": credentials.HEADER,
                 "credential": engine.credential(r.endpoint_id, r.id) if r is not None else None,
-            }, None
+            }
 
         self.set_header("Cache-Control", "no-store")
         await self.run(op)

@@ -14,7 +14,7 @@ from tornado import web
 
 from labfleet.core.errors import InvalidInput, LabfleetError
 from labfleet.core.validate import check_bool, check_fields, check_int
-from labfleet.service.base import APIHandler, page_answer, page_args, request_json, required_body
+from labfleet.service.base import APIHandler
 from labfleet.storage import files as vffiles
 from labfleet.storage import hosts, uploads, vfolders
 from labfleet.storage import sharing as vfshare
@@ -25,10 +25,10 @@ CHUNK = 1 << 20
 
 class VFolderAPIHandler(APIHandler):
     async def do(self, fn, *args, status: int = 200, rescan: str | None = None) -> None:
-        """run() for operations that need no Hub sync; ``rescan`` names a folder to measure
-        after the change, so the answer's caller sees the new usage."""
+        """run(); ``rescan`` names a folder to measure after the change, so the answer's caller sees
+        the new usage."""
         await self.run(
-            lambda db, actor, *a: (fn(db, actor, *a), None),
+            fn,
             *args,
             status=status,
             after_commit=(lambda: self.lf.folder_usage.rescan(rescan)) if rescan else None,
@@ -43,7 +43,7 @@ class StorageHostListHandler(VFolderAPIHandler):
         await self.do(lambda db, a: [hosts.view_for(db, a, h) for h in hosts.list_hosts(db)])
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
         await self.do(
             lambda db, a: hosts.host_view(db, hosts.create_host(db, a, body), admin=True), status=201
         )
@@ -55,7 +55,9 @@ class StorageHostHandler(VFolderAPIHandler):
 
     async def patch(self, name):
         await self.do(
-            lambda db, a: hosts.host_view(db, hosts.update_host(db, a, name, required_body(self)), admin=True)
+            lambda db, a: hosts.host_view(
+                db, hosts.update_host(db, a, name, self.get_json_body(required=True)), admin=True
+            )
         )
 
     async def delete(self, name):
@@ -76,15 +78,15 @@ class VFolderListHandler(VFolderAPIHandler):
             for name in ("scope", "status"):
                 if filters[name] == "":  # not "the default": an empty choice is a mistake
                     raise InvalidInput(f"{name} must not be empty: leave it out for the default")
-            offset, limit = page_args(self)
-            return page_answer(
-                self, vfolders.page_folder_views(db, actor, filters, offset=offset, limit=limit)
+            offset, limit = self.get_api_pagination()
+            return self.paginated_model(
+                vfolders.page_folder_views(db, actor, filters, offset=offset, limit=limit)
             )
 
         await self.do(op)
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
         if isinstance(body, dict) and not isinstance(body.get("host", ""), str):
             self.send_error_json(400, "host must be the name of a storage host")
             return
@@ -109,7 +111,9 @@ class VFolderHandler(VFolderAPIHandler):
 
     async def patch(self, folder_id):
         await self.do(
-            lambda db, a: vfolders.view_for(db, a, *vfolders.update(db, a, folder_id, required_body(self)))
+            lambda db, a: vfolders.view_for(
+                db, a, *vfolders.update(db, a, folder_id, self.get_json_body(required=True))
+            )
         )
 
     async def delete(self, folder_id):
@@ -133,7 +137,7 @@ class VFolderActionHandler(VFolderAPIHandler):
 
 class VFolderInviteHandler(VFolderAPIHandler):
     async def post(self, folder_id):
-        body = request_json(self)
+        body = self.get_json_body()
         await self.do(
             lambda db, a: vfshare.invitation_view(vfshare.invite(db, a, folder_id, body)), status=201
         )
@@ -176,7 +180,7 @@ class VFolderPermissionListHandler(VFolderAPIHandler):
 
 class VFolderPermissionHandler(VFolderAPIHandler):
     async def put(self, folder_id, username):
-        body = request_json(self)
+        body = self.get_json_body()
         await self.do(lambda db, a: vfshare.set_permission(db, a, folder_id, username, body))
 
     async def delete(self, folder_id, username):
@@ -325,7 +329,7 @@ def _attachment(filename: str) -> str:
 
 class MkdirHandler(VFolderAPIHandler):
     async def post(self, folder_id):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             b = check_fields(body, required=["path"], optional=["parents"])
@@ -337,7 +341,7 @@ class MkdirHandler(VFolderAPIHandler):
 
 class MoveHandler(VFolderAPIHandler):
     async def post(self, folder_id):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             b = check_fields(body, required=["from", "to"], optional=["overwrite"])
@@ -356,7 +360,7 @@ class TrashListHandler(VFolderAPIHandler):
 
 class TrashRestoreHandler(VFolderAPIHandler):
     async def post(self, folder_id, trash_id):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             b = check_fields(body, optional=["to"])
@@ -386,7 +390,7 @@ class UploadListHandler(VFolderAPIHandler):
         await self.do(lambda db, a: uploads.in_progress(db, a, folder_id))
 
     async def post(self, folder_id):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             b = check_fields(body, required=["path", "size"])

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from labfleet.core import hubmap
+from labfleet.service import hubsync
 from labfleet.service.base import (
     APIHandler,
     forget_hub_user,
-    page_answer,
-    page_args,
-    request_json,
-    required_body,
 )
 from labfleet.service.hubsync import SyncPlan
 from labfleet.tenancy import directory, keypairs, policies, userlist
@@ -22,16 +19,14 @@ from labfleet.tenancy import directory, keypairs, policies, userlist
 
 class DomainListHandler(APIHandler):
     async def get(self):
-        await self.run(
-            lambda db, a: ([directory.domain_view(d) for d in directory.list_domains(db, a)], None)
-        )
+        await self.run(lambda db, a: [directory.domain_view(d) for d in directory.list_domains(db, a)])
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             d = directory.create_domain(db, actor, body)
-            return directory.domain_view(d, detail=True), None
+            return directory.domain_view(d, detail=True)
 
         await self.run(op, status=201)
 
@@ -39,14 +34,13 @@ class DomainListHandler(APIHandler):
 class DomainHandler(APIHandler):
     async def get(self, name):
         await self.run(
-            lambda db, a: (directory.domain_view(directory.readable_domain(db, a, name), detail=True), None)
+            lambda db, a: directory.domain_view(directory.readable_domain(db, a, name), detail=True)
         )
 
     async def patch(self, name):
         await self.run(
-            lambda db, a: (
-                directory.domain_view(directory.update_domain(db, a, name, required_body(self)), detail=True),
-                None,
+            lambda db, a: directory.domain_view(
+                directory.update_domain(db, a, name, self.get_json_body(required=True)), detail=True
             ),
             after_commit=self.reroute,
         )
@@ -56,7 +50,8 @@ class DomainHandler(APIHandler):
             projects = [p.name for p in directory.readable_domain(db, actor, name).projects]
             directory.delete_domain(db, actor, name)
             groups = [hubmap.domain_group(name)] + [hubmap.project_group(name, p) for p in projects]
-            return {"deleted": name}, SyncPlan(deleted_groups=set(groups))
+            hubsync.after_commit(db, SyncPlan(deleted_groups=set(groups)))
+            return {"deleted": name}
 
         await self.run(op)
 
@@ -68,33 +63,29 @@ class ProjectListHandler(APIHandler):
     async def get(self):
         # Query arguments are read inside run(): a bad one is a 400 like any other bad input.
         await self.run(
-            lambda db, a: (
-                [directory.project_view(p) for p in directory.list_projects(db, a, self.query_arg("domain"))],
-                None,
-            )
+            lambda db, a: [
+                directory.project_view(p) for p in directory.list_projects(db, a, self.query_arg("domain"))
+            ]
         )
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             p = directory.create_project(db, actor, body)
-            return directory.project_view(p), None
+            return directory.project_view(p)
 
         await self.run(op, status=201)
 
 
 class ProjectHandler(APIHandler):
     async def get(self, domain, name):
-        await self.run(
-            lambda db, a: (directory.project_view(directory.readable_project(db, a, domain, name)), None)
-        )
+        await self.run(lambda db, a: directory.project_view(directory.readable_project(db, a, domain, name)))
 
     async def patch(self, domain, name):
         await self.run(
-            lambda db, a: (
-                directory.project_view(directory.update_project(db, a, domain, name, required_body(self))),
-                None,
+            lambda db, a: directory.project_view(
+                directory.update_project(db, a, domain, name, self.get_json_body(required=True))
             )
         )
 
@@ -102,7 +93,8 @@ class ProjectHandler(APIHandler):
         def op(db, actor):
             members = directory.delete_project(db, actor, domain, name)
             plan = SyncPlan(users=set(members), deleted_groups={hubmap.project_group(domain, name)})
-            return {"deleted": f"{domain}/{name}"}, plan
+            hubsync.after_commit(db, plan)
+            return {"deleted": f"{domain}/{name}"}
 
         await self.run(op)
 
@@ -112,16 +104,17 @@ class MemberListHandler(APIHandler):
         def op(db, actor):
             p = directory.readable_project(db, actor, domain, name)
             readable = set(directory.list_users(db, actor, domain))
-            return [directory.user_view(u) for u in p.members if u in readable], None
+            return [directory.user_view(u) for u in p.members if u in readable]
 
         await self.run(op)
 
     async def post(self, domain, name):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             u = directory.add_member(db, actor, domain, name, body)
-            return directory.user_view(u), SyncPlan(users={u.username})
+            hubsync.after_commit(db, SyncPlan(users={u.username}))
+            return directory.user_view(u)
 
         await self.run(op, status=201)
 
@@ -130,7 +123,8 @@ class MemberHandler(APIHandler):
     async def delete(self, domain, name, username):
         def op(db, actor):
             u = directory.remove_member(db, actor, domain, name, username)
-            return {"removed": username}, SyncPlan(users={u.username})
+            hubsync.after_commit(db, SyncPlan(users={u.username}))
+            return {"removed": username}
 
         await self.run(op)
 
@@ -145,37 +139,40 @@ class UserListHandler(APIHandler):
             wanted = userlist.UserFilter.parse(
                 self.query_arg("search"), self.query_arg("role"), self.query_arg("status")
             )
-            offset, limit = page_args(self)
+            offset, limit = self.get_api_pagination()
             page = userlist.page_users(db, actor, domain, offset=offset, limit=limit, wanted=wanted)
-            return page_answer(self, page.map(directory.user_view)), None
+            return self.paginated_model(page.map(directory.user_view))
 
         await self.run(op)
 
     async def post(self):
-        body = request_json(self)
+        body = self.get_json_body()
 
         def op(db, actor):
             u = directory.create_user(db, actor, body)
-            return directory.user_view(u), SyncPlan(users={u.username})
+            hubsync.after_commit(db, SyncPlan(users={u.username}))
+            return directory.user_view(u)
 
         await self.run(op, status=201)
 
 
 class UserHandler(APIHandler):
     async def get(self, username):
-        await self.run(lambda db, a: (directory.user_view(directory.readable_user(db, a, username)), None))
+        await self.run(lambda db, a: directory.user_view(directory.readable_user(db, a, username)))
 
     async def patch(self, username):
         def op(db, actor):
-            u = directory.update_user(db, actor, username, required_body(self))
-            return directory.user_view(u), SyncPlan(users={u.username})
+            u = directory.update_user(db, actor, username, self.get_json_body(required=True))
+            hubsync.after_commit(db, SyncPlan(users={u.username}))
+            return directory.user_view(u)
 
         await self.run(op, after_commit=self.reroute)
 
     async def delete(self, username):
         def op(db, actor):
             directory.delete_user(db, actor, username)
-            return {"deleted": username}, SyncPlan(deleted_users={username})
+            hubsync.after_commit(db, SyncPlan(deleted_users={username}))
+            return {"deleted": username}
 
         async def forget() -> None:
             forget_hub_user(self.lf.hub_auth, username)
@@ -189,35 +186,32 @@ class UserHandler(APIHandler):
 class PolicyListHandler(APIHandler):
     async def get(self, kind):
         await self.run(
-            lambda db, a: ([policies.policy_view(kind, p) for p in policies.list_policies(db, a, kind)], None)
+            lambda db, a: [policies.policy_view(kind, p) for p in policies.list_policies(db, a, kind)]
         )
 
     async def post(self, kind):
-        body = request_json(self)
+        body = self.get_json_body()
         await self.run(
-            lambda db, a: (policies.policy_view(kind, policies.create_policy(db, a, kind, body)), None),
+            lambda db, a: policies.policy_view(kind, policies.create_policy(db, a, kind, body)),
             status=201,
         )
 
 
 class PolicyHandler(APIHandler):
     async def get(self, kind, name):
-        await self.run(
-            lambda db, a: (policies.policy_view(kind, policies.get_policy(db, a, kind, name)), None)
-        )
+        await self.run(lambda db, a: policies.policy_view(kind, policies.get_policy(db, a, kind, name)))
 
     async def patch(self, kind, name):
         await self.run(
-            lambda db, a: (
-                policies.policy_view(kind, policies.update_policy(db, a, kind, name, required_body(self))),
-                None,
+            lambda db, a: policies.policy_view(
+                kind, policies.update_policy(db, a, kind, name, self.get_json_body(required=True))
             )
         )
 
     async def delete(self, kind, name):
         def op(db, actor):
             policies.delete_policy(db, actor, kind, name)
-            return {"deleted": name}, None
+            return {"deleted": name}
 
         await self.run(op)
 
@@ -228,34 +222,32 @@ class PolicyHandler(APIHandler):
 class KeypairListHandler(APIHandler):
     async def get(self):
         await self.run(
-            lambda db, a: (
-                [keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, self.query_arg("username"))],
-                None,
-            )
+            lambda db, a: [
+                keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, self.query_arg("username"))
+            ]
         )
 
     async def post(self):
         def op(db, actor):
-            kp, secret = keypairs.issue(db, actor, required_body(self))
-            return keypairs.keypair_view(kp, secret), None
+            kp, secret = keypairs.issue(db, actor, self.get_json_body(required=True))
+            return keypairs.keypair_view(kp, secret)
 
         await self.run(op, status=201)
 
 
 class KeypairHandler(APIHandler):
     async def get(self, access_key):
-        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.get(db, a, access_key)), None))
+        await self.run(lambda db, a: keypairs.keypair_view(keypairs.get(db, a, access_key)))
 
     async def patch(self, access_key):
         await self.run(
-            lambda db, a: (
-                keypairs.keypair_view(keypairs.update(db, a, access_key, required_body(self))),
-                None,
+            lambda db, a: keypairs.keypair_view(
+                keypairs.update(db, a, access_key, self.get_json_body(required=True))
             )
         )
 
     async def delete(self, access_key):
-        await self.run(lambda db, a: (keypairs.keypair_view(keypairs.revoke(db, a, access_key)), None))
+        await self.run(lambda db, a: keypairs.keypair_view(keypairs.revoke(db, a, access_key)))
 
 
 def routes(api: str) -> list[tuple]:

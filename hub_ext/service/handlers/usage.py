@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 from labfleet.core.errors import LabfleetError
 from labfleet.core.pages import page_of
-from labfleet.service.base import APIHandler, page_answer, page_args
+from labfleet.service.base import APIHandler
 from labfleet.usage import serving_usage, stats
 
 
@@ -37,16 +37,16 @@ class UsageHandler(APIHandler):
 
 class MyUsageHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, actor: (serving_usage.add_to_me(db, actor, stats.me(db, actor)), None))
+        await self.run(lambda db, actor: serving_usage.add_to_me(db, actor, stats.me(db, actor)))
 
 
 class LiveUsageHandler(APIHandler):
     async def get(self):
         def op(db, actor):
-            offset, limit = page_args(self)
-            return page_answer(
-                self, page_of(db, stats.live_query(actor), offset, limit).map(stats.live_view)
-            ), None
+            offset, limit = self.get_api_pagination()
+            return self.paginated_model(
+                page_of(db, stats.live_query(actor), offset, limit).map(stats.live_view)
+            )
 
         await self.run(op)
 
