@@ -65,7 +65,7 @@ class PasswordLoginHandler(APIHandler):
         # A failed login must still commit its audit entry, so it is not an exception.
         try:
             with self.db() as db:
-                result, _ = op(db, self.actor)
+                result = op(db, self.actor)
         except (InvalidInput, Forbidden, NotFound) as e:
             self.send_error_json(e.status, e.message)
             return

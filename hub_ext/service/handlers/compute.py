@@ -160,7 +160,7 @@ class SessionLogsHandler(APIHandler):
             return s.id
 
         with self.db() as db:
-            sid, _ = op(db, self.actor)
+            sid = op(db, self.actor)
         path = Path(self.lf.session_log_dir) / f"{sid}.log"
         data = b""
         if path.is_file():
