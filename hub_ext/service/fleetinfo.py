@@ -29,7 +29,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from labfleet.compute import nodes
-from labfleet.core import bootstrap, http
+from labfleet.core import bootstrap, envtraits, http
 from labfleet.core.authz import Actor
 from labfleet.core.dburl import normalize_url
 from labfleet.core.errors import Forbidden
@@ -294,14 +294,9 @@ def overall(parts: Mapping[str, Mapping[str, Any]], node_list: list[dict[str, An
 
 # ---------------------------------------------------------------- configuration
 
-# Variables a setting's default reads that its help does not write as $LABFLEET_...
-EXTRA_ENV = {
-    "prefix": ("JUPYTERHUB_SERVICE_PREFIX",),
-    "service_url": ("JUPYTERHUB_SERVICE_URL",),
-    "hub_api_url": ("JUPYTERHUB_API_URL",),
-    "service_token": ("JUPYTERHUB_API_TOKEN",),
-    "exit_with_parent": ("JUPYTERHUB_SERVICE_NAME",),
-}
+# A default that reads a variable beyond the options' own (labfleet.core.envtraits): whether the
+# Hub started the service.
+EXTRA_ENV = {"exit_with_parent": ("JUPYTERHUB_SERVICE_NAME",)}
 SECRET_SETTINGS = frozenset({"service_token", "metrics_token"})
 SECTIONS = (
     ("scheduler", ("schedule_interval", "api_session_wait", "max_queued_sessions", "max_pending_per_user")),
@@ -382,11 +377,7 @@ RUN_TIME = (
 
 def env_names(name: str, trait: Any) -> tuple[str, ...]:
     """The environment variables a setting's default reads, in the order it reads them."""
-    found = EXTRA_ENV.get(name, ())
-    for var in re.findall(r"\$([A-Z][A-Z0-9_]*)", trait.help or ""):
-        if var not in found:
-            found = (*found, var)
-    return found
+    return EXTRA_ENV.get(name, ()) + envtraits.env_names(trait)
 
 
 def _configured(config: Any, classes: Iterable[str], name: str) -> bool:

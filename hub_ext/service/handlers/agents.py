@@ -25,28 +25,28 @@ from labfleet.usage.sampler import Target
 
 class NodeTokenListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: ([agents.token_view(db, t) for t in agents.list_tokens(db, a)], None))
+        await self.run(lambda db, a: [agents.token_view(db, t) for t in agents.list_tokens(db, a)])
 
     async def post(self):
         body = self.get_json_body()
 
         def op(db, actor):
             token, plain = agents.create_token(db, actor, body)
-            return {**agents.token_view(db, token), "token": plain}, None
+            return {**agents.token_view(db, token), "token": plain}
 
         await self.run(op, status=201)
 
 
 class NodeTokenHandler(APIHandler):
     async def delete(self, token_id):
-        await self.run(lambda db, a: (agents.token_view(db, agents.revoke_token(db, a, token_id)), None))
+        await self.run(lambda db, a: agents.token_view(db, agents.revoke_token(db, a, token_id)))
 
 
 class NodeHandler(APIHandler):
     async def patch(self, name):
         def op(db, actor):
             node = agents.set_schedulable(db, actor, name, self.get_json_body(required=True))
-            return nodes.node_view(db, node), None
+            return nodes.node_view(db, node)
 
         await self.run(op)
 
