@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from traitlets import Bool, Dict, Float, HasTraits, Integer, List, TraitError, TraitType
@@ -33,22 +33,11 @@ def env_names(trait: TraitType) -> tuple[str, ...]:
 
 def parse_env(trait: TraitType, name: str, raw: str) -> Any:
     """``raw``, the value of ``$name``, as ``trait`` takes it; EnvError when it cannot be read."""
+    read, wanted = _reader(trait)
     try:
-        if isinstance(trait, Dict) or (isinstance(trait, List) and _holds_objects(trait)):
-            value = json.loads(raw)
-        elif isinstance(trait, List):
-            value = [part.strip() for part in raw.split(",") if part.strip()]
-        elif isinstance(trait, Bool):
-            value = _BOOLS[raw.strip().lower()]
-        elif isinstance(trait, Integer):
-            value = int(raw)
-        elif isinstance(trait, Float):
-            value = float(raw)
-        else:
-            value = raw
+        return read(raw)
     except (ValueError, KeyError):
-        raise EnvError(f"${name}={raw[:80]!r}: {_wanted(trait)}") from None
-    return value
+        raise EnvError(f"${name}={raw[:80]!r}: {wanted}") from None
 
 
 def load_env_fallbacks(app: HasTraits, configured: Mapping[str, Any]) -> list[str]:
@@ -100,13 +89,16 @@ def _holds_objects(trait: List) -> bool:
     return isinstance(getattr(trait, "_trait", None), Dict)
 
 
-def _wanted(trait: TraitType) -> str:
+def _reader(trait: TraitType) -> tuple[Callable[[str], Any], str]:
+    """How a variable is read for ``trait``, and what a value that cannot be read is not."""
     if isinstance(trait, Dict) or (isinstance(trait, List) and _holds_objects(trait)):
-        return "not JSON"
+        return json.loads, "not JSON"
+    if isinstance(trait, List):
+        return (lambda raw: [part.strip() for part in raw.split(",") if part.strip()]), "cannot be read"
     if isinstance(trait, Bool):
-        return "write true or false"
+        return (lambda raw: _BOOLS[raw.strip().lower()]), "write true or false"
     if isinstance(trait, Integer):
-        return "not a whole number"
+        return int, "not a whole number"
     if isinstance(trait, Float):
-        return "not a number"
-    return "cannot be read"
+        return float, "not a number"
+    return (lambda raw: raw), "cannot be read"
