@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
 
 from labfleet.compute import agents, nodes, sessions  # noqa: E402
 from labfleet.compute.devices.mock import MockPlugin  # noqa: E402
-from labfleet.core import database  # noqa: E402
+from labfleet.core import database, unitofwork  # noqa: E402
 from labfleet.core.authz import Actor  # noqa: E402
 from labfleet.core.secretbox import ensure_key_file  # noqa: E402
 from labfleet.tenancy import directory  # noqa: E402
@@ -67,7 +67,7 @@ def world(directory_: Path, n_sessions: int) -> tuple[Any, str, list[dict[str, A
     ensure_key_file(directory_ / "key")
     engine = database.make_engine(f"sqlite:///{directory_ / 'lf.sqlite'}")
     database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)

@@ -75,7 +75,7 @@ import aiohttp  # noqa: E402
 from sqlalchemy import insert, select  # noqa: E402
 
 from labfleet.compute import nodes  # noqa: E402
-from labfleet.core import database  # noqa: E402
+from labfleet.core import database, unitofwork  # noqa: E402
 from labfleet.core.authz import Actor  # noqa: E402
 from labfleet.core.models import ComputeSession, Keypair, Project, ResourceGroup, User  # noqa: E402
 from labfleet.core.secretbox import ensure_key_file  # noqa: E402
@@ -101,7 +101,7 @@ def build_db(url: str, users: int, domains: int, n_sessions: int, seed_: int) ->
     """Tenancy and ended sessions in the labfleet DB (before the Hub starts); the user names."""
     seed(url)
     engine = database.make_engine(url)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     names: list[str] = []
     with database.session_scope(factory) as db:
         nodes.create_group(db, CLI, {"name": GROUP, "is_public": True, "scheduler": "fifo"})

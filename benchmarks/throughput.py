@@ -64,7 +64,7 @@ from sqlalchemy import event, insert, select  # noqa: E402
 from labfleet.compute import clustercache, nodes, sessions  # noqa: E402
 from labfleet.compute.devices.base import DeviceInfo, NodeInfo  # noqa: E402
 from labfleet.compute.scheduler import POLICIES, Cluster, Node  # noqa: E402
-from labfleet.core import database, usage_ledger  # noqa: E402
+from labfleet.core import allocversions, database, unitofwork, usage_ledger  # noqa: E402
 from labfleet.core.authz import Actor  # noqa: E402
 from labfleet.core.models import Allocation, ComputeSession, Device, Keypair, Project, User  # noqa: E402
 from labfleet.core.models import Node as NodeRow  # noqa: E402
@@ -167,7 +167,7 @@ PROJECT_CAP = {"cpu": 500_000, "gpu.shares": 50_000}
 def build_world(url: str, node_list: list[Node], domains: int, placement: str, caps: bool = False) -> World:
     engine = database.make_engine(url)
     database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     users = []
     with database.session_scope(factory) as db:
         policies.ensure_default_keypair_policy(db)
@@ -268,7 +268,7 @@ def prefill(
                         "mem": p.mem if j == 0 else 0,
                     }
                 )
-        clustercache.bump(db, world.group_id)
+        allocversions.bump(db, world.group_id)
         db.execute(insert(ComputeSession), rows)
         db.execute(insert(Allocation), allocs)
         usage_ledger.recalculate(db)  # the bulk insert went around the ledger: build it from the sessions
@@ -360,7 +360,7 @@ def rebuild_ms(world: World, repeat: int = 3) -> float:
     for _ in range(repeat):
         with database.session_scope(world.factory) as db:
             t0 = time.perf_counter_ns()
-            clustercache.build(db, world.group_id, clustercache.version(db, world.group_id))
+            clustercache.build(db, world.group_id, allocversions.version(db, world.group_id))
             best = min(best, (time.perf_counter_ns() - t0) / 1e6)
     return best
 

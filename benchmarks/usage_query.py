@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
 
 from sqlalchemy import func, select  # noqa: E402
 
-from labfleet.core import database  # noqa: E402
+from labfleet.core import database, unitofwork  # noqa: E402
 from labfleet.core.authz import Actor  # noqa: E402
 from labfleet.core.models import UsageBucket, UsageSessionState  # noqa: E402
 from labfleet.core.secretbox import ensure_key_file  # noqa: E402
@@ -143,7 +143,7 @@ def _measure(args: argparse.Namespace) -> int:
     url = args.db_url or f"sqlite:///{tmp}/usage.sqlite"
     engine = database.make_engine(url)
     database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     now = datetime.now(timezone.utc)
     t = time.perf_counter()
     rows = fill(factory, args.users, args.domains, args.days, now)

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from labfleet.core import database
+from labfleet.core import database, unitofwork
 from labfleet.core.secretbox import ensure_key_file
 
 
@@ -19,4 +19,4 @@ def fresh_db(
     ensure_key_file(tmp_path / "key")
     engine = database.make_engine(url, **engine_kwargs)
     database.upgrade(engine)
-    return engine, database.make_session_factory(engine)
+    return engine, unitofwork.make_session_factory(engine)

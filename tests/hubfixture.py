@@ -20,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from labfleet.core import database
+from labfleet.core import database, unitofwork
 from labfleet.core.authz import Actor
 from labfleet.core.secretbox import ensure_key_file
 from labfleet.tenancy import directory
@@ -166,7 +166,7 @@ def seed(db_url: str) -> None:
     """Create the schema, the default policy, a domain `root` and the superadmin `root`."""
     engine = database.make_engine(db_url)
     database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         cli = Actor.cli()

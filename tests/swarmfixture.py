@@ -154,11 +154,11 @@ def register_node(
     """A node with ``gpus`` mock 80 GB GPUs and ``labels`` in labfleet's DB (no agent needed)."""
     from labfleet.compute import nodes
     from labfleet.compute.devices.base import DeviceInfo, NodeInfo
-    from labfleet.core import database
+    from labfleet.core import database, unitofwork
 
     engine = database.make_engine(db_url)
     try:
-        factory = database.make_session_factory(engine)
+        factory = unitofwork.make_session_factory(engine)
         with database.session_scope(factory) as db:
             info = NodeInfo(
                 name=name,

@@ -22,7 +22,7 @@ import requests
 from sqlalchemy import text
 
 from labfleet.compute.devices.mock import USAGE_ENV, mock_uuid
-from labfleet.core import database, usage_ledger
+from labfleet.core import database, unitofwork, usage_ledger
 from tests.hubfixture import REPO, free_port, start_hub
 
 pytestmark = pytest.mark.hub
@@ -262,7 +262,7 @@ def test_agent_node_alive_lost_and_back(hub, root, fleet, tmp_path):
         assert [e["target"] for e in audit] == [NODE]
         engine = database.make_engine(hub.db_url)
         try:
-            with database.session_scope(database.make_session_factory(engine)) as db:
+            with database.session_scope(unitofwork.make_session_factory(engine)) as db:
                 assert usage_ledger.drift(db) == []
         finally:
             engine.dispose()

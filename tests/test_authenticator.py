@@ -865,7 +865,7 @@ class ThreadedIdP:
 @pytest.mark.hub
 def test_real_hub_oauth_login(tmp_path, monkeypatch):
     """A real Hub (jupyterhub_config.py + the labfleet service) logging a browser in through the IdP."""
-    from labfleet.core import database
+    from labfleet.core import database, unitofwork
     from labfleet.core.authz import Actor
     from labfleet.core.secretbox import KEY_FILE_ENV, ensure_key_file
     from labfleet.tenancy import directory
@@ -898,7 +898,7 @@ def test_real_hub_oauth_login(tmp_path, monkeypatch):
         ensure_key_file(state / "labfleet_secret.key")
         seed(db_url)
         engine = database.make_engine(db_url)
-        with database.session_scope(database.make_session_factory(engine)) as db:
+        with database.session_scope(unitofwork.make_session_factory(engine)) as db:
             directory.create_domain(db, Actor.cli(), {"name": "acme"})
             directory.create_project(db, Actor.cli(), {"domain": "acme", "name": "ml"})
         engine.dispose()

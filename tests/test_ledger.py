@@ -29,7 +29,7 @@ from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
 from labfleet.compute.reconcile import HubServer
 from labfleet.compute.scheduler import admission
-from labfleet.core import database, usage_ledger, vocab
+from labfleet.core import database, unitofwork, usage_ledger, vocab
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, LabfleetError
 from labfleet.core.models import (
@@ -62,7 +62,7 @@ def _build_world(url: str) -> None:
     """Tenants with caps, a node of 4 cores, 16g and two A100s, a pending timeout of an hour."""
     engine = database.make_engine(url)
     database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         nodes.ensure_default_group(db)
@@ -177,7 +177,7 @@ class Fleet:
     def _open(self) -> None:
         kw = {"pool_size": 40, "max_overflow": 10} if self.template.kind == "postgres" else {}
         self.engine = database.make_engine(self.url, **kw)
-        self.factory = database.make_session_factory(self.engine)
+        self.factory = unitofwork.make_session_factory(self.engine)
 
     def tx(self):
         return database.session_scope(self.factory)
@@ -813,7 +813,7 @@ def test_the_api_recalculates_for_a_superadmin_only(hub):
     # Drift injected behind the service's back: two rows for scopes that hold nothing.
     engine = database.make_engine(hub.db_url)
     try:
-        factory = database.make_session_factory(engine)
+        factory = unitofwork.make_session_factory(engine)
         with database.session_scope(factory) as db:
             ursa = directory.get_user(db, "ursa")
             acme = db.scalar(select(Domain).where(Domain.name == "acme"))

@@ -7,7 +7,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from labfleet.core import database
+from labfleet.core import database, unitofwork
 from labfleet.core.authz import Actor
 from labfleet.core.models import Base, Keypair
 from labfleet.tenancy import directory
@@ -58,7 +58,7 @@ def _check_upgrade(url, monkeypatch, tmp_path):
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == [], f"models and migrations differ: {diff}"
     # The schema works: write a tenant and read it back; one main keypair per user is enforced.
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         directory.create_domain(
@@ -143,7 +143,7 @@ def test_upgrade_to_0006_builds_the_ledger_from_the_live_sessions(tmp_path):
                 },
             )
     database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     with database.session_scope(factory) as db:
         assert usage_ledger.drift(db) == []
         rows = usage_ledger.read(db, [("domain", 1)])[("domain", 1)]

@@ -24,7 +24,7 @@ from sqlalchemy import event, select
 from labfleet.compute import nodes, sessionlist
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
-from labfleet.core import audit, authz, database
+from labfleet.core import audit, authz, database, unitofwork
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden, NotFound
 from labfleet.core.models import (
@@ -496,7 +496,7 @@ def hub_world(tmp_path_factory):
         r = hub.api("POST", "/storage-hosts", root, json={"name": "bulk", "path": str(hub.state / "bulk")})
         assert r.status_code == 201, r.text
     engine = database.make_engine(hub.db_url)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
     with database.session_scope(factory) as db:
         acme = db.scalar(select(Domain).where(Domain.name == "acme"))

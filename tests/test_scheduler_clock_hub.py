@@ -13,7 +13,7 @@ import requests
 from labfleet.compute import nodes
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
-from labfleet.core import database
+from labfleet.core import database, unitofwork
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
@@ -123,7 +123,7 @@ def test_a_queued_spawn_starts_by_itself_when_a_node_joins(env):
     # A node joins, outside any request of the API (as a node agent or the CLI would write it).
     engine = database.make_engine(hub.db_url)
     try:
-        with database.session_scope(database.make_session_factory(engine)) as db:
+        with database.session_scope(unitofwork.make_session_factory(engine)) as db:
             devices = MockPlugin(devices=[{"model": "A100-80GB", "memory": "80g", "count": 1}], node="n2")
             nodes.register_node(
                 db,

@@ -30,7 +30,7 @@ from labfleet.compute import clustercache, nodes, sessions
 from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.devices.mock import MockPlugin
 from labfleet.compute.scheduler import admission
-from labfleet.core import database
+from labfleet.core import allocversions, database, unitofwork
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, LabfleetError
 from labfleet.core.models import (
@@ -73,7 +73,7 @@ def _world(url: str, key_file: Path) -> None:
     ensure_key_file(key_file)
     engine = database.make_engine(url)
     database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     with database.session_scope(factory) as db:
         policies.ensure_default_keypair_policy(db)
         policies.create_policy(db, CLI, "keypair", {"name": "capped"})
@@ -192,7 +192,7 @@ def check_cache(engine, factory) -> bool:
     """The engine's cached cluster, where current, equals one rebuilt from the DB; True if compared."""
     with database.session_scope(factory) as db:
         gid = db.scalar(select(ResourceGroup.id).where(ResourceGroup.name == nodes.DEFAULT_GROUP))
-        current = clustercache.version(db, gid)
+        current = allocversions.version(db, gid)
         entry = clustercache.peek(engine, gid)
         if entry is None:
             return False
@@ -350,7 +350,7 @@ def test_random_operations_keep_every_invariant(template, world, steps):
         shutil.copy(template, path)
         # Two engines on one file: two processes, each with its own cache.
         engines = [database.make_engine(f"sqlite:///{path}") for _ in range(2)]
-        factories = [database.make_session_factory(e) for e in engines]
+        factories = [unitofwork.make_session_factory(e) for e in engines]
         try:
             _configure(factories[0], world)
             for op in steps:
@@ -387,7 +387,7 @@ def world_copy(template, tmp_path):
     path = tmp_path / "lf.sqlite"
     shutil.copy(template, path)
     engine = database.make_engine(f"sqlite:///{path}")
-    yield engine, database.make_session_factory(engine)
+    yield engine, unitofwork.make_session_factory(engine)
     engine.dispose()
 
 
@@ -414,7 +414,7 @@ def test_cache_is_reused_bumped_and_dropped_on_rollback(world_copy):
     _admit(factory, **one)
     assert clustercache.stats()["hits"] == 1 and clustercache.stats()["rebuilds"] == 1
     with database.session_scope(factory) as db:
-        before = clustercache.version(db, _group_id(db))
+        before = allocversions.version(db, _group_id(db))
     assert clustercache.peek(engine, _group_id_of(factory)).version == before
     # A rolled-back admission leaves the DB's version alone and drops the changed cache entry.
     with pytest.raises(Rollback):
@@ -423,7 +423,7 @@ def test_cache_is_reused_bumped_and_dropped_on_rollback(world_copy):
             assert clustercache.peek(engine, _group_id(db)).version == before + 1
             raise Rollback
     with database.session_scope(factory) as db:
-        assert clustercache.version(db, _group_id(db)) == before
+        assert allocversions.version(db, _group_id(db)) == before
     assert clustercache.peek(engine, _group_id_of(factory)) is None and clustercache.stats()["dropped"] == 1
     _admit(factory, **one)
     assert check_cache(engine, factory)
@@ -435,9 +435,9 @@ def test_other_writers_bump_the_version(world_copy):
     sid, status = _admit(factory, project="beta/x", username="carol", slots={"gpu": 1, "cpu": 2})
     assert status == "SCHEDULED" and check_cache(engine, factory)
     with database.session_scope(factory) as db:
-        v = clustercache.version(db, _group_id(db))
+        v = allocversions.version(db, _group_id(db))
         nodes.register_node(db, _node_info(*LATE_NODE))
-        v2 = clustercache.version(db, _group_id(db))
+        v2 = allocversions.version(db, _group_id(db))
         assert v2 > v
     assert clustercache.peek(engine, _group_id_of(factory)).version < v2
     with database.session_scope(factory) as db:
@@ -446,7 +446,7 @@ def test_other_writers_bump_the_version(world_copy):
             directory.delete_user(db, CLI, "carol")
     with database.session_scope(factory) as db:
         sessions.terminate(db, CLI, sid)  # what the refusal asks for: its allocations go
-        assert clustercache.version(db, _group_id(db)) > v2
+        assert allocversions.version(db, _group_id(db)) > v2
         directory.delete_user(db, CLI, "carol")
     with database.session_scope(factory) as db:
         assert db.scalar(select(func.count()).select_from(Allocation)) == 0
@@ -523,7 +523,7 @@ def _race(url: str, threads: int = 6, steps: int = 25) -> None:
         )
         for _ in range(2)
     ]
-    factories = [database.make_session_factory(e) for e in engines]
+    factories = [unitofwork.make_session_factory(e) for e in engines]
     errors: list[BaseException] = []
 
     def worker(seed: int) -> None:

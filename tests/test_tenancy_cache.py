@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import event, select
 
 from labfleet.compute import sessions
-from labfleet.core import database, versions
+from labfleet.core import database, unitofwork, versions
 from labfleet.core.authz import Actor
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Keypair, StateVersion
@@ -31,7 +31,7 @@ def two_processes(request, tmp_path, monkeypatch):
         )
     engine, service = _world(url, tmp_path, monkeypatch, gpus=4)
     other_engine = database.make_engine(url)
-    yield service, database.make_session_factory(other_engine)
+    yield service, unitofwork.make_session_factory(other_engine)
     other_engine.dispose()
     engine.dispose()
 

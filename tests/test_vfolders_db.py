@@ -11,7 +11,7 @@ from threading import Barrier
 import pytest
 from sqlalchemy import func, select
 
-from labfleet.core import database
+from labfleet.core import database, unitofwork
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, LabfleetError
 from labfleet.core.models import VFolder, VFolderUpload
@@ -40,7 +40,7 @@ def world(request, tmp_path, monkeypatch):
         )
         engine = database.make_engine(url, pool_size=30, max_overflow=10)
     database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         hosts.ensure_host(

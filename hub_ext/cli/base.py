@@ -393,12 +393,12 @@ class Command:
 
     def transaction(self, work: Callable[[Session], Any], engine: Engine | None = None) -> Any:
         """Run ``work(db)`` in one transaction: committed if it returns, rolled back if it raises."""
-        from labfleet.core import database
+        from labfleet.core import database, unitofwork
 
         own = engine is None
         engine = engine or self.open_engine()
         try:
-            with database.session_scope(database.make_session_factory(engine)) as db:
+            with database.session_scope(unitofwork.make_session_factory(engine)) as db:
                 return work(db)
         finally:
             if own:

@@ -34,10 +34,10 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from labfleet.compute import clustercache, nodes, sessions
+from labfleet.compute import nodes, sessions
 from labfleet.compute.devices.base import DeviceInfo, NodeInfo
 from labfleet.compute.devices.mps import MAX_REASON, MPS_STATES, MpsStatus
-from labfleet.core import audit, passwords
+from labfleet.core import allocversions, audit, passwords
 from labfleet.core.authz import Actor
 from labfleet.core.bootstrap import DEFAULT_GROUP, ensure_default_group
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
@@ -352,7 +352,7 @@ def register(db: Session, token: NodeToken, body: Any, remote_addr: str = "") ->
                 f"it moves to {group_name!r} once they end"
             )
         for group_id in sorted((node.resource_group_id, group.id)):
-            clustercache.bump(db, group_id)
+            allocversions.bump(db, group_id)
         node.resource_group = group
         db.flush()
     was = (node.status, node.agent_token_id) if node is not None else None
@@ -621,7 +621,7 @@ def set_schedulable(db: Session, actor: Actor, name: str, body: Any) -> Node:
         raise NotFound(f"no node {name!r:.80}")
     _superadmin(actor, "drain or undrain nodes")
     if node.schedulable != value:
-        clustercache.bump(db, node.resource_group_id)
+        allocversions.bump(db, node.resource_group_id)
         node.schedulable = value
         audit.record(db, actor, "node.undrain" if value else "node.drain", node.name)
         db.flush()

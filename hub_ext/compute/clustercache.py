@@ -8,17 +8,20 @@ it built, tagged with the group's ``alloc_version`` (a column of ``resource_grou
 Why a cached Cluster is never wrong:
 
 1. Every transaction that changes a group's allocations, nodes or devices first bumps the group's
-   ``alloc_version`` (:func:`bump`).  The bump updates the group's row, so on PostgreSQL it takes
-   the row lock that decisions take (on SQLite every transaction holds the write lock), and holds
-   it until commit: a decision that holds the lock sees the group's rows as of one version.
-   Any other write to those rows (a node edited elsewhere, a user deleted with its sessions) is
-   bumped by a flush hook (:func:`_bump_before_flush`).
+   ``alloc_version`` (:func:`labfleet.core.allocversions.bump`).  The bump updates the group's
+   row, so on PostgreSQL it takes the row lock that decisions take (on SQLite every transaction
+   holds the write lock), and holds it until commit: a decision that holds the lock sees the
+   group's rows as of one version.  Any other write to those rows (a node edited elsewhere, a
+   user deleted with its sessions) is bumped by a flush hook
+   (:func:`labfleet.core.allocversions.bump_changed_groups`).
 2. A decision reads the version after taking the lock (:func:`get`) and uses the cached Cluster
    only if it carries that version; otherwise it rebuilds it from the DB (:func:`build`).
 3. A transaction that changes a cached Cluster (apply / release in place, or a rebuild that saw
    its own uncommitted bump) owns it until it commits (:func:`claim`).  Other transactions treat
    an owned entry as missing, and a rollback drops it: the DB keeps the old version, and another
-   process may later commit that same next version with a different state.
+   process may later commit that same next version with a different state.  The transaction's
+   part (:class:`_Tx`) joins the unit of work (:func:`labfleet.core.unitofwork.participant`),
+   which tells it how the transaction ended.
 
 A :class:`~labfleet.compute.scheduler.placement.Cluster` is not thread-safe; the group lock serialises
 the decisions that use one, and a plain lock guards the cache's dict.  Caches are per engine (a
@@ -33,27 +36,17 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, cast
+from typing import cast
 
-from sqlalchemy import Engine, Table, and_, bindparam, event, inspect, or_, select, update
+from sqlalchemy import Engine, Table, and_, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from labfleet.compute.scheduler.placement import Cluster
 from labfleet.compute.scheduler.placement import Device as PDevice
 from labfleet.compute.scheduler.placement import Node as PNode
-from labfleet.core import versions
+from labfleet.core import allocversions, unitofwork, versions
 from labfleet.core.database import Prepared
-from labfleet.core.models import (
-    Allocation,
-    ComputeSession,
-    Device,
-    Domain,
-    Keypair,
-    Node,
-    Project,
-    ResourceGroup,
-    User,
-)
+from labfleet.core.models import Allocation, Device, Node, ResourceGroup
 from labfleet.core.versions import engine_of as _engine
 
 _INFO_KEY = "labfleet.clustercache"
@@ -109,16 +102,27 @@ class Entry:
 
 
 class _Tx:
-    """This transaction's part in the cache: its token, what it changed, which groups it bumped."""
+    """This transaction's part in the cache: its token and the entries it changed (a
+    :class:`~labfleet.core.unitofwork.Participant`: it hears how the transaction ended)."""
 
-    __slots__ = ("token", "touched", "bumped", "expected")
+    __slots__ = ("token", "touched")
 
     def __init__(self) -> None:
         self.token = object()
         self.touched: list[tuple[dict[int, Entry], int, Entry]] = []
-        self.bumped: set[int] = set()
-        # Rows the scheduler changes and applies to its cached cluster itself (until the next flush).
-        self.expected: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def committed(self) -> None:
+        for _per, _group_id, entry in self.touched:
+            if entry.owner is self.token:
+                entry.owner = None
+        self.touched.clear()
+
+    def rolled_back(self) -> None:
+        _drop(self.touched)
+        self.touched.clear()
+
+    def ended(self) -> None:
+        _drop(self.touched)  # neither committed nor rolled back (e.g. closed): never trust it
 
 
 _lock = threading.Lock()
@@ -127,10 +131,7 @@ _stats: Counter[str] = Counter()
 
 
 def _tx(db: Session) -> _Tx:
-    tx = db.info.get(_INFO_KEY)
-    if tx is None:
-        tx = db.info[_INFO_KEY] = _Tx()
-    return tx
+    return unitofwork.participant(db, _INFO_KEY, _Tx)
 
 
 def _per_engine(db: Session) -> dict[int, Entry]:
@@ -140,31 +141,6 @@ def _per_engine(db: Session) -> dict[int, Entry]:
         if per is None:
             per = _caches[engine] = {}
         return per
-
-
-# ---------------------------------------------------------------- versions
-
-
-def version(db: Session, group_id: int) -> int:
-    """The group's alloc_version as this transaction sees it (read after the group lock)."""
-    return int(db.scalar(select(ResourceGroup.alloc_version).where(ResourceGroup.id == group_id)) or 0)
-
-
-def bump(db: Session, group_id: int) -> int:
-    """Bump the group's alloc_version before changing its allocations, nodes or devices.
-
-    Returns the new version.  On PostgreSQL the UPDATE locks the group's row until commit.
-    """
-    stmt = (
-        update(ResourceGroup)
-        .where(ResourceGroup.id == group_id)
-        .values(alloc_version=ResourceGroup.alloc_version + 1)
-        .returning(ResourceGroup.alloc_version)
-        .execution_options(synchronize_session=False)
-    )
-    new = int(db.execute(stmt).scalar_one())
-    _tx(db).bumped.add(group_id)
-    return new
 
 
 # ---------------------------------------------------------------- the cache
@@ -202,7 +178,7 @@ def lock_for_decision(db: Session, group_id: int, *counters: str) -> tuple[Entry
     stmt = _lock_statement(counters)
     row = stmt.execute(db.connection(), {"group_id": group_id}).one()
     new = int(row[0])
-    _tx(db).bumped.add(group_id)
+    allocversions.note_bumped(db, group_id)
     entry = lookup(db, group_id, new - 1)
     if entry is None:
         entry = build(db, group_id, new - 1)
@@ -322,7 +298,7 @@ def get(db: Session, group_id: int) -> Entry:
 
     The cached entry when its version matches and no other transaction owns it, else a rebuilt one.
     """
-    current = version(db, group_id)
+    current = allocversions.version(db, group_id)
     tx = _tx(db)
     per = _per_engine(db)
     with _lock:
@@ -331,7 +307,7 @@ def get(db: Session, group_id: int) -> Entry:
             _stats["hits"] += 1
             return entry
     entry = build(db, group_id, current)
-    if group_id in tx.bumped:
+    if allocversions.bumped_here(db, group_id):
         # It saw this transaction's own uncommitted changes: not to be trusted before commit.
         entry.owner = tx.token
         tx.touched.append((per, group_id, entry))
@@ -359,12 +335,6 @@ def claim(db: Session, group_id: int, entry: Entry) -> None:
         tx.touched.append((_per_engine(db), group_id, entry))
 
 
-def expect(db: Session, rows: Iterable[Any]) -> None:
-    """Allocation rows whose change the caller has bumped and applies to the cached cluster itself,
-    until they are flushed; the flush hook bumps the group again for any other change."""
-    _tx(db).expected.update(rows)
-
-
 def peek(engine: Engine, group_id: int) -> Entry | None:
     """The cached entry, whatever its state (for tests and benchmarks)."""
     with _lock:
@@ -386,104 +356,3 @@ def _drop(touched: Iterable[tuple[dict[int, Entry], int, Entry]]) -> None:
             if per.get(group_id) is entry:
                 del per[group_id]
                 _stats["dropped"] += 1
-
-
-# ---------------------------------------------------------------- transaction events
-
-
-@event.listens_for(Session, "after_commit")
-def _after_commit(session: Session) -> None:
-    tx = session.info.get(_INFO_KEY)
-    # Savepoints fire after_commit too; only the outermost commit makes the changes real.
-    if tx is None or session.get_nested_transaction() is not None:
-        return
-    for _per, _group_id, entry in tx.touched:
-        if entry.owner is tx.token:
-            entry.owner = None
-    tx.touched.clear()
-
-
-@event.listens_for(Session, "after_soft_rollback")
-def _after_rollback(session: Session, previous_transaction: Any) -> None:
-    tx = session.info.get(_INFO_KEY)
-    if tx is not None:
-        _drop(tx.touched)
-        tx.touched.clear()
-
-
-@event.listens_for(Session, "after_transaction_end")
-def _after_transaction_end(session: Session, transaction: Any) -> None:
-    if transaction.parent is not None or transaction.nested:
-        return
-    tx = session.info.pop(_INFO_KEY, None)
-    if tx is not None:
-        _drop(tx.touched)  # neither committed nor rolled back (e.g. closed): never trust it
-
-
-def _node_groups(session: Session, node_ids: set[int]) -> set[int]:
-    if not node_ids:
-        return set()
-    return set(session.scalars(select(Node.resource_group_id).where(Node.id.in_(node_ids))))
-
-
-@event.listens_for(Session, "before_flush")
-def _bump_before_flush(session: Session, flush_context: Any, instances: Any) -> None:
-    """Bump the groups whose allocations, nodes or devices this flush changes behind the cache's back.
-
-    Placement and release (:func:`expect`) are skipped; everything else is bumped, including
-    node registration (which also bumps first, for the lock) and the database's own cascades
-    (a user deleted with its sessions): a cached cluster at the version before is then stale.
-    """
-    groups: set[int] = set()
-    node_ids: set[int] = set()
-    parents: dict[Any, set[Any]] = defaultdict(set)  # session column -> ids of deleted parents
-    tx = session.info.get(_INFO_KEY)
-    expected = tx.expected if tx is not None else ()
-    for obj in (*session.new, *session.dirty, *session.deleted):
-        if obj in expected:
-            continue
-        if isinstance(obj, Node):
-            if obj.resource_group_id is not None:
-                groups.add(obj.resource_group_id)
-            elif obj.resource_group is not None and obj.resource_group.id is not None:
-                groups.add(obj.resource_group.id)
-            history = inspect(obj).attrs.resource_group_id.history
-            groups.update(g for g in history.deleted if g is not None)
-        elif isinstance(obj, (Device, Allocation)):
-            if obj.node_id is not None:
-                node_ids.add(obj.node_id)
-            elif obj.node is not None and obj.node.id is not None:
-                node_ids.add(obj.node.id)
-    for obj in session.deleted:
-        for model, column in (
-            (User, ComputeSession.user_id),
-            (Project, ComputeSession.project_id),
-            (Keypair, ComputeSession.keypair_id),
-            (Domain, ComputeSession.domain_id),
-            (ComputeSession, ComputeSession.id),
-        ):
-            if isinstance(obj, model):
-                parents[column].add(obj.id)
-    if not (groups or node_ids or parents):
-        return
-    with session.no_autoflush:
-        groups |= _node_groups(session, node_ids)
-        if parents:
-            held = (
-                select(ComputeSession.resource_group_id)
-                .join(Allocation, Allocation.session_id == ComputeSession.id)
-                .where(or_(*(column.in_(ids) for column, ids in parents.items())))
-                .distinct()
-            )
-            groups.update(session.scalars(held))
-        for group_id in sorted(groups):  # one order everywhere: no deadlock between bumpers
-            bump(session, group_id)
-
-
-@event.listens_for(Session, "after_flush")
-def _flushed(session: Session, flush_context: Any) -> None:
-    # What was expected is written now; a later change to the same rows is someone else's.
-    tx = session.info.get(_INFO_KEY)
-    if tx is not None and tx.expected:
-        for obj in (*session.new, *session.dirty, *session.deleted):
-            tx.expected.discard(obj)

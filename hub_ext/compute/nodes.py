@@ -10,9 +10,8 @@ from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session, joinedload, selectinload
 from sqlalchemy.orm.attributes import set_committed_value
 
-from labfleet.compute import clustercache
 from labfleet.compute.devices.mps import MpsStatus
-from labfleet.core import audit
+from labfleet.core import allocversions, audit
 from labfleet.core.authz import Actor
 from labfleet.core.bootstrap import (
     DEFAULT_GROUP,
@@ -180,7 +179,7 @@ def register_node(db: Session, info: Any, group_name: str = DEFAULT_GROUP) -> No
     node = db.scalar(select(Node).where(Node.name == info.name))
     # Bump before changing anything: cached clusters of the group are out of date from here on
     # (and on PostgreSQL this takes the group's lock, so no decision sees half a registration).
-    clustercache.bump(db, group.id if node is None else node.resource_group_id)
+    allocversions.bump(db, group.id if node is None else node.resource_group_id)
     if node is None:
         node = Node(name=info.name, resource_group=group, cpu="0", mem=0, labels={}, status="ALIVE")
         db.add(node)

@@ -27,7 +27,7 @@ from labfleet.compute import admitrows, clustercache, shapes, tenants
 from labfleet.compute.nodes import DEFAULT_GROUP, mps_view
 from labfleet.compute.scheduler import admission, queueing
 from labfleet.compute.scheduler.placement import Placement, PlacementError, Request
-from labfleet.core import audit, authz, quanta, usage_ledger, versions
+from labfleet.core import allocversions, audit, authz, quanta, usage_ledger, versions
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, LabfleetError, NotFound
 from labfleet.core.models import (
@@ -457,11 +457,11 @@ def _place(
     if placement is None:
         return False
     if version is None:
-        version = clustercache.bump(db, group_id)
+        version = allocversions.bump(db, group_id)
     rows, taken, where = _allocation_rows(entry, placement, s.id)
     s.node_id = rows[0]["node_id"]
     allocations = [Allocation(**{k: v for k, v in r.items() if k != "session_id"}, session=s) for r in rows]
-    clustercache.expect(db, allocations)
+    allocversions.expect(db, allocations)
     db.add_all(allocations)
     set_status(s, "SCHEDULED", where)
     clustercache.settle(db, group_id, entry, version)
@@ -692,7 +692,7 @@ def would_start_if_released(db: Session, s: ComputeSession) -> str | None:
     allocations = list(db.scalars(select(Allocation).where(Allocation.session_id == s.id)))
     if not pending or not allocations:
         return None
-    entry = clustercache.build(db, group.id, clustercache.version(db, group.id))  # a copy of our own
+    entry = clustercache.build(db, group.id, allocversions.version(db, group.id))  # a copy of our own
     given_back = _placement_of(entry, allocations)
     if given_back is None:
         return None
@@ -780,10 +780,10 @@ def release(db: Session, s: ComputeSession, status: str, reason: str) -> bool:
     # Read them again under the group lock: a concurrent stop or placement may have changed them.
     allocations = list(db.scalars(select(Allocation).where(Allocation.session_id == s.id)))
     if allocations:
-        version = clustercache.bump(db, group_id)
+        version = allocversions.bump(db, group_id)
         entry = clustercache.lookup(db, group_id, version - 1)
         given_back = _placement_of(entry, allocations) if entry is not None else None
-        clustercache.expect(db, allocations)
+        allocversions.expect(db, allocations)
         for a in allocations:
             db.delete(a)
         if entry is not None and given_back is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labfleet.core import database, secretbox
+from labfleet.core import database, secretbox, unitofwork
 from labfleet.core.models import Keypair, KeypairResourcePolicy, ResourceGroup
 from labfleet.core.vocab import SESSION_TYPES
 
@@ -65,7 +65,7 @@ def secret_key_present() -> bool:
 def ensure_secret_key(engine: Engine) -> str:
     """Make the key file when there is none and nothing depends on an old one; its path."""
     if not secret_key_present() and database.is_initialized(engine):
-        with database.session_scope(database.make_session_factory(engine)) as db:
+        with database.session_scope(unitofwork.make_session_factory(engine)) as db:
             n = db.scalar(select(func.count()).select_from(Keypair))
         if n:
             raise SecretKeyLost(
@@ -82,7 +82,7 @@ def open_database(url: str | None = None, *, upgrade: bool = True) -> Database:
     before, head = schema_revisions(engine)
     if upgrade:
         database.upgrade(engine)
-    factory = database.make_session_factory(engine)
+    factory = unitofwork.make_session_factory(engine)
     with database.session_scope(factory) as db:
         seed_defaults(db)
     return Database(engine, factory, before, head)

@@ -264,10 +264,6 @@ class Prepared:
         return {name: value for (name, _, _), value in zip(binds, values, strict=True)}
 
 
-def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(bind=engine, expire_on_commit=False)
-
-
 @contextmanager
 def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A unit of work: commit on success, roll back on any error."""
@@ -303,10 +299,3 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def is_initialized(engine: Engine) -> bool:
     return inspect(engine).has_table("alembic_version")
-
-
-# Flush hooks every process that writes must have: state versions (caches learn of changes) and
-# the usage ledger's part in deletions. Imported here, where every session factory comes from; at
-# the end, since the ledger uses this module's Prepared.
-from labfleet.core import usage_ledger  # noqa: E402,F401
-from labfleet.core import versions as _versions  # noqa: E402,F401

@@ -28,7 +28,6 @@ from sqlalchemy import (
     Table,
     bindparam,
     delete,
-    event,
     func,
     insert,
     or_,
@@ -332,9 +331,8 @@ def recalculate(db: Session) -> list[dict[str, Any]]:
 _PARENTS = ((Domain, "domain"), (Project, "project"), (User, "user"), (Keypair, "keypair"))
 
 
-@event.listens_for(Session, "before_flush")
-def _before_flush(session: Session, flush_context: Any, instances: Any) -> None:
-    """A deleted user, project, keypair or domain takes its sessions with it (the database's
+def release_deleted_scopes(session: Session, flush_context: Any, instances: Any) -> None:
+    """before_flush (registered in labfleet.core.unitofwork): a deleted user, project, keypair or domain takes its sessions with it (the database's
     cascade): take what its live sessions held out of every scope they charged, and drop the
     deleted scope's own rows."""
     gone: dict[str, set[int]] = defaultdict(set)

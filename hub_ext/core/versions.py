@@ -2,7 +2,7 @@
 
 A row of ``state_versions`` per kind of state (``tenancy``: domains, projects, users,
 memberships, keypairs, policies, resource groups and their grants, images, storage hosts;
-``folders``: folders and their permissions).  A flush hook bumps the counter of every kind the
+``folders``: folders and their permissions).  A flush hook (:func:`bump_changed_kinds`) bumps the counter of every kind the
 flush changes, in the same transaction, so a reader that sees version ``n`` sees exactly the
 state of the transactions up to ``n``.  A cache tags what it read with the version read in the
 same transaction and throws it away when the counter moves (see labfleet.tenancy.snapshot).
@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sqlalchemy import Engine, event, inspect, select, update
+from sqlalchemy import Engine, inspect, select, update
 from sqlalchemy.orm import Session
 
 from labfleet.core.models import (
@@ -136,8 +136,8 @@ def _changed(obj: Any) -> bool:
     return False
 
 
-@event.listens_for(Session, "before_flush")
-def _bump_before_flush(session: Session, flush_context: Any, instances: Any) -> None:
+def bump_changed_kinds(session: Session, flush_context: Any, instances: Any) -> None:
+    """before_flush (registered in labfleet.core.unitofwork): bump the kinds of state this flush changes."""
     names: set[str] = set()
     for obj in (*session.new, *session.deleted):
         kind = _KINDS.get(type(obj))
@@ -152,8 +152,8 @@ def _bump_before_flush(session: Session, flush_context: Any, instances: Any) -> 
             bump(session, names)
 
 
-@event.listens_for(Session, "after_transaction_end")
-def _forget(session: Session, transaction: Any) -> None:
+def forget_bumps(session: Session, transaction: Any) -> None:
+    """after_transaction_end: the next transaction starts with no bumps."""
     if transaction.parent is None and not transaction.nested:
         session.info.pop(_INFO_KEY, None)
 
