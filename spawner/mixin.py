@@ -37,6 +37,7 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
 from labfleet.core.http import HTTPReply
+from labfleet.core.sessionlogs import SessionLogs, log_file
 from labfleet.core.vocab import FINAL_STATUSES, PENDING
 from labfleet.hub.client import LabfleetServiceClient
 
@@ -83,7 +84,7 @@ def _refusal(reply: HTTPReply, what: str) -> SpawnException:
     )
 
 
-class LabfleetSpawnerMixin(LabfleetServiceClient):
+class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
     """Admission, queueing, launch spec and release around a JupyterHub spawner (see module doc).
 
     A Configurable, so ``c.LabfleetSpawnerMixin.<option>`` configures every labfleet backend
@@ -130,17 +131,6 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         help="""Image used when the options name none. Empty: the first image the session's project may
         use, as the labfleet service lists them.""",
     ).tag(config=True)
-
-    session_log_dir = Unicode(
-        help="""Folder where each session's backend output (process output, container logs) is kept,
-        one file per session id; the labfleet service serves them at /api/sessions/{id}/logs.
-
-        Defaults to $LABFLEET_SESSION_LOG_DIR, else `session-logs` in the Hub's working directory.""",
-    ).tag(config=True)
-
-    @default("session_log_dir")
-    def _session_log_dir_default(self) -> str:
-        return os.environ.get("LABFLEET_SESSION_LOG_DIR") or str(Path.cwd() / "session-logs")
 
     session_service_url = Unicode(
         help="""The labfleet service's REST API as sessions reach it, given to each session as
@@ -318,7 +308,7 @@ class LabfleetSpawnerMixin(LabfleetServiceClient):
         """This session's log file (backends write their output there)."""
         if not self.lf_session_id:
             return None
-        return Path(self.session_log_dir) / f"{self.lf_session_id}.log"
+        return log_file(self.session_log_dir, self.lf_session_id)
 
     def lf_mounts(self, options: SessionOptions) -> tuple[Mount, ...]:
         """The backend's own mounts for every session (its ``extra_mounts``). The session's virtual

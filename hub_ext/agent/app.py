@@ -50,6 +50,7 @@ from labfleet.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
+from labfleet.core.envtraits import EnvError, document_env, load_env_fallbacks
 from labfleet.core.http import ServiceError
 from labfleet.usage.sampler import GpuProcess, Reading, Sampler, Target, kill_if_same, same_start
 
@@ -64,8 +65,7 @@ class Unreachable(Exception):
     """No answer from the service (down, restarting, 5xx): retry later."""
 
 
-def _env(name: str, fallback: str = "") -> str:
-    return os.environ.get(name) or fallback
+TOKEN_ENV = "LABFLEET_AGENT_TOKEN"  # the node token itself, when no --token-file (a secret: not an option)
 
 
 def mock_devices_of(value: str) -> list[dict[str, Any]]:
@@ -147,95 +147,63 @@ def kill_owned(key: KillKey, known: dict[str, dict[int, GpuProcess]]) -> dict[st
     return report
 
 
+@document_env
 class LabfleetAgent(Application):
     name = "labfleet-agent"
     description = """The labfleet node agent: registers this machine as a node with the labfleet service,
-    heartbeats, and measures the sessions that run here. Each option also reads its environment variable."""
+    heartbeats, and measures the sessions that run here. An option not given on the command line
+    reads its environment variable."""
 
     service_url = Unicode(
-        help="""The labfleet service's API base, e.g. http://HUB:PORT/services/labfleet/api
-        (default: $LABFLEET_AGENT_SERVICE_URL).""",
-    ).tag(config=True)
-
-    @default("service_url")
-    def _service_url(self):
-        return _env("LABFLEET_AGENT_SERVICE_URL")
+        help="The labfleet service's API base, e.g. http://HUB:PORT/services/labfleet/api.",
+    ).tag(config=True, env="LABFLEET_AGENT_SERVICE_URL")
 
     token_file = Unicode(
-        help="""A file holding the node token (`labfleet node token create`); default:
-        $LABFLEET_AGENT_TOKEN_FILE. Or give the token itself in $LABFLEET_AGENT_TOKEN.""",
-    ).tag(config=True)
+        help="""A file holding the node token (`labfleet node token create`). Or give the token itself
+        in $LABFLEET_AGENT_TOKEN (never on the command line, where other users see it).""",
+    ).tag(config=True, env="LABFLEET_AGENT_TOKEN_FILE")
 
-    @default("token_file")
-    def _token_file(self):
-        return _env("LABFLEET_AGENT_TOKEN_FILE")
-
-    node_name = Unicode(help="This node's name (default: $LABFLEET_AGENT_NODE, else the host name).").tag(
-        config=True
+    node_name = Unicode(help="This node's name (default: the host name).").tag(
+        config=True, env="LABFLEET_AGENT_NODE"
     )
 
     @default("node_name")
     def _node_name(self):
-        return _env("LABFLEET_AGENT_NODE", socket.gethostname())
+        return socket.gethostname()
 
     resource_group = Unicode(
-        help="""The resource group this node joins, when the token does not say (default:
-        $LABFLEET_AGENT_RESOURCE_GROUP, else the node's group, else 'default').""",
-    ).tag(config=True)
-
-    @default("resource_group")
-    def _resource_group(self):
-        return _env("LABFLEET_AGENT_RESOURCE_GROUP")
+        help="""The resource group this node joins, when the token does not say (default: the node's
+        group, else 'default').""",
+    ).tag(config=True, env="LABFLEET_AGENT_RESOURCE_GROUP")
 
     device_plugins = Unicode(
-        help="""Device plugins, comma-separated: nvidia (NVML) and/or mock (default:
-        $LABFLEET_AGENT_DEVICE_PLUGINS, else mock).""",
-    ).tag(config=True)
-
-    @default("device_plugins")
-    def _device_plugins(self):
-        return _env("LABFLEET_AGENT_DEVICE_PLUGINS", "mock")
+        "mock",
+        help="Device plugins, comma-separated: nvidia (NVML) and/or mock.",
+    ).tag(config=True, env="LABFLEET_AGENT_DEVICE_PLUGINS")
 
     mock_devices = Unicode(
         help="""Mock devices: a count of 80 GB GPUs (2), or the service's JSON list
-        [{"model": "A100-80GB", "memory": "80g", "count": 2}] (default: $LABFLEET_AGENT_MOCK_DEVICES,
-        else $LABFLEET_MOCK_DEVICES).""",
-    ).tag(config=True)
-
-    @default("mock_devices")
-    def _mock_devices(self):
-        return _env("LABFLEET_AGENT_MOCK_DEVICES", _env("LABFLEET_MOCK_DEVICES"))
+        [{"model": "A100-80GB", "memory": "80g", "count": 2}].""",
+    ).tag(config=True, env=("LABFLEET_AGENT_MOCK_DEVICES", "LABFLEET_MOCK_DEVICES"))
 
     docker_host = Unicode(
-        help="""The Docker engine of this node, e.g. unix:///var/run/docker.sock (default: $DOCKER_HOST):
-        the sampler reads containers' stats there, and when the engine is in a swarm the node gets
-        the label swarm.node_id. Empty: no Docker.""",
-    ).tag(config=True)
-
-    @default("docker_host")
-    def _docker_host(self):
-        return _env("DOCKER_HOST")
+        help="""The Docker engine of this node, e.g. unix:///var/run/docker.sock: the sampler reads
+        containers' stats there, and when the engine is in a swarm the node gets the label
+        swarm.node_id. Empty: no Docker.""",
+    ).tag(config=True, env="DOCKER_HOST")
 
     address = Unicode(
-        help="""The IP address where sessions on this node are reached (label `address`; default:
-        $LABFLEET_AGENT_ADDRESS).""",
-    ).tag(config=True)
-
-    @default("address")
-    def _address(self):
-        return _env("LABFLEET_AGENT_ADDRESS")
+        help="The IP address where sessions on this node are reached (label `address`).",
+    ).tag(config=True, env="LABFLEET_AGENT_ADDRESS")
 
     mps = Unicode(
+        "auto",
         help=f"""Whether this node runs its own NVIDIA MPS daemon, which limits the sessions that hold a
         fraction of a GPU: {" | ".join(MPS_MODES)}. auto: where the nvidia plugin finds GPUs MPS can
         share (not MIG instances) and nvidia-cuda-mps-control is on PATH; on: required (the node reports
-        failed, with the reason, when it cannot run); off: never (default: $LABFLEET_AGENT_MPS, else auto).
-        The agent must run as root for the daemon to take per-session limits.""",
-    ).tag(config=True)
-
-    @default("mps")
-    def _mps(self):
-        return _env("LABFLEET_AGENT_MPS", "auto")
+        failed, with the reason, when it cannot run); off: never. The agent must run as root for the
+        daemon to take per-session limits.""",
+    ).tag(config=True, env="LABFLEET_AGENT_MPS")
 
     mps_binary = Unicode(
         CONTROL_BINARY,
@@ -243,23 +211,15 @@ class LabfleetAgent(Application):
     ).tag(config=True)
 
     mps_pipe_dir = Unicode(
+        DEFAULT_PIPE_DIR,
         help="""The MPS daemon's own pipe directory ($CUDA_MPS_PIPE_DIRECTORY of the daemon and of its
-        clients; reported to the service, which gives it to the sessions placed here). Default:
-        $LABFLEET_AGENT_MPS_PIPE_DIR, else /run/labfleet/mps.""",
-    ).tag(config=True)
-
-    @default("mps_pipe_dir")
-    def _mps_pipe_dir(self):
-        return _env("LABFLEET_AGENT_MPS_PIPE_DIR", DEFAULT_PIPE_DIR)
+        clients; reported to the service, which gives it to the sessions placed here).""",
+    ).tag(config=True, env="LABFLEET_AGENT_MPS_PIPE_DIR")
 
     mps_log_dir = Unicode(
-        help="""The MPS daemon's own log directory ($CUDA_MPS_LOG_DIRECTORY). Default:
-        $LABFLEET_AGENT_MPS_LOG_DIR, else /var/log/labfleet/mps.""",
-    ).tag(config=True)
-
-    @default("mps_log_dir")
-    def _mps_log_dir(self):
-        return _env("LABFLEET_AGENT_MPS_LOG_DIR", DEFAULT_LOG_DIR)
+        DEFAULT_LOG_DIR,
+        help="The MPS daemon's own log directory ($CUDA_MPS_LOG_DIRECTORY).",
+    ).tag(config=True, env="LABFLEET_AGENT_MPS_LOG_DIR")
 
     heartbeat = Float(10.0, help="Seconds between heartbeats until the service's answer says otherwise.").tag(
         config=True
@@ -310,6 +270,11 @@ class LabfleetAgent(Application):
     @catch_config_error
     def initialize(self, argv=None) -> None:
         self.parse_command_line(argv)
+        try:  # the environment, for what the command line did not set
+            load_env_fallbacks(self, self.config.get(type(self).__name__, {}))
+        except EnvError as e:
+            self.log.critical("labfleet agent: %s", e)
+            self.exit(2)
         problems = []
         if not self.service_url:
             problems.append("--service-url (or $LABFLEET_AGENT_SERVICE_URL) is required")
@@ -320,7 +285,7 @@ class LabfleetAgent(Application):
             except OSError as e:
                 problems.append(f"cannot read --token-file {self.token_file}: {e.strerror}")
         else:
-            self.token = _env("LABFLEET_AGENT_TOKEN").strip()
+            self.token = os.environ.get(TOKEN_ENV, "").strip()
         if not self.token and not problems:
             problems.append("a node token is required: --token-file or $LABFLEET_AGENT_TOKEN")
         self.plugins: list[DevicePlugin] = []

@@ -61,6 +61,17 @@ def load_env_fallbacks(app: HasTraits, configured: Mapping[str, Any]) -> list[st
     return done
 
 
+def env_value(obj: HasTraits, option: str) -> Any | None:
+    """The value of the first of ``option``'s variables that is set, read by its trait, else None:
+    for a trait's ``@default`` in an object no app loads (the Hub makes the spawners)."""
+    trait = obj.traits()[option]
+    for name in env_names(trait):
+        raw = os.environ.get(name)
+        if raw:
+            return parse_env(trait, name, raw)
+    return None
+
+
 def document_env(cls: type[HasTraits]) -> type[HasTraits]:
     """Add to the help of each of ``cls``'s options that falls back on variables which they are;
     a class decorator (once per class)."""

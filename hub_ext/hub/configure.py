@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from labfleet.core import hubmap
+from labfleet.core import hubmap, sessionlogs
 from labfleet.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE
 from labfleet.core.hubmap import ADMIN_SERVICE_NAME, SERVICE_NAME
 from labfleet.core.rights import RIGHTS
@@ -38,7 +38,6 @@ SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
 ADMIN_PORT_ENV = "LABFLEET_ADMIN_PORT"
 ADMIN_CONSOLE_ENV = "LABFLEET_ADMIN_CONSOLE"  # 0, false, no or off: no admin console
 BACKEND_ENV = "LABFLEET_BACKEND"
-SESSION_LOG_DIR_ENV = "LABFLEET_SESSION_LOG_DIR"
 SESSION_ACCOUNT = "labfleet-session"  # local sessions' account (LabfleetLocalSpawner.session_user)
 STORAGE_HOSTS_ENV = "LABFLEET_STORAGE_HOSTS"
 # The local backend runs the Hub host's own Python environment: one image stands for it.
@@ -181,7 +180,7 @@ def configure(
     key_file = Path(os.environ.get(KEY_FILE_ENV) or state / "labfleet_secret.key")
     ensure_key_file(key_file)
     repo_root = str(Path(__file__).parents[2])
-    log_dir = os.environ.get(SESSION_LOG_DIR_ENV) or str(state / "session-logs")
+    log_dir = os.environ.get(sessionlogs.ENV) or str(state / "session-logs")
     backend = backend or os.environ.get(BACKEND_ENV, "local")
     default_images = configure_spawner(c, backend, state)
     if storage_hosts is None and os.environ.get(STORAGE_HOSTS_ENV):

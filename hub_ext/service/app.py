@@ -49,6 +49,7 @@ from labfleet.core.envtraits import EnvError, document_env, load_env_fallbacks
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Node, User
 from labfleet.core.secretbox import SecretBox
+from labfleet.core.sessionlogs import SessionLogs
 from labfleet.core.signing import NonceCache, RateLimiter
 from labfleet.reclaim import reclaimer
 from labfleet.service import hubsync, jobs
@@ -100,7 +101,7 @@ def exit_with_parent_signal(sig: int = signal.SIGTERM) -> bool:
 
 
 @document_env
-class LabfleetService(Application):
+class LabfleetService(SessionLogs, Application):
     name = "labfleet-service"
     description = "The labfleet service: tenancy, policies, keypairs and audit behind a REST API."
 
@@ -182,15 +183,6 @@ class LabfleetService(Application):
     mps_check_interval = Float(
         10.0, help="Seconds between checks of this node's MPS daemon (a dead one restarts with backoff)."
     ).tag(config=True)
-
-    session_log_dir = Unicode(
-        help="""Folder of the sessions' logs, one file per session id, written by the spawners and read
-        at /api/sessions/{id}/logs (default: session-logs here).""",
-    ).tag(config=True, env="LABFLEET_SESSION_LOG_DIR")
-
-    @default("session_log_dir")
-    def _session_log_dir(self):
-        return str(Path.cwd() / "session-logs")
 
     default_images = List(
         JSONDict(),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import json
 import re
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from types import TracebackType
@@ -452,23 +451,20 @@ class APIHandler(BaseHandler):
             )
         self.finish(json.dumps({"status": status_code, "message": message}))
 
-    async def run(self, fn, *args, status: int | Callable[[Any], int] = 200, after_commit=None):
-        """Run ``fn(db, actor, *args)`` in one unit of work; answer its result or its error.
+    async def run(self, fn, *args, after_commit=None):
+        """Run ``fn(db, actor, *args)`` in one unit of work and return its result; the handler answers.
 
         Once the unit commits, the service's after-commit hooks run (``self.lf.after_commit``: what
         the unit recorded for them, such as the Hub's groups), then ``after_commit``, when given.
-        ``status``: the answer's status, or a function of the result that says it.
+        A LabfleetError rolls the unit back and goes up: it answers as JSON with its status
+        (:meth:`_handle_request_exception`), as a ``web.HTTPError`` does in JupyterHub.
         """
-        try:
-            with self.db() as db:
-                result = fn(db, self.actor, *args)
-        except LabfleetError as e:
-            self.send_error_json(e.status, e.message, getattr(e, "retry_after", None))
-            return
+        with self.db() as db:
+            result = fn(db, self.actor, *args)
         await self.lf.after_commit(db, write=self.request.method != "GET")
         if after_commit is not None:
             await after_commit()
-        self.write_json(result, status(result) if callable(status) else status)
+        return result
 
     async def reroute(self) -> None:
         """After a change of who may act (a domain or a user (de)activated): the serving router's
@@ -500,8 +496,7 @@ class APIHandler(BaseHandler):
 
         ``required`` (openapi.yaml: ``requestBody.required``): an empty body reads as ``{}``, which is
         a valid (empty) change for the PATCH routes and a valid request for POST /keypairs; refuse
-        it, so a client that forgot the body is told so.  Call it inside ``run()``: it raises
-        InvalidInput (400)."""
+        it, so a client that forgot the body is told so.  Raises InvalidInput (400)."""
         if required and not (self.request.body or b"").strip():
             raise InvalidInput("a JSON object is required as the request body; send {} to change nothing")
         body = self.body

@@ -302,3 +302,68 @@ def test_help_all_lists_each_options_variables():
         listed = "Environment: " + ", then ".join(f"${n}" for n in env_names(trait))
         assert listed in text, option
     assert parse_env(LabfleetService.class_traits()["register_local_node"], "X", "yes") is True
+
+
+# ---------------------------------------------------------------- the node agent: the same loader
+
+
+AGENT_ENV = (
+    "LABFLEET_AGENT_SERVICE_URL",
+    "LABFLEET_AGENT_TOKEN",
+    "LABFLEET_AGENT_TOKEN_FILE",
+    "LABFLEET_AGENT_NODE",
+    "LABFLEET_AGENT_MOCK_DEVICES",
+    "LABFLEET_MOCK_DEVICES",
+    "LABFLEET_AGENT_MPS",
+    "DOCKER_HOST",
+)
+
+
+@pytest.fixture
+def agent_env(monkeypatch):
+    for name in AGENT_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LABFLEET_AGENT_SERVICE_URL", "http://127.0.0.1:9/services/labfleet/api")
+    monkeypatch.setenv("LABFLEET_AGENT_TOKEN", "node-token")
+    return monkeypatch
+
+
+def _agent(argv):
+    from labfleet.agent.app import LabfleetAgent
+
+    agent = LabfleetAgent()
+    agent.initialize(argv)
+    return agent
+
+
+def test_the_agent_reads_its_variables_and_its_command_line_wins(agent_env):
+    agent_env.setenv("LABFLEET_AGENT_NODE", "from-env")
+    agent_env.setenv("LABFLEET_MOCK_DEVICES", "3")  # the second variable of mock_devices
+    agent_env.setenv("LABFLEET_AGENT_MPS", "off")
+    agent = _agent(["--node-name=from-argv"])
+    assert (agent.service_url, agent.token) == ("http://127.0.0.1:9/services/labfleet/api", "node-token")
+    assert agent.node_name == "from-argv"
+    assert agent.mock_devices == "3" and agent.mps == "off"
+    assert agent.device_plugins == "mock" and agent.docker_host == ""  # the traits' own defaults
+    agent_env.setenv("LABFLEET_AGENT_MOCK_DEVICES", "1")  # the first variable wins over the second
+    assert _agent([]).mock_devices == "1"
+
+
+def test_the_agents_help_names_each_options_variable():
+    from labfleet.agent.app import LabfleetAgent
+
+    text = LabfleetAgent.help_text()
+    for name in (
+        "$LABFLEET_AGENT_SERVICE_URL",
+        "$LABFLEET_AGENT_NODE",
+        "$DOCKER_HOST",
+        "$LABFLEET_AGENT_MPS",
+    ):
+        assert f"Environment: {name}" in text, name
+
+
+def test_the_agent_refuses_a_bad_variable_with_exit_2(agent_env):
+    agent_env.setenv("LABFLEET_AGENT_MPS", "sometimes")
+    with pytest.raises(SystemExit) as e:
+        _agent([])
+    assert e.value.code == 2

@@ -42,7 +42,7 @@ class MeHandler(APIHandler):
                 raise NotFound(f"no labfleet user {actor.name!r}")
             return view
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 class AuditHandler(APIHandler):
@@ -52,7 +52,7 @@ class AuditHandler(APIHandler):
             page = audit.page_entries(db, actor, offset=offset, limit=limit, action=self.query_arg("action"))
             return self.paginated_model(page.map(audit.entry_view))
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 class SpecHandler(web.RequestHandler):

@@ -25,7 +25,9 @@ from labfleet.usage.sampler import Target
 
 class NodeTokenListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: [agents.token_view(db, t) for t in agents.list_tokens(db, a)])
+        self.write_json(
+            await self.run(lambda db, a: [agents.token_view(db, t) for t in agents.list_tokens(db, a)])
+        )
 
     async def post(self):
         body = self.get_json_body()
@@ -34,12 +36,14 @@ class NodeTokenListHandler(APIHandler):
             token, plain = agents.create_token(db, actor, body)
             return {**agents.token_view(db, token), "token": plain}
 
-        await self.run(op, status=201)
+        self.write_json(await self.run(op), 201)
 
 
 class NodeTokenHandler(APIHandler):
     async def delete(self, token_id):
-        await self.run(lambda db, a: agents.token_view(db, agents.revoke_token(db, a, token_id)))
+        self.write_json(
+            await self.run(lambda db, a: agents.token_view(db, agents.revoke_token(db, a, token_id)))
+        )
 
 
 class NodeHandler(APIHandler):
@@ -48,7 +52,7 @@ class NodeHandler(APIHandler):
             node = agents.set_schedulable(db, actor, name, self.get_json_body(required=True))
             return nodes.node_view(db, node)
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 # ---------------------------------------------------------------- the agent API

@@ -156,7 +156,7 @@ class AuthUserHandler(APIHandler):
                 raise Forbidden(refused)
             return {"auth_model": _auth_model(user)}
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 def routes(api: str) -> list[tuple]:

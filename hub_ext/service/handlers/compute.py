@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timezone
-from pathlib import Path
 
 from labfleet.compute import images, nodes, sessionlist, sessions
 from labfleet.compute.launchoptions import launch_options
 from labfleet.core import authz
 from labfleet.core.errors import Forbidden, LabfleetError, NotFound
+from labfleet.core.sessionlogs import log_file
 from labfleet.core.validate import check_bool, check_choice
 from labfleet.core.vocab import SESSION_STATUSES
 from labfleet.reclaim import reclaimer
@@ -26,20 +26,24 @@ from labfleet.usage.metrics import ASKED_AGAIN
 
 class ResourceGroupListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: [nodes.group_view(g) for g in nodes.list_groups(db, a)])
+        self.write_json(await self.run(lambda db, a: [nodes.group_view(g) for g in nodes.list_groups(db, a)]))
 
     async def post(self):
         body = self.get_json_body()
-        await self.run(lambda db, a: nodes.group_view(nodes.create_group(db, a, body)), status=201)
+        self.write_json(await self.run(lambda db, a: nodes.group_view(nodes.create_group(db, a, body))), 201)
 
 
 class ResourceGroupHandler(APIHandler):
     async def get(self, name):
-        await self.run(lambda db, a: nodes.group_view(nodes.get_group(db, a, name)))
+        self.write_json(await self.run(lambda db, a: nodes.group_view(nodes.get_group(db, a, name))))
 
     async def patch(self, name):
-        await self.run(
-            lambda db, a: nodes.group_view(nodes.update_group(db, a, name, self.get_json_body(required=True)))
+        self.write_json(
+            await self.run(
+                lambda db, a: nodes.group_view(
+                    nodes.update_group(db, a, name, self.get_json_body(required=True))
+                )
+            )
         )
 
 
@@ -49,7 +53,7 @@ class NodeListHandler(APIHandler):
             offset, limit = self.get_api_pagination()
             return self.paginated_model(nodes.page_node_views(db, actor, offset=offset, limit=limit))
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 class SessionListHandler(APIHandler):
@@ -62,7 +66,7 @@ class SessionListHandler(APIHandler):
             page = sessionlist.page_sessions(db, actor, filters, offset=offset, limit=limit)
             return self.paginated_model(page.map(sessions.session_view))
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
     async def post(self):
         body = self.get_json_body()
@@ -77,43 +81,35 @@ class SessionListHandler(APIHandler):
         # The Hub's spawner asks for a session: admission. When it is the server of a session started
         # through the API, that request's launch (keypair, exact slots) applies and learns the outcome.
         waiting = self.lf.launches.take(body)
-        outcome: dict = {}
+        asked_again = False
 
         def op(db, actor):
+            nonlocal asked_again
             earlier = sessions.admitted_before(db, actor, body)
             if earlier is not None:  # asked again (an answer was lost): the session it has
-                outcome["view"] = sessions.session_detail(db, earlier)
-                outcome["again"] = True
-                return outcome["view"]
-            try:
-                view = sessions.session_detail(
-                    db,
-                    sessions.admit(
-                        db,
-                        actor,
-                        body,
-                        launch=waiting.launch if waiting else None,
-                        queue=self.lf.queue_limits,
-                    ),
-                )
-            except LabfleetError as e:
-                outcome["error"] = e
-                raise
-            outcome["view"] = view
-            return view
+                asked_again = True
+                return sessions.session_detail(db, earlier)
+            launch = waiting.launch if waiting else None
+            admitted = sessions.admit(db, actor, body, launch=launch, queue=self.lf.queue_limits)
+            return sessions.session_detail(db, admitted)
 
-        with self.lf.metrics.timing_admission() as timed:  # refused unless admitted
-            await self.run(op, status=lambda _: 200 if "again" in outcome else 201)
-            if "again" in outcome:
-                timed["outcome"] = ASKED_AGAIN  # not a second admission
-            elif self.get_status() == 201 and "view" in outcome:  # admitted and committed
-                timed["outcome"] = "queued" if outcome["view"]["status"] == "PENDING" else "scheduled"
-        refused = outcome.get("error")
-        if isinstance(refused, sessions.Refused):  # rolled back: its audit entry in a unit of its own
-            with self.db() as db:
-                sessions.record_refusal(db, refused)
+        try:
+            with self.lf.metrics.timing_admission() as timed:  # refused unless admitted
+                view = await self.run(op)
+                if asked_again:
+                    timed["outcome"] = ASKED_AGAIN  # not a second admission
+                else:  # admitted and committed
+                    timed["outcome"] = "queued" if view["status"] == "PENDING" else "scheduled"
+        except LabfleetError as e:
+            if isinstance(e, sessions.Refused):  # rolled back: its audit entry in a unit of its own
+                with self.db() as db:
+                    sessions.record_refusal(db, e)
+            if waiting is not None:
+                waiting.settle(None, e)
+            raise
         if waiting is not None:
-            waiting.settle(outcome.get("view"), outcome.get("error"))
+            waiting.settle(view)
+        self.write_json(view, 200 if asked_again else 201)
 
 
 class SessionHandler(APIHandler):
@@ -127,16 +123,20 @@ class SessionHandler(APIHandler):
                 )
             return detail
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
     async def patch(self, session_id):
         body = self.get_json_body()
-        await self.run(
-            lambda db, a: sessions.session_detail(db, sessions.update_status(db, a, session_id, body))
+        self.write_json(
+            await self.run(
+                lambda db, a: sessions.session_detail(db, sessions.update_status(db, a, session_id, body))
+            )
         )
 
     async def delete(self, session_id):
-        await self.run(lambda db, a: sessions.session_view(sessions.terminate(db, a, session_id)))
+        self.write_json(
+            await self.run(lambda db, a: sessions.session_view(sessions.terminate(db, a, session_id)))
+        )
 
     def on_finish(self) -> None:
         # A session that ended may have written into its folders: count that now, not at the next scan.
@@ -161,7 +161,7 @@ class SessionLogsHandler(APIHandler):
 
         with self.db() as db:
             sid = op(db, self.actor)
-        path = Path(self.lf.session_log_dir) / f"{sid}.log"
+        path = log_file(self.lf.session_log_dir, sid)
         data = b""
         if path.is_file():
             with path.open("rb") as f:
@@ -180,7 +180,7 @@ class QueueHandler(APIHandler):
             # Positions count everyone's sessions; only the caller's own (or their domain's) are shown.
             return [row for row in sessions.queue_view(db, group) if row["id"] in readable]
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 # ---------------------------------------------------------------- images, launch options
@@ -188,7 +188,9 @@ class QueueHandler(APIHandler):
 
 class ImageListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: [images.image_view(i) for i in images.list_images(db, a)])
+        self.write_json(
+            await self.run(lambda db, a: [images.image_view(i) for i in images.list_images(db, a)])
+        )
 
     async def post(self):
         body = self.get_json_body()
@@ -201,16 +203,20 @@ class ImageListHandler(APIHandler):
             if check_bool(body["inspect"], "inspect"):
                 name = images.check_image_name(body.get("name"))
                 labels = await asyncio.to_thread(images.docker_labels, name)
-        await self.run(lambda db, a: images.image_view(images.register(db, a, body, labels)), status=201)
+        self.write_json(
+            await self.run(lambda db, a: images.image_view(images.register(db, a, body, labels))), 201
+        )
 
 
 class ImageHandler(APIHandler):
     async def get(self, name):
-        await self.run(lambda db, a: images.image_view(images.get_image(db, a, name)))
+        self.write_json(await self.run(lambda db, a: images.image_view(images.get_image(db, a, name))))
 
     async def patch(self, name):
-        await self.run(
-            lambda db, a: images.image_view(images.update(db, a, name, self.get_json_body(required=True)))
+        self.write_json(
+            await self.run(
+                lambda db, a: images.image_view(images.update(db, a, name, self.get_json_body(required=True)))
+            )
         )
 
     async def delete(self, name):
@@ -218,7 +224,7 @@ class ImageHandler(APIHandler):
             images.remove(db, actor, name)
             return {"removed": name}
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 class LaunchOptionsHandler(APIHandler):
@@ -233,7 +239,7 @@ class LaunchOptionsHandler(APIHandler):
                 raise NotFound(f"no user {username!r}")
             return launch_options(db, user)
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 def routes(api: str) -> list[tuple]:

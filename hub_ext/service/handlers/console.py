@@ -15,16 +15,16 @@ from labfleet.tenancy import announcements
 
 class AnnouncementHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, actor: announcements.current(db, actor))
+        self.write_json(await self.run(lambda db, actor: announcements.current(db, actor)))
 
     async def put(self):
         def op(db, actor):
             return announcements.publish(db, actor, self.get_json_body(required=True))
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
     async def delete(self):
-        await self.run(lambda db, actor: announcements.clear(db, actor))
+        self.write_json(await self.run(lambda db, actor: announcements.clear(db, actor)))
 
 
 class InfoHandler(APIHandler):
@@ -39,7 +39,7 @@ class InfoHandler(APIHandler):
         def op(db, actor) -> dict[str, Any]:
             return fleetinfo.info_answer(db, actor, lf, database=database, hub=hub, now=now)
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 class ConfigurationHandler(APIHandler):
@@ -50,7 +50,7 @@ class ConfigurationHandler(APIHandler):
         def op(db, actor) -> dict[str, Any]:
             return fleetinfo.configuration_answer(db, actor, lf)
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 def routes(api: str) -> list[tuple]:

@@ -39,7 +39,7 @@ class RecalculateUsageHandler(APIHandler):
             for s in found:
                 s["stopped"] = stopped[(s["user"], s["server"])]
 
-        await self.run(op, after_commit=None if dry_run else stop_unaccounted)
+        self.write_json(await self.run(op, after_commit=None if dry_run else stop_unaccounted))
 
 
 def routes(api: str) -> list[tuple]:

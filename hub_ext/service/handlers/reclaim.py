@@ -15,33 +15,37 @@ def _now() -> datetime:
 
 class IdleCheckerListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: [rules.view(c) for c in rules.list_checkers(db, a)])
+        self.write_json(await self.run(lambda db, a: [rules.view(c) for c in rules.list_checkers(db, a)]))
 
     async def post(self):
-        await self.run(
-            lambda db, a: rules.view(rules.create(db, a, self.get_json_body(required=True))),
-            status=201,
+        self.write_json(
+            await self.run(lambda db, a: rules.view(rules.create(db, a, self.get_json_body(required=True)))),
+            201,
         )
 
 
 class IdleCheckerHandler(APIHandler):
     async def get(self, name):
-        await self.run(lambda db, a: rules.view(rules.get_checker(db, a, name)))
+        self.write_json(await self.run(lambda db, a: rules.view(rules.get_checker(db, a, name))))
 
     async def patch(self, name):
-        await self.run(lambda db, a: rules.view(rules.update(db, a, name, self.get_json_body(required=True))))
+        self.write_json(
+            await self.run(
+                lambda db, a: rules.view(rules.update(db, a, name, self.get_json_body(required=True)))
+            )
+        )
 
     async def delete(self, name):
         def op(db, a):
             rules.delete(db, a, name)
             return {"deleted": name}
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 class IdlePreviewHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: reclaimer.preview(db, a, _now(), self.lf.idle_settings))
+        self.write_json(await self.run(lambda db, a: reclaimer.preview(db, a, _now(), self.lf.idle_settings)))
 
 
 class SessionIdleHandler(APIHandler):
@@ -50,18 +54,24 @@ class SessionIdleHandler(APIHandler):
             s = reclaimer.sessions.readable(db, a, session_id)
             return reclaimer.idle_of(db, s.id, _now(), self.lf.idle_settings)
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 class SessionActivityHandler(APIHandler):
     async def post(self, session_id):
         body = self.get_json_body()
-        await self.run(lambda db, a: reclaimer.report_activity(db, a, session_id, body, _now()))
+        self.write_json(
+            await self.run(lambda db, a: reclaimer.report_activity(db, a, session_id, body, _now()))
+        )
 
 
 class StillHereHandler(APIHandler):
     async def post(self, session_id):
-        await self.run(lambda db, a: reclaimer.still_here(db, a, session_id, _now(), self.lf.idle_settings))
+        self.write_json(
+            await self.run(
+                lambda db, a: reclaimer.still_here(db, a, session_id, _now(), self.lf.idle_settings)
+            )
+        )
 
 
 def routes(api: str) -> list[tuple]:

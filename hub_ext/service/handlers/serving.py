@@ -29,10 +29,12 @@ class EndpointListHandler(_ServingHandler):
         raw = self.query_arg("destroyed")
         if raw not in (None, "true", "false"):
             raise InvalidInput("destroyed must be true or false")
-        await self.run(
-            lambda db, a: [
-                self.view(e) for e in endpoints.list_endpoints(db, a, include_destroyed=raw == "true")
-            ]
+        self.write_json(
+            await self.run(
+                lambda db, a: [
+                    self.view(e) for e in endpoints.list_endpoints(db, a, include_destroyed=raw == "true")
+                ]
+            )
         )
 
     async def post(self):
@@ -45,35 +47,45 @@ class EndpointListHandler(_ServingHandler):
 
 class EndpointHandler(_ServingHandler):
     async def get(self, name):
-        await self.run(lambda db, a: self.view(endpoints.readable(db, a, name)))
+        self.write_json(await self.run(lambda db, a: self.view(endpoints.readable(db, a, name))))
 
     async def patch(self, name):
-        await self.run(
-            lambda db, a: self.view(endpoints.update(db, a, name, self.get_json_body(required=True))),
-            after_commit=self.changed,
+        self.write_json(
+            await self.run(
+                lambda db, a: self.view(endpoints.update(db, a, name, self.get_json_body(required=True))),
+                after_commit=self.changed,
+            )
         )
 
     async def delete(self, name):
-        await self.run(lambda db, a: self.view(endpoints.destroy(db, a, name)), after_commit=self.changed)
+        self.write_json(
+            await self.run(lambda db, a: self.view(endpoints.destroy(db, a, name)), after_commit=self.changed)
+        )
 
 
 class TokenListHandler(_ServingHandler):
     async def get(self, name):
-        await self.run(lambda db, a: [endpoints.token_view(t) for t in endpoints.list_tokens(db, a, name)])
+        self.write_json(
+            await self.run(
+                lambda db, a: [endpoints.token_view(t) for t in endpoints.list_tokens(db, a, name)]
+            )
+        )
 
     async def post(self, name):
         def op(db, a):
             token, plain = endpoints.create_token(db, a, name, self.get_json_body())
             return {**endpoints.token_view(token), "token": plain}
 
-        await self.run(op, status=201, after_commit=self.changed)
+        self.write_json(await self.run(op, after_commit=self.changed), 201)
 
 
 class TokenHandler(_ServingHandler):
     async def delete(self, name, token_id):
-        await self.run(
-            lambda db, a: endpoints.token_view(endpoints.revoke_token(db, a, name, token_id)),
-            after_commit=self.changed,
+        self.write_json(
+            await self.run(
+                lambda db, a: endpoints.token_view(endpoints.revoke_token(db, a, name, token_id)),
+                after_commit=self.changed,
+            )
         )
 
 
@@ -109,7 +121,7 @@ class ReplicaCredentialHandler(APIHandler):
             }
 
         self.set_header("Cache-Control", "no-store")
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 def routes(prefix: str) -> list[tuple]:

@@ -25,13 +25,13 @@ CHUNK = 1 << 20
 
 class VFolderAPIHandler(APIHandler):
     async def do(self, fn, *args, status: int = 200, rescan: str | None = None) -> None:
-        """run(); ``rescan`` names a folder to measure after the change, so the answer's caller sees
-        the new usage."""
-        await self.run(
-            fn,
-            *args,
-            status=status,
-            after_commit=(lambda: self.lf.folder_usage.rescan(rescan)) if rescan else None,
+        """Answer what ``run(fn, *args)`` returns; ``rescan`` names a folder to measure after the
+        change, so the answer's caller sees the new usage."""
+        self.write_json(
+            await self.run(
+                fn, *args, after_commit=(lambda: self.lf.folder_usage.rescan(rescan)) if rescan else None
+            ),
+            status,
         )
 
 

@@ -19,7 +19,9 @@ from labfleet.tenancy import directory, keypairs, policies, userlist
 
 class DomainListHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, a: [directory.domain_view(d) for d in directory.list_domains(db, a)])
+        self.write_json(
+            await self.run(lambda db, a: [directory.domain_view(d) for d in directory.list_domains(db, a)])
+        )
 
     async def post(self):
         body = self.get_json_body()
@@ -28,21 +30,25 @@ class DomainListHandler(APIHandler):
             d = directory.create_domain(db, actor, body)
             return directory.domain_view(d, detail=True)
 
-        await self.run(op, status=201)
+        self.write_json(await self.run(op), 201)
 
 
 class DomainHandler(APIHandler):
     async def get(self, name):
-        await self.run(
-            lambda db, a: directory.domain_view(directory.readable_domain(db, a, name), detail=True)
+        self.write_json(
+            await self.run(
+                lambda db, a: directory.domain_view(directory.readable_domain(db, a, name), detail=True)
+            )
         )
 
     async def patch(self, name):
-        await self.run(
-            lambda db, a: directory.domain_view(
-                directory.update_domain(db, a, name, self.get_json_body(required=True)), detail=True
-            ),
-            after_commit=self.reroute,
+        self.write_json(
+            await self.run(
+                lambda db, a: directory.domain_view(
+                    directory.update_domain(db, a, name, self.get_json_body(required=True)), detail=True
+                ),
+                after_commit=self.reroute,
+            )
         )
 
     async def delete(self, name):
@@ -53,7 +59,7 @@ class DomainHandler(APIHandler):
             hubsync.after_commit(db, SyncPlan(deleted_groups=set(groups)))
             return {"deleted": name}
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 # ---------------------------------------------------------------- projects
@@ -61,11 +67,13 @@ class DomainHandler(APIHandler):
 
 class ProjectListHandler(APIHandler):
     async def get(self):
-        # Query arguments are read inside run(): a bad one is a 400 like any other bad input.
-        await self.run(
-            lambda db, a: [
-                directory.project_view(p) for p in directory.list_projects(db, a, self.query_arg("domain"))
-            ]
+        self.write_json(
+            await self.run(
+                lambda db, a: [
+                    directory.project_view(p)
+                    for p in directory.list_projects(db, a, self.query_arg("domain"))
+                ]
+            )
         )
 
     async def post(self):
@@ -75,17 +83,23 @@ class ProjectListHandler(APIHandler):
             p = directory.create_project(db, actor, body)
             return directory.project_view(p)
 
-        await self.run(op, status=201)
+        self.write_json(await self.run(op), 201)
 
 
 class ProjectHandler(APIHandler):
     async def get(self, domain, name):
-        await self.run(lambda db, a: directory.project_view(directory.readable_project(db, a, domain, name)))
+        self.write_json(
+            await self.run(
+                lambda db, a: directory.project_view(directory.readable_project(db, a, domain, name))
+            )
+        )
 
     async def patch(self, domain, name):
-        await self.run(
-            lambda db, a: directory.project_view(
-                directory.update_project(db, a, domain, name, self.get_json_body(required=True))
+        self.write_json(
+            await self.run(
+                lambda db, a: directory.project_view(
+                    directory.update_project(db, a, domain, name, self.get_json_body(required=True))
+                )
             )
         )
 
@@ -96,7 +110,7 @@ class ProjectHandler(APIHandler):
             hubsync.after_commit(db, plan)
             return {"deleted": f"{domain}/{name}"}
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 class MemberListHandler(APIHandler):
@@ -106,7 +120,7 @@ class MemberListHandler(APIHandler):
             readable = set(directory.list_users(db, actor, domain))
             return [directory.user_view(u) for u in p.members if u in readable]
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
     async def post(self, domain, name):
         body = self.get_json_body()
@@ -116,7 +130,7 @@ class MemberListHandler(APIHandler):
             hubsync.after_commit(db, SyncPlan(users={u.username}))
             return directory.user_view(u)
 
-        await self.run(op, status=201)
+        self.write_json(await self.run(op), 201)
 
 
 class MemberHandler(APIHandler):
@@ -126,7 +140,7 @@ class MemberHandler(APIHandler):
             hubsync.after_commit(db, SyncPlan(users={u.username}))
             return {"removed": username}
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 # ---------------------------------------------------------------- users
@@ -143,7 +157,7 @@ class UserListHandler(APIHandler):
             page = userlist.page_users(db, actor, domain, offset=offset, limit=limit, wanted=wanted)
             return self.paginated_model(page.map(directory.user_view))
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
     async def post(self):
         body = self.get_json_body()
@@ -153,12 +167,14 @@ class UserListHandler(APIHandler):
             hubsync.after_commit(db, SyncPlan(users={u.username}))
             return directory.user_view(u)
 
-        await self.run(op, status=201)
+        self.write_json(await self.run(op), 201)
 
 
 class UserHandler(APIHandler):
     async def get(self, username):
-        await self.run(lambda db, a: directory.user_view(directory.readable_user(db, a, username)))
+        self.write_json(
+            await self.run(lambda db, a: directory.user_view(directory.readable_user(db, a, username)))
+        )
 
     async def patch(self, username):
         def op(db, actor):
@@ -166,7 +182,7 @@ class UserHandler(APIHandler):
             hubsync.after_commit(db, SyncPlan(users={u.username}))
             return directory.user_view(u)
 
-        await self.run(op, after_commit=self.reroute)
+        self.write_json(await self.run(op, after_commit=self.reroute))
 
     async def delete(self, username):
         def op(db, actor):
@@ -177,7 +193,7 @@ class UserHandler(APIHandler):
         async def forget() -> None:
             forget_hub_user(self.lf.hub_auth, username)
 
-        await self.run(op, after_commit=forget)
+        self.write_json(await self.run(op, after_commit=forget))
 
 
 # ---------------------------------------------------------------- policies
@@ -185,26 +201,34 @@ class UserHandler(APIHandler):
 
 class PolicyListHandler(APIHandler):
     async def get(self, kind):
-        await self.run(
-            lambda db, a: [policies.policy_view(kind, p) for p in policies.list_policies(db, a, kind)]
+        self.write_json(
+            await self.run(
+                lambda db, a: [policies.policy_view(kind, p) for p in policies.list_policies(db, a, kind)]
+            )
         )
 
     async def post(self, kind):
         body = self.get_json_body()
-        await self.run(
-            lambda db, a: policies.policy_view(kind, policies.create_policy(db, a, kind, body)),
-            status=201,
+        self.write_json(
+            await self.run(
+                lambda db, a: policies.policy_view(kind, policies.create_policy(db, a, kind, body))
+            ),
+            201,
         )
 
 
 class PolicyHandler(APIHandler):
     async def get(self, kind, name):
-        await self.run(lambda db, a: policies.policy_view(kind, policies.get_policy(db, a, kind, name)))
+        self.write_json(
+            await self.run(lambda db, a: policies.policy_view(kind, policies.get_policy(db, a, kind, name)))
+        )
 
     async def patch(self, kind, name):
-        await self.run(
-            lambda db, a: policies.policy_view(
-                kind, policies.update_policy(db, a, kind, name, self.get_json_body(required=True))
+        self.write_json(
+            await self.run(
+                lambda db, a: policies.policy_view(
+                    kind, policies.update_policy(db, a, kind, name, self.get_json_body(required=True))
+                )
             )
         )
 
@@ -213,7 +237,7 @@ class PolicyHandler(APIHandler):
             policies.delete_policy(db, actor, kind, name)
             return {"deleted": name}
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 # ---------------------------------------------------------------- keypairs
@@ -221,10 +245,13 @@ class PolicyHandler(APIHandler):
 
 class KeypairListHandler(APIHandler):
     async def get(self):
-        await self.run(
-            lambda db, a: [
-                keypairs.keypair_view(k) for k in keypairs.list_keypairs(db, a, self.query_arg("username"))
-            ]
+        self.write_json(
+            await self.run(
+                lambda db, a: [
+                    keypairs.keypair_view(k)
+                    for k in keypairs.list_keypairs(db, a, self.query_arg("username"))
+                ]
+            )
         )
 
     async def post(self):
@@ -232,22 +259,26 @@ class KeypairListHandler(APIHandler):
             kp, secret = keypairs.issue(db, actor, self.get_json_body(required=True))
             return keypairs.keypair_view(kp, secret)
 
-        await self.run(op, status=201)
+        self.write_json(await self.run(op), 201)
 
 
 class KeypairHandler(APIHandler):
     async def get(self, access_key):
-        await self.run(lambda db, a: keypairs.keypair_view(keypairs.get(db, a, access_key)))
+        self.write_json(await self.run(lambda db, a: keypairs.keypair_view(keypairs.get(db, a, access_key))))
 
     async def patch(self, access_key):
-        await self.run(
-            lambda db, a: keypairs.keypair_view(
-                keypairs.update(db, a, access_key, self.get_json_body(required=True))
+        self.write_json(
+            await self.run(
+                lambda db, a: keypairs.keypair_view(
+                    keypairs.update(db, a, access_key, self.get_json_body(required=True))
+                )
             )
         )
 
     async def delete(self, access_key):
-        await self.run(lambda db, a: keypairs.keypair_view(keypairs.revoke(db, a, access_key)))
+        self.write_json(
+            await self.run(lambda db, a: keypairs.keypair_view(keypairs.revoke(db, a, access_key)))
+        )
 
 
 def routes(api: str) -> list[tuple]:

@@ -37,7 +37,9 @@ class UsageHandler(APIHandler):
 
 class MyUsageHandler(APIHandler):
     async def get(self):
-        await self.run(lambda db, actor: serving_usage.add_to_me(db, actor, stats.me(db, actor)))
+        self.write_json(
+            await self.run(lambda db, actor: serving_usage.add_to_me(db, actor, stats.me(db, actor)))
+        )
 
 
 class LiveUsageHandler(APIHandler):
@@ -48,7 +50,7 @@ class LiveUsageHandler(APIHandler):
                 page_of(db, stats.live_query(actor), offset, limit).map(stats.live_view)
             )
 
-        await self.run(op)
+        self.write_json(await self.run(op))
 
 
 def routes(api: str) -> list[tuple]:
