@@ -297,11 +297,15 @@ def with_caps(theirs: Mapping[str, str], ours: Mapping[str, str]) -> dict[str, s
     return out
 
 
-def vfolder_mounts(session: Mapping[str, Any], home: str, *, taken: Iterable[str] = ()) -> tuple[Mount, ...]:
-    """The session's virtual folders (the service's ``mounts``) as Mounts under ``home``/vfolders.
+def vfolder_mounts(
+    session: Mapping[str, Any], folders_dir: str, *, taken: Iterable[str] = ()
+) -> tuple[Mount, ...]:
+    """The session's virtual folders (the service's ``mounts``) as Mounts at ``folders_dir``/<name>:
+    the backend's ``<home>/vfolders``, or the sandbox's own folder root that ``~/vfolders`` links
+    to (:mod:`labfleet.spawner.homefolders`).
 
     The service is trusted to choose the folders and their sources, but a reply must never put a
-    mount outside ``vfolders/``: a name that is not one plain path component, a relative source or
+    mount outside ``folders_dir``: a name that is not one plain path component, a relative source or
     a second folder of the same name raises ValueError.  ``taken``: targets the backend mounts
     already (its own extra mounts), which a folder may not cover.
     """
@@ -312,9 +316,9 @@ def vfolder_mounts(session: Mapping[str, Any], home: str, *, taken: Iterable[str
         raise ValueError(f"mounts must be a list, not {type(raw).__name__}")
     if not raw:
         return ()
-    if not home.startswith("/"):
-        raise ValueError(f"the session's home must be an absolute path, not {home!r}")
-    base = f"{home.rstrip('/')}/{VFOLDERS_DIR}"
+    if not folders_dir.startswith("/"):
+        raise ValueError(f"the session's folders directory must be an absolute path, not {folders_dir!r}")
+    base = folders_dir.rstrip("/")
     used = set(taken)
     out: list[Mount] = []
     names: set[str] = set()

@@ -36,6 +36,7 @@ from traitlets import Bool, Float, Integer, List, Unicode
 
 from . import sessionnet
 from .cgroups import SessionGroup, cgroup_version, startup_cpu
+from .homefolders import FOLDERS_ROOT, Tidied, link_folders, unlink_folders
 from .launch import LaunchSpec, Mount, mps_withheld_for
 from .mixin import LabfleetSpawnerMixin
 from .sandbox import (
@@ -277,6 +278,43 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         # The sandbox binds the host home at the same path: the session sees it there too.
         return str(self.home_dir)
 
+    def lf_folders_dir(self) -> str:
+        # The user's sessions share the home on the host: a sandboxed one mounts its folders in a
+        # root of its own, which ~/vfolders links to (labfleet.spawner.homefolders).
+        return FOLDERS_ROOT if self._bwrap() else super().lf_folders_dir()
+
+    def _lf_other_servers_running(self) -> bool:
+        """Whether another server of the user runs (or starts): it may use what is in the home."""
+        spawners = getattr(getattr(self, "user", None), "spawners", None)
+        if not isinstance(spawners, dict):  # JupyterHub's is a dict of the user's servers by name
+            return False
+        return any(
+            s is not self and s.active and not getattr(s, "_stop_pending", False) for s in spawners.values()
+        )
+
+    def _lf_link_folders(self, home: Path) -> None:
+        """``~/vfolders`` as the link to the sandbox's folder root; an old one cleared, what was in
+        it moved aside and said in the Hub's log and the session's."""
+        try:
+            tidied = link_folders(str(home), FOLDERS_ROOT, tidy=not self._lf_other_servers_running())
+        except OSError as e:
+            tidied = Tidied(left=f"~/vfolders could not be linked: {e.strerror}")
+        notes = [f"moved aside in the home: {line}" for line in tidied.moved]
+        if tidied.left:
+            notes.append(f"{tidied.left}; the session's folders are at {FOLDERS_ROOT}/<name>")
+        for note in notes:
+            self.log.warning("labfleet: %s: %s", self._log_name, note)
+            if self._log_file is not None:
+                self._log_file.write(f"labfleet: {note}\n".encode())
+
+    def _lf_unlink_folders(self) -> None:
+        """The last server of the user is gone: its ``~/vfolders`` link goes too."""
+        if self.sandbox != "no" and not self._lf_other_servers_running():
+            try:
+                unlink_folders(str(self.home_dir))
+            except OSError as e:
+                self.log.warning("labfleet: %s: ~/vfolders stays: %s", self._log_name, e.strerror)
+
     def lf_mounts(self, options) -> tuple[Mount, ...]:
         out = []
         for m in self.extra_mounts:
@@ -333,20 +371,22 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         if not bwrap:
             self.shell_cmd = ["setpriv", *_drop_args(*account), "--", "/bin/sh", "-c"] if account else []
             if launch.mounts:
+                unlink_folders(str(home))  # a sandboxed session's link: its folders are links here
                 # Without a sandbox a mount is a symlink, and ro cannot be enforced: say so.
                 for m in launch.mounts:
                     _link(Path(m.target), m.source, self.log)
             self.log.warning("labfleet: no sandbox for %s (sandbox = 'no'): it sees the host", self._log_name)
             return
         for m in launch.mounts:
+            # An extra mount inside the home (the deployment's): its mount point exists on the host.
             if m.target.startswith(str(home) + "/"):
                 target = Path(m.target)
                 if target.is_symlink():
                     target.unlink()  # left by a session without the sandbox: bind a real directory
-                # The mount point (and ~/vfolders/) exists on the host, owned by the user.
                 target.mkdir(parents=True, exist_ok=True)
                 if account is not None:
-                    os.chown(target.parent, *account)
+                    os.chown(target.parent, *account, follow_symlinks=False)
+        self._lf_link_folders(home)
         env = self.get_env()
         netns = net.netns_path(self.lf_net_index) if net and self.lf_net_index is not None else None
         self.shell_cmd = sandbox_command(
@@ -358,6 +398,7 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
                 hidden=tuple(h for h in self.sandbox_hidden if os.path.isdir(h)),
                 hidden_files=tuple(h for h in self.sandbox_hidden if os.path.isfile(h)),
                 mounts=launch.mounts,
+                folders_root=FOLDERS_ROOT,
                 writable=tuple(self.sandbox_writable) + _mps_dirs(launch, env),
                 devices=gpu_device_nodes(launch.gpus),
                 tmp_size=int(self.session_tmp_size or DEFAULT_TMP_SIZE),
@@ -513,6 +554,7 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
             self.lf_net_index = None
         if self.lf_cgroup == cgroup:
             self.lf_cgroup = None
+        self._lf_unlink_folders()
 
     async def poll(self):
         held = (self.lf_net_index, self.lf_cgroup)

@@ -42,7 +42,7 @@ from labfleet.core.vocab import FINAL_STATUSES, PENDING
 from labfleet.hub.client import LabfleetServiceClient
 
 from . import form
-from .launch import LaunchSpec, Mount, build_launch, vfolder_mounts, with_caps
+from .launch import VFOLDERS_DIR, LaunchSpec, Mount, build_launch, vfolder_mounts, with_caps
 from .options import OptionsError, SessionOptions, options_from_form, parse_options
 from .sessionnet import DEFAULT_DENY
 
@@ -320,15 +320,20 @@ class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
         virtual folders are mounted at ``<home>/vfolders/<name>``."""
         raise NotImplementedError(f"{type(self).__name__} does not say where the session's home is")
 
+    def lf_folders_dir(self) -> str:
+        """Where the session's virtual folders are mounted, inside the session: ``<home>/vfolders``
+        (a backend whose sessions share a home on the host mounts them elsewhere and links there)."""
+        return f"{self.lf_session_home().rstrip('/')}/{VFOLDERS_DIR}"
+
     def lf_session_mounts(self, session: dict[str, Any], options: SessionOptions) -> tuple[Mount, ...]:
         """The backend's mounts, then the virtual folders the service mounts for the placed session."""
         own = self.lf_mounts(options)
         if not session.get("mounts"):
             return own
         try:
-            folders = vfolder_mounts(session, self.lf_session_home(), taken=[m.target for m in own])
+            folders = vfolder_mounts(session, self.lf_folders_dir(), taken=[m.target for m in own])
         except ValueError as e:
-            # A reply that would mount outside ~/vfolders/: the service's fault, not the user's.
+            # A reply that would mount outside the folders' directory: the service's fault, not the user's.
             raise SpawnException(
                 f"labfleet cannot mount the session's virtual folders: {e}",
                 reason="labfleet-error",
@@ -520,7 +525,7 @@ class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
         # What the session's server extension needs to act for its owner (server_ext/ENDPOINTS.md).
         env["LABFLEET_SERVICE_URL"] = self.session_service_url or self.service_url
         try:
-            env["LABFLEET_VFOLDER_DIR"] = self.lf_session_home().rstrip("/") + "/vfolders"
+            env["LABFLEET_VFOLDER_DIR"] = f"{self.lf_session_home().rstrip('/')}/{VFOLDERS_DIR}"
         except NotImplementedError:
             pass
         if self.lf_own_pid_namespace():

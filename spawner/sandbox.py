@@ -14,7 +14,7 @@ A local session is a tenant.  :func:`sandbox_command` builds its command line:
 What the session sees: the system (``/usr``, ``/etc``, ``/sys`` read-only, the ``/bin``-style links),
 the runtime it needs read-only (the Python environment, what its installs point to: ``runtime``),
 private ``/dev``, ``/proc``, ``/dev/shm``, ``/tmp`` and ``/var/tmp`` (tmpfs of ``tmp_size`` bytes each), its home
-read-write, its folders with their mode, and its devices.  Nothing else of the host: not ``/root``,
+read-write, its folders with their mode (in a tmpfs of its own, ``folders_root``), and its devices.  Nothing else of the host: not ``/root``,
 not other homes, not ``/run`` (the Docker socket, the network namespaces), not the state directory.
 ``hidden`` folders and ``hidden_files`` inside the runtime (a state directory inside a checkout) are
 covered.  The session command is appended as one shell string (JupyterHub's ``shell_cmd``).
@@ -50,6 +50,9 @@ class SandboxSpec:
     hidden: tuple[str, ...] = ()  # folders covered by an empty tmpfs
     hidden_files: tuple[str, ...] = ()  # files that read as empty
     mounts: tuple[Mount, ...] = ()
+    # A tmpfs of the session's own holding its folders' mounts (labfleet.spawner.homefolders), read-only
+    # once they are in: the session cannot add to it. Empty: none.
+    folders_root: str = ""
     writable: tuple[str, ...] = ()  # more host folders bound read-write
     devices: tuple[str, ...] = ()  # device nodes (a GPU's) bound into the private /dev
     tmp_size: int = DEFAULT_TMP_SIZE
@@ -164,8 +167,14 @@ def sandbox_command(
     bind("--bind", spec.home, spec.home)
     for path in spec.writable:
         bind("--bind", path, path)
+    if spec.folders_root:
+        parents(spec.folders_root)
+        args += ["--perms", "0755", "--tmpfs", spec.folders_root]
+        layers.append((spec.folders_root, False))
     for m in spec.mounts:
         bind("--ro-bind" if m.read_only else "--bind", m.source, m.target)
+    if spec.folders_root:
+        args += ["--remount-ro", spec.folders_root]
     for dev in spec.devices:
         args += ["--dev-bind", dev, dev]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]

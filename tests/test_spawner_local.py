@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from labfleet.spawner.homefolders import FOLDERS_ROOT
 from tests.hubfixture import SESSION_NETWORK, session_address, spawner_state, start_hub
 
 pytestmark = pytest.mark.hub
@@ -412,10 +413,12 @@ def test_vfolders_mounted_with_their_permission_and_shared_between_sessions(env)
         ".config-files": "wd",
     }
     home = state / "homes" / "alice"
+    # Mounted in the sandbox's own folder root, which ~/vfolders links to: no mount point in the home.
     seen = _mounts(spawner_state(state, "alice", "a")["pid"])
-    assert "ro" in seen[str(home / "vfolders" / "bob-data")]
-    assert "rw" in seen[str(home / "vfolders" / "work")]
-    assert "rw" in seen[str(home / "vfolders" / ".config-files")]
+    assert "ro" in seen[f"{FOLDERS_ROOT}/bob-data"]
+    assert "rw" in seen[f"{FOLDERS_ROOT}/work"]
+    assert "rw" in seen[f"{FOLDERS_ROOT}/.config-files"]
+    assert os.readlink(home / "vfolders") == FOLDERS_ROOT
     # The storage root is not in the sandbox at all: only the session's own folders are mounted.
     assert not [
         m for m in seen if m == str(state / "vfolders") or m.startswith(str(state / "vfolders") + "/")
@@ -439,6 +442,16 @@ def test_vfolders_mounted_with_their_permission_and_shared_between_sessions(env)
     assert r.status_code in (201, 202), r.text
     _wait_ready(hub, "alice", "b")
     assert _contents(hub, alice, "b", "vfolders/work/note.txt").json()["content"] == "from session a"
+    # A session that mounts no folder sees none: no empty, writable ~/vfolders/work that would keep
+    # a file in the home instead of the folder (a split folder).
+    r = _spawn(hub, "alice", "c", {"project": "ml"})
+    assert r.status_code in (201, 202), r.text
+    _wait_ready(hub, "alice", "c")
+    assert _contents(hub, alice, "c", "vfolders/work").status_code == 404
+    assert _contents(hub, alice, "c", "vfolders/work/x.txt", "PUT", json=body).status_code >= 400
+    assert _contents(hub, alice, "c", "vfolders/x.txt", "PUT", json=body).status_code >= 400
+    assert hub.api("GET", f"/vfolders/{work['id']}/files/x.txt", alice).status_code == 404
+    assert hub.hub_api("DELETE", "/users/alice/servers/c").status_code in (202, 204)
 
     # A mounted folder cannot be purged; once the sessions stop, it can.
     assert hub.api("DELETE", f"/vfolders/{work['id']}", alice).status_code == 200
@@ -456,6 +469,11 @@ def test_vfolders_mounted_with_their_permission_and_shared_between_sessions(env)
         assert time.monotonic() < deadline, "the folder stayed mounted after its sessions stopped"
         time.sleep(0.3)
     assert not (state / "vfolders" / work["id"]).exists()
+    # The user's last session gone, nothing of the folders is left in the home.
+    deadline = time.monotonic() + 30
+    while os.path.lexists(home / "vfolders"):
+        assert time.monotonic() < deadline, sorted(p.name for p in home.iterdir())
+        time.sleep(0.3)
     # Asking for a folder one cannot reach is refused before anything starts.
     r = _spawn(hub, "bob", "b", {"vfolders": ["work"]})
     assert r.status_code == 404 and "work" in r.json()["message"], r.text

@@ -16,6 +16,7 @@ from labfleet.core.http import HTTPReply
 from labfleet.spawner.docker import LabfleetDockerSpawner
 from labfleet.spawner.docker_config import container_config
 from labfleet.spawner.form import render
+from labfleet.spawner.homefolders import FOLDERS_ROOT
 from labfleet.spawner.launch import Mount, build_launch, vfolder_mounts
 from labfleet.spawner.local import LabfleetLocalSpawner, _bwrap_works, _link
 from labfleet.spawner.mixin import LabfleetSpawnerMixin
@@ -95,14 +96,16 @@ def test_reply_mounts_go_under_the_home_vfolders_with_their_permission():
             _mount(".config", "/srv/vf/u/.config", "rw"),
         ]
     }
-    assert vfolder_mounts(session, "/home/alice/") == (
+    assert vfolder_mounts(session, "/home/alice/vfolders/") == (
         Mount("/srv/vf/u/ref", "/home/alice/vfolders/ref", "ro"),
         Mount("/srv/vf/u/work", "/home/alice/vfolders/work", "rw"),
         Mount("/srv/vf/p/scratch", "/home/alice/vfolders/scratch", "wd"),
         Mount("/srv/vf/u/.config", "/home/alice/vfolders/.config", "rw"),
     )
     # A service from before virtual folders says nothing; an empty list is no folder either.
-    assert vfolder_mounts({}, "/home/alice") == () and vfolder_mounts({"mounts": []}, "relative") == ()
+    assert (
+        vfolder_mounts({}, "/home/alice/vfolders") == () and vfolder_mounts({"mounts": []}, "relative") == ()
+    )
 
 
 @pytest.mark.parametrize(
@@ -127,16 +130,16 @@ def test_reply_mounts_go_under_the_home_vfolders_with_their_permission():
 )
 def test_bad_reply_mounts_are_refused(mounts, words):
     with pytest.raises(ValueError) as e:
-        vfolder_mounts({"mounts": mounts}, "/home/alice")
+        vfolder_mounts({"mounts": mounts}, "/home/alice/vfolders")
     assert words in str(e.value)
 
 
 def test_a_folder_cannot_cover_a_backend_mount_or_go_under_a_relative_home():
     session = {"mounts": [_mount("data", "/srv/vf/data")]}
     with pytest.raises(ValueError, match="already a mount of this hub"):
-        vfolder_mounts(session, "/home/alice", taken=["/home/alice/vfolders/data"])
+        vfolder_mounts(session, "/home/alice/vfolders", taken=["/home/alice/vfolders/data"])
     with pytest.raises(ValueError, match="absolute path"):
-        vfolder_mounts(session, "home/alice")
+        vfolder_mounts(session, "home/alice/vfolders")
 
 
 # ------------------------------------------------------------------ the mixin
@@ -329,12 +332,19 @@ def test_sandboxed_ro_folder_is_read_only_and_rw_is_writable(tmp_path):
     options = parse_options({"project": "ml"})
     asyncio.run(sp.lf_prepare(build_launch(session, options, mounts=sp.lf_session_mounts(session, options))))
     home = tmp_path / "home" / "alice"
-    assert (home / "vfolders" / "ro").is_dir()  # mount points made on the host, under ~/vfolders
-    script = "cd ~/vfolders && (echo x > ro/f) 2>/dev/null; echo ro=$?; echo y > rw/f; echo rw=$?"
+    # No mount point on the host: ~/vfolders is the link to the sandbox's own folder root.
+    assert os.readlink(home / "vfolders") == FOLDERS_ROOT and not (store / "ro" / "f").exists()
+    script = (
+        "cd ~/vfolders && ls; (echo x > ro/f) 2>/dev/null; echo ro=$?; echo y > rw/f; echo rw=$?;"
+        " (echo z > new) 2>/dev/null; echo new=$?"
+    )
     out = subprocess.run([*sp.shell_cmd, script], capture_output=True, text=True, timeout=30)
+    assert out.stdout.split()[:2] == ["ro", "rw"], out  # the session's folders, and nothing else
     assert "ro=1" in out.stdout or "ro=2" in out.stdout, out
     assert "rw=0" in out.stdout, out
+    assert "new=0" not in out.stdout, out  # the folder root takes no file of the session's
     assert not (store / "ro" / "f").exists() and (store / "rw" / "f").read_text() == "y\n"
+    assert sorted(p.name for p in home.iterdir()) == ["vfolders"]  # nothing else made in the home
 
 
 def test_docker_mounts_folders_under_the_container_home_as_binds():
