@@ -178,6 +178,18 @@ def test_bad_token_and_agent_requests_change_nothing(hub, root, fleet):
     assert _state(hub, root) == before
 
 
+def test_the_services_own_node_heartbeats_like_an_agents(hub, root):
+    # The node the service registered for its own machine: not one of this file's agents.
+    (own,) = [n for n in _nodes(hub, root).values() if not n["name"].startswith("agent-")]
+    first = own["last_seen"]
+    _wait(
+        "a newer last_seen of the service's own node (1 s heartbeats)",
+        lambda: _nodes(hub, root)[own["name"]]["last_seen"] > first,
+        10,
+    )
+    assert _nodes(hub, root)[own["name"]]["status"] == "ALIVE"
+
+
 def test_agent_node_alive_lost_and_back(hub, root, fleet, tmp_path):
     made = hub.api(
         "POST", "/node-tokens", root, json={"node": NODE, "resource_group": "edge", "note": "test"}

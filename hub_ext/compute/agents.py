@@ -471,13 +471,7 @@ def heartbeat(db: Session, token: NodeToken, beat: Beat, remote_addr: str = "") 
             node.last_seen = now
             result.came_back = True
             audit.record(db, agent_actor(token, node.name, remote_addr), "node.alive", node.name)
-    # A plain UPDATE: last_seen is not placement state, so the cached clusters stay valid.
-    db.execute(
-        update(Node)
-        .where(Node.id == node.id)
-        .values(last_seen=now)
-        .execution_options(synchronize_session=False)
-    )
+    nodes.mark_seen(db, node.name, now)
     if beat.mps is not None:
         nodes.set_mps(db, node, beat.mps)
     db.execute(

@@ -3,6 +3,7 @@ and the capacity view (what each node and device has, holds and has free)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -163,6 +164,18 @@ def list_groups(db: Session, actor: Actor) -> list[ResourceGroup]:
 
 
 # ---------------------------------------------------------------- nodes
+
+
+def mark_seen(db: Session, name: str, now: datetime | None = None) -> None:
+    """Node ``name`` was heard from (its agent's heartbeat, or the service on its own node).
+
+    A plain UPDATE: last_seen is not placement state, so the cached clusters stay valid."""
+    db.execute(
+        update(Node)
+        .where(Node.name == name)
+        .values(last_seen=now or utcnow())
+        .execution_options(synchronize_session=False)
+    )
 
 
 def register_node(db: Session, info: Any, group_name: str = DEFAULT_GROUP) -> Node:

@@ -568,7 +568,11 @@ class LabfleetService(SessionLogs, Application):
                 self.agent_readings[r.session_id] = r
 
     async def watch_nodes(self) -> dict[str, list]:
-        """Mark LOST the agent nodes that stopped heartbeating (see ``jobs.watch_nodes``)."""
+        """This node's own heartbeat (when the service registered it), then mark LOST the agent
+        nodes that stopped heartbeating (see ``jobs.watch_nodes``)."""
+        if self.register_local_node:
+            with database.session_scope(self.session_factory) as db:
+                nodes.mark_seen(db, self.node_name)
         return await jobs.watch_nodes(
             self.session_factory,
             self.hub_sync.stop_server if self.hub_sync.enabled else None,
