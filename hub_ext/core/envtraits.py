@@ -40,24 +40,30 @@ def parse_env(trait: TraitType, name: str, raw: str) -> Any:
         raise EnvError(f"${name}={raw[:80]!r}: {wanted}") from None
 
 
+def _first_set(trait: TraitType) -> tuple[str, str] | None:
+    """(name, value) of the first of ``trait``'s variables that is set and not empty."""
+    for name in env_names(trait):
+        raw = os.environ.get(name)
+        if raw:
+            return name, raw
+    return None
+
+
 def load_env_fallbacks(app: HasTraits, configured: Mapping[str, Any]) -> list[str]:
     """Give every option of ``app`` not in ``configured`` (the app's own section of its config) the
     value of its environment variable, where one is set; the names of the options it set."""
     done = []
     for option, trait in sorted(app.traits(config=True).items()):
-        if option in configured:
+        found = None if option in configured else _first_set(trait)
+        if found is None:
             continue
-        for name in env_names(trait):
-            raw = os.environ.get(name)
-            if raw is None or raw == "":
-                continue
-            value = parse_env(trait, name, raw)
-            try:
-                setattr(app, option, value)
-            except TraitError as e:
-                raise EnvError(f"${name}={raw[:80]!r}: {e}") from None
-            done.append(option)
-            break
+        name, raw = found
+        value = parse_env(trait, name, raw)
+        try:
+            setattr(app, option, value)
+        except TraitError as e:
+            raise EnvError(f"${name}={raw[:80]!r}: {e}") from None
+        done.append(option)
     return done
 
 
@@ -65,11 +71,8 @@ def env_value(obj: HasTraits, option: str) -> Any | None:
     """The value of the first of ``option``'s variables that is set, read by its trait, else None:
     for a trait's ``@default`` in an object no app loads (the Hub makes the spawners)."""
     trait = obj.traits()[option]
-    for name in env_names(trait):
-        raw = os.environ.get(name)
-        if raw:
-            return parse_env(trait, name, raw)
-    return None
+    found = _first_set(trait)
+    return parse_env(trait, *found) if found is not None else None
 
 
 def document_env(cls: type[HasTraits]) -> type[HasTraits]:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traitlets import Unicode, default
-from traitlets.config import Configurable
+from traitlets import HasTraits, Unicode, default
 
 from labfleet.core.envtraits import env_value
 
 ENV = "LABFLEET_SESSION_LOG_DIR"
 
 
-class SessionLogs(Configurable):
-    """The ``session_log_dir`` option, shared by the service and the spawners."""
+class SessionLogs(HasTraits):
+    """The ``session_log_dir`` option, shared by the service and the spawners: a mixin, so each
+    lists it in its own section (``c.LabfleetService.``, ``c.LabfleetSpawnerMixin.``)."""
 
     session_log_dir = Unicode(
         help="""Folder of the sessions' logs, one file per session id: the spawners write each
