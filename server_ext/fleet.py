@@ -187,6 +187,7 @@ def my_sessions(
                 "status": v.get("status"),
                 "status_reason": v.get("status_reason"),
                 "queue_position": v.get("queue_position"),
+                "waiting_for": v.get("waiting_for"),
                 "slots": v.get("slots") or {},
                 "devices": list(v.get("devices") or []),
                 "created_at": v.get("created_at"),

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from labfleet.core.display import fmt_slot, slot_name
-from labfleet.core.vocab import FOLDER_RIGHTS, SESSION_TYPES, SLOT_NAMES
+from labfleet.core.display import fmt_slot, mem_input, slot_name
+from labfleet.core.vocab import DEFAULT_SESSION_SLOTS, FOLDER_RIGHTS, SESSION_TYPES, SLOT_NAMES
 
 _PERMISSION_BADGES = {"ro": "text-bg-secondary", "rw": "text-bg-primary", "wd": "text-bg-warning"}
 
@@ -30,16 +30,29 @@ def _options(items: Sequence[tuple[str, str, Mapping[str, str]]], selected: str 
     return "\n".join(out)
 
 
-def _quota_table(project: Mapping[str, Any]) -> str:
+# Free now, per slot, as the service's ``free_now`` names it: ``gpu`` whole free devices on one node,
+# ``gpu.shares`` the largest free part of one device.
+def _quota_table(project: Mapping[str, Any], group: Mapping[str, Any]) -> str:
+    """What the quota leaves in ``project`` beside what ``group`` can give one session now."""
     left = project.get("left") or {}
+    free = group.get("free_now") or {}
     rows = "".join(
         f"<tr><th scope='row'>{escape(slot_name(slot))}</th>"
-        f"<td>{escape(fmt_slot(slot, left.get(slot)))}</td></tr>"
+        f"<td>{escape(fmt_slot(slot, left.get(slot)))}</td>"
+        f"<td>{escape(fmt_slot(slot, free.get(slot)) if slot in free else '')}</td></tr>"
         for slot in SLOT_NAMES
     )
+    nodes = ""
+    if "alive_nodes" in free:
+        nodes = f" ({free['alive_nodes']} of {free.get('nodes', 0)} nodes up)"
     return (
-        f'<table class="table table-sm lf-quota" data-project="{escape(project["name"])}" hidden>'
-        f"<caption>Left for {escape(project['name'])}</caption><tbody>{rows}</tbody></table>"
+        f'<table class="table table-sm lf-quota" data-project="{escape(project["name"])}"'
+        f' data-group="{escape(group["name"])}" hidden>'
+        f"<caption>What the quota of {escape(project['name'])} leaves, and what resource group "
+        f"{escape(group['name'])} can give one session now{escape(nodes)}: a session runs on one node, "
+        "so it gets at most what one node has free.</caption>"
+        "<thead><tr><th scope='col'></th><th scope='col'>Quota left</th><th scope='col'>Free now</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
     )
 
 
@@ -105,19 +118,50 @@ def _vfolders(folders: Sequence[Mapping[str, Any]], previous: Sequence[str]) -> 
   </fieldset>"""
 
 
+# The Hub's spawn page has its own Start button under the form: with no form to send, it only
+# earns a refusal, so it goes.
+_NO_START = (
+    "<script>document.querySelectorAll('#spawn_form [type=submit]')"
+    ".forEach(function (b) { b.disabled = true; b.hidden = true; });</script>"
+)
+
+
 def unavailable(message: str) -> str:
     """Shown instead of the form when the service cannot say what the user may launch."""
     return (
         '<div class="alert alert-danger" role="alert">labfleet cannot offer sessions right now: '
-        f"{escape(message)}</div>"
+        f"{escape(message)}</div>{_NO_START}"
     )
 
 
-def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -> str:
+def no_project(choices: Mapping[str, Any]) -> str:
+    """Shown instead of the form to someone in no project: who can add them, by name; an admin is
+    sent to the console, where they manage projects, and a monitor is told they only read."""
+    role = choices.get("role")
+    admins = [str(a) for a in choices.get("project_admins") or [] if a != choices.get("user")]
+    if role == "monitor":
+        text = "You are a monitor: you read the fleet in the Fleet admin console and start no sessions."
+    elif role in ("admin", "superadmin"):
+        text = (
+            "You are in no project, so you have no session to start here. As an admin, add yourself "
+            "to a project on the Fleet admin console's Domains & Projects page."
+        )
+    elif admins:
+        text = f"You are not in any project yet: ask {', '.join(admins)} to add you to one."
+    else:
+        text = "You are not in any project yet: ask an administrator to add you to one."
+    return f'<div class="alert alert-info" role="status">{escape(text)}</div>{_NO_START}'
+
+
+def render(
+    choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None, preview_url: str = ""
+) -> str:
+    """The form; ``preview_url``: the service's ``GET /api/sessions/preview``, which the form asks,
+    as the user changes it, whether the request would start, wait or be refused (and says why)."""
     previous = previous or {}
     projects = list(choices.get("projects") or [])
     if not projects:
-        return unavailable("you are not a member of any project; ask your domain admin to add you to one")
+        return no_project(choices)
     images = list(choices.get("images") or [])
     groups = list(choices.get("resource_groups") or [])
     _Item = tuple[str, str, Mapping[str, str]]
@@ -143,7 +187,10 @@ def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None
     def prev(key: str, default: str = "") -> str:
         return escape(str(previous.get(key, default)))
 
-    quotas = "\n".join(_quota_table(p) for p in projects)
+    # The service's defaults (the same in every launcher); these constants only for an older service.
+    defaults = {**DEFAULT_SESSION_SLOTS, **(choices.get("defaults") or {})}
+
+    quotas = "\n".join(_quota_table(p, g) for p in projects for g in groups)
     chosen = previous.get("vfolders") or []
     folders = _vfolders(
         list(choices.get("vfolders") or []), [str(v) for v in chosen] if isinstance(chosen, list) else []
@@ -172,18 +219,18 @@ def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None
     <div class="col-sm-4">
       <label for="lf-cpu" class="form-label">CPU cores</label>
       <input id="lf-cpu" name="cpu" type="number" class="form-control" min="0.1" step="0.1"
-             value="{prev("cpu", "1")}">
+             value="{prev("cpu", str(defaults["cpu"]))}">
     </div>
     <div class="col-sm-4">
       <label for="lf-mem" class="form-label">Memory</label>
       <input id="lf-mem" name="mem" type="text" class="form-control" pattern="[0-9.]+ *[kKmMgGtT]?i?[bB]?"
-             value="{prev("mem", "2g")}" aria-describedby="lf-mem-help">
+             value="{prev("mem", mem_input(defaults["mem"]))}" aria-describedby="lf-mem-help">
       <div id="lf-mem-help" class="form-text">e.g. 512m, 4g</div>
     </div>
     <div class="col-sm-4">
       <label for="lf-gpu" class="form-label">GPU</label>
       <input id="lf-gpu" name="gpu" type="number" class="form-control" min="0" step="0.01" list="lf-gpu-steps"
-             value="{prev("gpu", "0")}" aria-describedby="lf-gpu-help">
+             value="{prev("gpu", str(defaults["gpu"]))}" aria-describedby="lf-gpu-help">
       <datalist id="lf-gpu-steps"><option value="0.25"><option value="0.5"><option value="1"><option value="2"></datalist>
       <div id="lf-gpu-help" class="form-text">Whole devices (1, 2) or a fraction of one (0.25, 0.5)</div>
     </div>
@@ -202,10 +249,13 @@ def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None
   <div class="lf-quotas">
 {quotas}
   </div>
+  <div id="lf-preview" class="alert" role="status" hidden></div>
 </div>
 <script>
 (function () {{
   var left = {left};
+  var previewUrl = {_script_json(preview_url)};
+  var group = document.getElementById("lf-group");
   var project = document.getElementById("lf-project");
   var image = document.getElementById("lf-image");
   var type = document.getElementById("lf-type");
@@ -217,7 +267,9 @@ def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None
   }}
   function update() {{
     var p = project.value, q = left[p] || {{}};
-    document.querySelectorAll(".lf-quota").forEach(function (t) {{ t.hidden = t.dataset.project !== p; }});
+    document.querySelectorAll(".lf-quota").forEach(function (t) {{
+      t.hidden = t.dataset.project !== p || t.dataset.group !== group.value;
+    }});
     Array.prototype.forEach.call(image.options, function (o) {{
       o.hidden = o.dataset.projects.split(" ").indexOf(p) < 0;
     }});
@@ -238,9 +290,62 @@ def render(choices: Mapping[str, Any], previous: Mapping[str, Any] | None = None
     command.hidden = type.value === "interactive";
     document.getElementById("lf-command").disabled = command.hidden;
   }}
-  project.addEventListener("change", update);
-  type.addEventListener("change", update);
-  update();
+  // Whether the request would start now, wait (and why) or be refused: the service judges, as
+  // admission would, and changes nothing. A page that cannot ask it shows nothing.
+  var note = document.getElementById("lf-preview"), asked = 0, timer = null;
+  function request() {{
+    var form = document.getElementById("lf-project").form;
+    var slots = {{cpu: parseFloat(document.getElementById("lf-cpu").value || "0"),
+                 mem: document.getElementById("lf-mem").value}};
+    // As the spawner reads the field: whole devices when integral, else a fraction of one.
+    var gpu = parseFloat(document.getElementById("lf-gpu").value || "0");
+    if (gpu > 0) {{ slots[Number.isInteger(gpu) ? "gpu" : "gpu.shares"] = gpu; }}
+    var body = {{project: project.value, resource_group: group.value, type: type.value, slots: slots}};
+    if (image.value) {{ body.image = image.value; }}
+    if (type.value !== "interactive") {{ body.command = document.getElementById("lf-command").value || "true"; }}
+    var folders = form ? Array.prototype.map.call(
+      form.querySelectorAll("input[name=vfolders]:checked:not(:disabled)"), function (b) {{ return b.value; }}) : [];
+    if (folders.length) {{ body.vfolders = folders; }}
+    return body;
+  }}
+  function show(answer) {{
+    if (!answer || !answer.outcome) {{ note.hidden = true; return; }}
+    note.className = "alert " + ({{starts: "alert-success", waits: "alert-warning", refused: "alert-danger"}}[answer.outcome] || "alert-info");
+    note.dataset.outcome = answer.outcome;
+    note.textContent = answer.message;
+    note.hidden = false;
+  }}
+  function preview() {{
+    if (!previewUrl || !window.fetch) {{ return; }}
+    var mine = ++asked;
+    var url = previewUrl + "?request=" + encodeURIComponent(JSON.stringify(request()));
+    // "no-cors" on this same origin: the answer is readable, and the Hub's cookie rules ask no XSRF
+    // token of such a GET (as the announcement in templates/page.html reads it).
+    var opts = {{mode: "no-cors", credentials: "same-origin", cache: "no-store"}};
+    fetch(url, opts)
+      .then(function (r) {{
+        // Not logged in to the service yet: its page logs in through the Hub, then ask again.
+        if (r.status !== 401) {{ return r; }}
+        var home = previewUrl.replace(/api\\/sessions\\/preview$/, "");
+        return fetch(home, opts).then(function () {{ return fetch(url, opts); }});
+      }})
+      .then(function (r) {{ return r.ok ? r.json() : r.json().then(function (e) {{
+        return {{outcome: "refused", message: e.message || ("HTTP " + r.status)}};
+      }}); }})
+      .then(function (a) {{ if (mine === asked) {{ show(a); }} }})
+      .catch(function () {{ if (mine === asked) {{ note.hidden = true; }} }});
+  }}
+  function changed() {{
+    update();
+    clearTimeout(timer);
+    timer = setTimeout(preview, 250);
+  }}
+  [project, group, type, image].forEach(function (el) {{ el.addEventListener("change", changed); }});
+  ["lf-cpu", "lf-mem", "lf-gpu", "lf-command"].forEach(function (id) {{
+    document.getElementById(id).addEventListener("input", changed);
+  }});
+  document.querySelectorAll("input[name=vfolders]").forEach(function (b) {{ b.addEventListener("change", changed); }});
+  changed();
 }})();
 </script>
 """

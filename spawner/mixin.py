@@ -37,6 +37,7 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
 from labfleet.core.http import HTTPReply
+from labfleet.core.hubmap import SERVICE_NAME
 from labfleet.core.sessionlogs import SessionLogs, log_file
 from labfleet.core.vocab import FINAL_STATUSES, PENDING
 from labfleet.hub.client import LabfleetServiceClient
@@ -235,7 +236,15 @@ class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
         reply = await self._lf_launch_options()
         if not reply.ok or not isinstance(reply.data, dict):
             return form.unavailable(reply.message or "the labfleet service did not answer")
-        return form.render(reply.data, previous=self.user_options or {})  # type: ignore[attr-defined]
+        return form.render(  # type: ignore[attr-defined]
+            reply.data, previous=self.user_options or {}, preview_url=self._lf_preview_url()
+        )
+
+    def _lf_preview_url(self) -> str:
+        """The service's ``GET /api/sessions/preview`` as the browser reaches it, through the proxy."""
+        hub_prefix = self.hub.base_url  # type: ignore[attr-defined]  # {base_url}hub/
+        base = hub_prefix[: -len("hub/")] if hub_prefix.endswith("hub/") else "/"
+        return f"{base}services/{SERVICE_NAME}/api/sessions/preview"
 
     async def _lf_launch_options(self) -> HTTPReply:
         """What the user may launch (projects with quota left, images, groups), from the service."""
@@ -453,7 +462,8 @@ class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
             self._lf_queue_message = (
                 f"Queued in resource group {session.get('resource_group')}"
                 + (f" at position {position}" if position else "")
-                + f": {session.get('status_reason') or 'waiting for free capacity'}"
+                # Why it waits now (the service reads the nodes), else what admission said.
+                + f": {session.get('waiting_for') or session.get('status_reason') or 'waiting for free capacity'}"
             )
             await asyncio.sleep(self.queue_poll_interval)
             reply = await self.lf_call("GET", f"/sessions/{quote(sid, safe='')}")

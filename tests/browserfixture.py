@@ -6,6 +6,7 @@ The module-scoped ``browser`` fixture lives in tests/conftest.py and comes from 
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -27,6 +28,14 @@ CHROMIUM_ARGS = [
     "--disable-dev-shm-usage",
 ]
 WAIT_MS = 60_000
+# Where a login lands: the Fleet home (the Hub's default_url), or the Hub page it was sent from;
+# not the login form itself, nor a step of the service's OAuth login on the way.
+LANDED = re.compile(r".*/(services/labfleet/(?!oauth_callback)|hub/(?!login|api/oauth2)).*")
+
+
+def wait_landed(page: Any) -> None:
+    """Wait until the login form's answer has landed (the Fleet home or a Hub page)."""
+    page.wait_for_url(LANDED, timeout=WAIT_MS)
 
 
 def chromium() -> Iterator[Any]:
@@ -55,7 +64,7 @@ def hub_login(browser: Any, hub: Any, name: str, password: str, *, width: int = 
     page.fill("#username_input", name)
     page.fill("#password_input", ADMIN_PASSWORD if name == "root" else password)
     page.click("#login_submit")
-    page.wait_for_url("**/hub/**", timeout=WAIT_MS)
+    wait_landed(page)
     return page
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.browserfixture import wait_landed
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
@@ -268,9 +269,15 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     page.fill("#username_input", "alice")
     page.fill("#password_input", PASSWORD)
     page.click("#login_submit")
-    page.wait_for_url("**/hub/**", timeout=WAIT_MS)
+    wait_landed(page)
     page.goto(f"{hub.url}/hub/spawn/alice/work")
     page.select_option("#lf-project", "acme/ml")
+    page.fill("#lf-gpu", "0.5")
+    # Before Start, the form says what Start would do (the service judges, changing nothing).
+    expect(page.locator("#lf-preview")).to_have_attribute("data-outcome", "starts")
+    expect(page.locator("#lf-preview")).to_contain_text("starts now: fits on")
+    page.fill("#lf-gpu", "3")  # more GPUs than any node has: refused before it is sent
+    expect(page.locator("#lf-preview")).to_have_attribute("data-outcome", "refused")
     page.fill("#lf-gpu", "0.5")
     page.locator(".lf-vfolder", has_text="data").locator("input").check()
     page.click('form#spawn_form input[type="submit"], form#spawn_form button[type="submit"]')
@@ -373,6 +380,10 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     page.fill(tid("lf-ns-gpu"), "0.25")
     page.locator(tid("lf-ns-vfolder-results")).check()
     expect(page.locator(tid("lf-ns-cost"))).to_contain_text("0.25")
+    # Beside the quota, what the group can give now; and, before Start, what Start would do.
+    expect(page.locator(tid("lf-ns-free"))).to_contain_text("whole GPU")
+    expect(page.locator(tid("lf-ns-preview"))).to_have_attribute("data-outcome", "starts")
+    expect(page.locator(tid("lf-ns-preview"))).to_contain_text("starts now: fits on")
     assert_fits(page, tid("lf-new-session-form"))
     page.locator(tid("lf-new-session-form")).scroll_into_view_if_needed()
     shot(page, "form-new-session-light", page.locator(tid("lf-new-session-form")))
@@ -568,7 +579,7 @@ def test_the_idle_warning_in_jupyterlab(hub, browser):
         page.fill("#username_input", "alice")
         page.fill("#password_input", PASSWORD)
         page.click("#login_submit")
-        page.wait_for_url("**/hub/**", timeout=WAIT_MS)
+        wait_landed(page)
         deadline = time.monotonic() + 90
         while not (hub.hub_api("GET", "/users/alice").json()["servers"].get("idle") or {}).get("ready"):
             assert time.monotonic() < deadline, f"the session never became ready\n{hub.log_text()[-3000:]}"

@@ -270,6 +270,24 @@ def test_a_queued_spawn_stopped_while_it_waits_leaves_nothing(world):
     assert [s for s in ok("GET", "/sessions") if s["status"] in ("SCHEDULED", "PREPARING", "RUNNING")] == []
 
 
+def test_a_session_stopped_through_the_api_takes_its_hub_server_with_it(world):
+    """DELETE /api/sessions/{id} (the Fleet home's and the console's Stop) of a running session stops
+    its Hub server at once, not when reconcile finds the server orphaned."""
+    hub, ok, root = world
+    r = hub.hub_api("POST", "/users/ivy/servers/stopme", json={"project": "ml", "cpu": 0.5})
+    assert r.status_code in (201, 202), r.text
+    wait_for(
+        lambda: (hub.hub_api("GET", "/users/ivy").json()["servers"].get("stopme") or {}).get("ready"),
+        "ivy/stopme ready",
+        60,
+    )
+    session = _session_of(ok, "ivy", "stopme")
+    assert ok("DELETE", f"/sessions/{session['id']}", token=hub.wait_token("ivy"))["status"] == "TERMINATED"
+    wait_for(
+        lambda: "stopme" not in hub.hub_api("GET", "/users/ivy").json()["servers"], "the Hub to stop it", 15
+    )
+
+
 def _session_of(ok, user, name):
     rows = [s for s in ok("GET", f"/sessions?user={user}") if s["name"] == name]
     return rows[-1] if rows else None

@@ -18,7 +18,7 @@ def _route_templates():
     """Turn each route regex into an OpenAPI path template with the spec's parameter names."""
     out = {}
     for pattern, handler in routes(PREFIX):
-        if handler in (handlers.SpecHandler, handlers.HomeHandler):  # the spec itself; a page, no API
+        if handler is handlers.SpecHandler or handler in handlers.PAGES:  # the spec itself; pages, no API
             continue
         path = pattern[len(SERVICE) :].replace(r"\.", ".")
         own = [c for c in handler.__mro__ if c.__module__.startswith("labfleet")]

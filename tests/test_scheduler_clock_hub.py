@@ -96,7 +96,13 @@ def test_a_queued_spawn_fails_when_the_pending_timeout_passes_with_nothing_else_
                 break
     progress.close()
     elapsed = time.monotonic() - t0
-    assert any("Queued in resource group default" in m for m in messages), messages
+    # The progress page says why it waits: no whole GPU is free, and for how long it will wait.
+    assert any(
+        "Queued in resource group default" in m
+        and "short of GPUs: asks 1 whole GPU; none is free on any node" in m
+        and "it waits up to 8 s, then is cancelled" in m
+        for m in messages
+    ), messages
     assert failed is not None, messages
     assert "pending timeout of 8s" in failed["message"], failed
     # On time: 8 s plus at most one tick of the clock (5 s) and the spawner's next look.
@@ -120,6 +126,19 @@ def test_a_queued_spawn_starts_by_itself_when_a_node_joins(env):
     _spawn(hub, "q2", {"project": "ml", "gpu": 1, "cpu": 0.5})
     _wait(lambda: len(_pending(hub, alice)) == 1, "alice/q2 queued", 15, hub)
     (waiting,) = _pending(hub, alice)
+    assert waiting["queue_position"] == 1
+    assert waiting["waiting_for"] == (
+        "short of GPUs: asks 1 whole GPU; none is free on any node; it waits until the capacity is free"
+    )
+    # Before it is sent, a second such request is flagged: it would wait, and why.
+    ask = {"project": "acme/ml", "slots": {"gpu": 1, "cpu": 0.5}}
+    r = hub.api("POST", "/sessions/preview", alice, json=ask)
+    assert r.status_code == 200, r.text
+    assert r.json()["outcome"] == "waits" and "short of GPUs" in r.json()["message"], r.json()
+    r = hub.api(
+        "GET", "/sessions/preview", alice, params={"request": json.dumps({**ask, "slots": {"cpu": 0.5}})}
+    )
+    assert r.json()["outcome"] == "starts", r.json()
     # A node joins, outside any request of the API (as a node agent or the CLI would write it).
     engine = database.make_engine(hub.db_url)
     try:

@@ -38,6 +38,7 @@ def test_the_wheel_holds_one_package(wheel):
     subpackages = {n.split("/")[1] for n in names if n.startswith("labfleet/") and n.count("/") >= 2}
     assert {"core", "service", "cli", "hub", "spawner", "session", "widgets", "console"} <= subpackages
     assert "labfleet/service/openapi.yaml" in names
+    assert {"labfleet/service/static/fleethome.js", "labfleet/service/static/fleethome.css"} <= set(names)
 
 
 def test_the_old_names_do_not_import_where_labfleet_is_installed(wheel, tmp_path):

@@ -15,7 +15,7 @@ import ipywidgets as W
 from traitlets import Float
 
 from labfleet.core.display import esc, fmt_slot, number, slot_name
-from labfleet.core.vocab import SESSION_TYPES, SLOT_NAMES
+from labfleet.core.vocab import DEFAULT_SESSION_SLOTS, SESSION_TYPES, SLOT_NAMES
 
 from .base import FleetWidget, error_message
 
@@ -157,10 +157,20 @@ class SessionLauncher(FleetWidget):
         self.image = W.Dropdown(description="Image", **_wide())
         self.resource_group = W.Dropdown(description="Resource group", **_wide())
         self.cpu = W.BoundedFloatText(
-            value=1.0, min=0.0, max=MAX_CPU, step=0.5, description="CPU cores", **_wide()
+            value=DEFAULT_SESSION_SLOTS["cpu"],
+            min=0.0,
+            max=MAX_CPU,
+            step=0.5,
+            description="CPU cores",
+            **_wide(),
         )
         self.mem = W.BoundedFloatText(
-            value=1.0, min=0.0, max=MAX_MEM_GIB, step=0.5, description="Memory (GiB)", **_wide()
+            value=DEFAULT_SESSION_SLOTS["mem"] / GiB,
+            min=0.0,
+            max=MAX_MEM_GIB,
+            step=0.5,
+            description="Memory (GiB)",
+            **_wide(),
         )
         self.gpu = W.FloatSlider(
             value=0.0, min=0.0, max=1.0, step=0.01, readout_format=".2f", description="GPU", **_wide()
@@ -197,7 +207,13 @@ class SessionLauncher(FleetWidget):
         return await self.client.launch_options()
 
     def render(self, choices: dict[str, Any]) -> None:
+        first = not self.choices
         self.choices = choices
+        defaults = choices.get("defaults") or {}
+        if first and defaults:  # the service's defaults, as the spawn form and the sidebar offer them
+            self.cpu.value = number(defaults.get("cpu", self.cpu.value))
+            self.mem.value = number(defaults.get("mem", self.mem.value * GiB)) / GiB
+            self.gpu.value = number(defaults.get("gpu", self.gpu.value))
         names = [str(p["name"]) for p in choices.get("projects") or []]
         keep = self.project.value if self.project.value in names else (names[0] if names else None)
         self.project.options = names

@@ -16,12 +16,14 @@ _STATUS_COLOURS = {"RUNNING": "#1b7f3b", "PENDING": "#a86400", "ERROR": "#b00020
 
 
 def status_text(s: dict[str, Any]) -> str:
-    """``RUNNING``; ``PENDING (queue position 2)``; the reason where the service gives one (pure)."""
+    """``RUNNING``; ``PENDING (queue position 2): short of CPU ...`` (why it waits now); the reason
+    where the service gives one (pure)."""
     out = str(s.get("status") or "?")
     if out == "PENDING" and s.get("queue_position"):
         out += f" (queue position {s['queue_position']})"
-    if s.get("status_reason") and out != "RUNNING":
-        out += f": {s['status_reason']}"
+    why = (s.get("waiting_for") if out.startswith("PENDING") else None) or s.get("status_reason")
+    if why and out != "RUNNING":
+        out += f": {why}"
     return out
 
 

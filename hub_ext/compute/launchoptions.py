@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from labfleet.compute import images, nodes
+from labfleet.compute import images, nodes, waiting
 from labfleet.compute.quota import allocated
-from labfleet.core.models import Image, User
+from labfleet.core.models import Image, User, UserStatus
 from labfleet.core.slots import ResourceSlots
-from labfleet.core.vocab import SESSION_TYPES, SLOT_NAMES
+from labfleet.core.vocab import DEFAULT_SESSION_SLOTS, SESSION_TYPES, SLOT_NAMES
 from labfleet.storage import vfolders
 
 
@@ -43,6 +43,18 @@ def _tightest(*lefts: dict[str, Decimal | None]) -> dict[str, Any]:
         amount = min(amounts)
         out[slot] = ResourceSlots({slot: amount}).to_json()[slot] if amount else 0
     return out
+
+
+def project_admins(db: Session, user: User) -> list[str]:
+    """The names of those who may add ``user`` to a project: the admins of their domain, or, where
+    it has none, the superadmins (active ones only)."""
+    active = User.status == UserStatus.active.value
+    names = db.scalars(
+        select(User.username).where(User.domain_id == user.domain_id, User.role == "admin", active)
+    ).all()
+    if not names:
+        names = db.scalars(select(User.username).where(User.role == "superadmin", active)).all()
+    return sorted(names)
 
 
 def launch_options(db: Session, user: User) -> dict[str, Any]:
@@ -76,13 +88,18 @@ def launch_options(db: Session, user: User) -> dict[str, Any]:
                     "projects": usable,
                 }
             )
+    my_groups = nodes.usable_groups(db, user)
+    free = waiting.free_in(db, my_groups)
     groups = [
         {
             "name": g.name,
             "description": g.description,
             "session_types": list(g.allowed_session_types or SESSION_TYPES),
+            # What one session could get there now (a quota says what one may still ask).
+            "free_now": free[g.name],
+            "pending_timeout": g.pending_timeout,
         }
-        for g in nodes.usable_groups(db, user)
+        for g in my_groups
     ]
     folders = [
         {
@@ -99,7 +116,11 @@ def launch_options(db: Session, user: User) -> dict[str, Any]:
     ]
     return {
         "user": user.username,
+        "role": user.role,
+        # Who can add the user to a project: their domain's admins, else the superadmins.
+        "project_admins": project_admins(db, user),
         "projects": projects,
+        "defaults": dict(DEFAULT_SESSION_SLOTS),
         "images": image_rows,
         "resource_groups": groups,
         "vfolders": folders,

@@ -83,6 +83,13 @@ def _me_static(db: Session, username: str) -> _MeStatic | None:
         "role": user.role,
         "status": user.status,
         "domain": {"name": domain.name, "total_resource_slots": domain.slots.to_json()},
+        # Who can add the user to a project (the Fleet home names them to a user with none).
+        "domain_admins": sorted(
+            u.username
+            for u in db.scalars(
+                select(User).where(User.domain_id == domain.id, User.role == "admin", User.status == "active")
+            )
+        ),
         "projects": [
             {
                 "name": p.name,

@@ -113,8 +113,14 @@ def ensure_default_keypair_policy(db: Session) -> KeypairResourcePolicy:
     return obj
 
 
+# A new group's queue wait, in seconds (admins change it per group): finite, so a request nothing can
+# hold soon ends with its reason rather than a progress bar that never moves.
+DEFAULT_PENDING_TIMEOUT = 600
+
+
 def new_group(name: str, description: str = "", *, is_public: bool = False) -> ResourceGroup:
-    """A group with the defaults: fifo queue, fgd placement, every session type, no timeout."""
+    """A group with the defaults: fifo queue, fgd placement, every session type, a queued session
+    cancelled after ``DEFAULT_PENDING_TIMEOUT``."""
     return ResourceGroup(
         name=name,
         description=description,
@@ -122,7 +128,7 @@ def new_group(name: str, description: str = "", *, is_public: bool = False) -> R
         scheduler="fifo",
         placement="fgd",
         allowed_session_types=list(SESSION_TYPES),
-        pending_timeout=0,
+        pending_timeout=DEFAULT_PENDING_TIMEOUT,
         gpu_overuse="auto",
     )
 

@@ -46,6 +46,16 @@ def fmt_bytes(value: Any) -> str:
     return f"{int(amount)} B"
 
 
+def mem_input(value: Any) -> str:
+    """Bytes as people type a size into a form (``2g``, ``512m``; plain bytes when no unit divides
+    them): what the spawn form, the sidebar (``memInput``) and the CLI read back."""
+    amount = int(number(value))
+    for unit, size in (("t", 2**40), ("g", 2**30), ("m", 2**20), ("k", 2**10)):
+        if amount >= size and amount % size == 0:
+            return f"{amount // size}{unit}"
+    return str(amount)
+
+
 def slot_name(slot: str) -> str:
     return SLOT_LABELS.get(slot, slot)
 

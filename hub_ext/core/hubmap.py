@@ -6,8 +6,11 @@ Pure functions shared by the authenticator (at login and refresh) and the servic
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 SERVICE_NAME = "labfleet"
 ADMIN_SERVICE_NAME = "labfleet-admin"  # the admin console (admin_dashboards/)
+ADMIN_CONSOLE_ENV = "LABFLEET_ADMIN_CONSOLE"  # 0, false, no or off: no admin console
 DOMAIN_GROUP_PREFIX = "domain:"
 PROJECT_GROUP_PREFIX = "project:"
 ROLE_PREFIX = "labfleet-"
@@ -117,3 +120,9 @@ def auth_model(username: str, role: str, domain: str, projects: list[str]) -> di
         "groups": hub_groups(domain, projects),
         "roles": hub_roles(role, domain),
     }
+
+
+def console_wanted(environ: Mapping[str, str]) -> bool:
+    """Whether ``$LABFLEET_ADMIN_CONSOLE`` asks for the admin console (anything but 0, false, no,
+    off): the Hub starts it (``configure``) and the service links it (the Fleet home) by this rule."""
+    return environ.get(ADMIN_CONSOLE_ENV, "").strip().lower() not in ("0", "false", "no", "off")

@@ -48,6 +48,9 @@ FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
 SLOT_NAMES = ("cpu", "mem", "gpu", "gpu.shares")
 # What a session is charged and accounted in: whole GPUs count as shares.
 CHARGED_SLOTS = ("cpu", "mem", "gpu.shares")
+# What every launcher (the spawn form, the Lab sidebar, the launcher widget) offers first: the service
+# publishes it in the launch options, so the three start from the same request.
+DEFAULT_SESSION_SLOTS = {"cpu": 1, "mem": 2 * 2**30, "gpu": 0}
 
 # ---------------------------------------------------------------- folder rights
 

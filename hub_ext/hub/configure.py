@@ -18,7 +18,7 @@ from typing import Any
 
 from labfleet.core import hubmap, sessionlogs
 from labfleet.core.dburl import DB_URL_ENV, DEFAULT_DB_FILE
-from labfleet.core.hubmap import ADMIN_SERVICE_NAME, SERVICE_NAME
+from labfleet.core.hubmap import ADMIN_CONSOLE_ENV, ADMIN_SERVICE_NAME, SERVICE_NAME, console_wanted
 from labfleet.core.rights import RIGHTS
 from labfleet.core.secretbox import KEY_FILE_ENV, ensure_key_file
 
@@ -36,7 +36,6 @@ def service_environment(environ: dict[str, str] | os._Environ[str]) -> dict[str,
 
 SERVICE_PORT_ENV = "LABFLEET_SERVICE_PORT"
 ADMIN_PORT_ENV = "LABFLEET_ADMIN_PORT"
-ADMIN_CONSOLE_ENV = "LABFLEET_ADMIN_CONSOLE"  # 0, false, no or off: no admin console
 BACKEND_ENV = "LABFLEET_BACKEND"
 SESSION_ACCOUNT = "labfleet-session"  # local sessions' account (LabfleetLocalSpawner.session_user)
 STORAGE_HOSTS_ENV = "LABFLEET_STORAGE_HOSTS"
@@ -127,11 +126,6 @@ def admin_service(service_port: int, repo_root: str, state_dir: str | Path | Non
     }
 
 
-def console_wanted(environ: dict[str, str] | os._Environ[str]) -> bool:
-    """Whether $LABFLEET_ADMIN_CONSOLE asks for the admin console (anything but 0, false, no, off)."""
-    return environ.get(ADMIN_CONSOLE_ENV, "").strip().lower() not in ("0", "false", "no", "off")
-
-
 def interruptible_children() -> None:
     """Let the servers and services this Hub starts be interrupted.
 
@@ -146,6 +140,13 @@ def interruptible_children() -> None:
         and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     ):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def fleet_home_url(handler: Any) -> str:
+    """The Fleet home (the labfleet service's page) under the Hub's base URL: where people land
+    after logging in, and from the Hub's ``/`` (``c.JupyterHub.default_url``)."""
+    base = handler.base_url if handler.base_url.endswith("/") else handler.base_url + "/"
+    return f"{base}services/{SERVICE_NAME}/"
 
 
 def configure(
@@ -231,6 +232,8 @@ def configure(
                 # In the environment, not on the command line: a PostgreSQL URL may carry a password.
                 DB_URL_ENV: db_url,
                 KEY_FILE_ENV: str(key_file),
+                # Whether the console runs, as decided here (the Fleet home links it only then).
+                ADMIN_CONSOLE_ENV: "1" if console else "0",
                 # So the service imports this checkout even when labfleet is not installed.
                 "PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")])),
             },
@@ -262,6 +265,9 @@ def configure(
         },
     ]
     c.JupyterHub.authenticator_class = "labfleet"
+    # People land on the Fleet home after logging in (a deployment's own default_url is kept).
+    if "default_url" not in c.JupyterHub:
+        c.JupyterHub.default_url = fleet_home_url
     # The Hub's pages with a "Fleet admin" link (hub_ext/hub/templates), before any configured path
     templates = str(Path(__file__).parent / "templates")
     configured = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []

@@ -25,6 +25,7 @@ import type {
   IQuota,
   ISessionInfo,
   ISessionSummary,
+  IPreview,
   ISpawnOptions,
   IStorageHost,
   IUsage
@@ -174,6 +175,11 @@ export class FleetAPI {
 
   launchOptions(user: string): Promise<ILaunchOptions> {
     return this.request(`api/users/${encodeURIComponent(user)}/launch-options`);
+  }
+
+  /** What starting this request would do now (starts, waits, refused), changing nothing. */
+  previewSession(body: Record<string, unknown>): Promise<IPreview> {
+    return this.request('api/sessions/preview', { method: 'POST', body: JSON.stringify(body) });
   }
 
   folders(): Promise<IFolder[]> {

@@ -5,7 +5,7 @@
 import { parseMem, toNumber } from './format';
 import type { Level } from './quota';
 import { EPSILON, formatSlot, GPU_QUANTUM, slotLabel, sortSlots } from './slots';
-import type { ISessionSummary, Slots, SlotsLeft } from './types';
+import type { IFreeNow, ISessionSummary, Slots, SlotsLeft } from './types';
 
 const SERVER_NAME_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 
@@ -34,13 +34,18 @@ export function suggestServerName(taken: string[], prefix = 'session'): string {
   return `${prefix}-${Date.now()}`;
 }
 
-/** `PENDING (#2 in queue)`, `RUNNING`, `ERROR: why`. */
+/** `PENDING (#2 in queue): short of CPU: ...`, `RUNNING`, `ERROR: why`. */
 export function sessionStatusLabel(
-  s: Pick<ISessionSummary, 'status' | 'queue_position' | 'status_reason'>
+  s: Pick<ISessionSummary, 'status' | 'queue_position' | 'status_reason' | 'waiting_for'>
 ): string {
   const status = s.status || 'UNKNOWN';
-  if (status === 'PENDING' && s.queue_position !== null && s.queue_position !== undefined) {
-    return `PENDING (#${s.queue_position} in queue)`;
+  if (status === 'PENDING') {
+    const where =
+      s.queue_position !== null && s.queue_position !== undefined
+        ? ` (#${s.queue_position} in queue)`
+        : '';
+    const why = s.waiting_for || s.status_reason;
+    return `PENDING${where}${why ? `: ${why}` : ''}`;
   }
   if (s.status_reason && !['RUNNING', 'PENDING'].includes(status)) {
     return `${status}: ${s.status_reason}`;
@@ -194,4 +199,67 @@ export function belowImageMinimum(
     }
   }
   return out;
+}
+
+/**
+ * The service's session request (`POST /api/sessions`, `/api/sessions/preview`) for a form choice,
+ * read as the spawner reads its options: whole GPUs when integral, else a fraction of one device.
+ */
+export function sessionRequest(choice: {
+  project: string;
+  group: string;
+  type: string;
+  image: string;
+  cpu: string;
+  mem: string;
+  gpu: string;
+  command: string;
+  vfolders: string[];
+}): Record<string, unknown> {
+  const slots: Record<string, number | string> = {};
+  if (choice.cpu.trim()) {
+    slots.cpu = Number(choice.cpu.trim());
+  }
+  if (choice.mem.trim()) {
+    slots.mem = choice.mem.trim();
+  }
+  const gpu = Number(choice.gpu.trim() || '0');
+  if (gpu > 0) {
+    slots[Number.isInteger(gpu) ? 'gpu' : 'gpu.shares'] = gpu;
+  }
+  const body: Record<string, unknown> = { project: choice.project, type: choice.type, slots };
+  if (choice.group) {
+    body.resource_group = choice.group;
+  }
+  if (choice.image) {
+    body.image = choice.image;
+  }
+  if (choice.type !== 'interactive') {
+    body.command = choice.command || 'true';
+  }
+  if (choice.vfolders.length) {
+    body.vfolders = choice.vfolders;
+  }
+  return body;
+}
+
+/**
+ * What the chosen resource group can give one session now (the most one node has free), beside
+ * the quota left, since a quota is what one may still ask and not what the fleet has free:
+ * `1 core, 21.5 GiB, 1 whole GPU, up to 0.75 of one GPU`.
+ */
+export function freeNowText(free: IFreeNow | undefined): string {
+  if (!free) {
+    return '';
+  }
+  if (!free.alive_nodes) {
+    return 'nothing: no node of the group is up';
+  }
+  const whole = free.gpu === 1 ? '1 whole GPU' : `${free.gpu} whole GPUs`;
+  return [
+    formatSlot('cpu', free.cpu),
+    formatSlot('mem', free.mem),
+    whole,
+    `up to ${formatSlot('gpu.shares', free['gpu.shares'])} of one GPU`
+  ].join(', ');
 }

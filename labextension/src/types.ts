@@ -165,11 +165,29 @@ export interface ISessionSummary {
   status: string;
   status_reason?: string | null;
   queue_position?: number | null;
+  /** A PENDING session: why it waits now and for how long (hub_ext/compute/waiting.py). */
+  waiting_for?: string | null;
   slots?: Slots;
   devices?: IDevice[];
   created_at?: string | null;
   url?: string | null;
   current?: boolean;
+}
+
+/** hub_ext/core/capacity.py `FreeNow`: `gpu` whole free devices on one node, `gpu.shares` the largest free part of one. */
+export interface IFreeNow {
+  alive_nodes: number;
+  nodes: number;
+  cpu: number;
+  mem: number;
+  gpu: number;
+  'gpu.shares': number;
+}
+
+/** `POST /api/sessions/preview`: what a request would do now, changing nothing. */
+export interface IPreview {
+  outcome: 'starts' | 'waits' | 'refused';
+  message: string;
 }
 
 /** `GET labfleet/api/users/<me>/launch-options` (hub_ext/launchoptions.py). */
@@ -187,7 +205,15 @@ export interface ILaunchOptions {
     name: string;
     description: string | null;
     session_types: string[];
+    /** What one session could get there now: the most one alive node has free. */
+    free_now?: IFreeNow;
+    pending_timeout?: number;
   }[];
+  role?: string;
+  /** What every launcher offers first (hub_ext/core/vocab.py DEFAULT_SESSION_SLOTS). */
+  defaults?: { cpu: number; mem: number; gpu: number };
+  /** Who may add the user to a project, by name. */
+  project_admins?: string[];
   vfolders: {
     id: string;
     name: string;

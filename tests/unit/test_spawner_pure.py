@@ -330,7 +330,20 @@ CHOICES = {
         {"name": "acme/<b>", "left": {"cpu": None, "mem": None, "gpu": None, "gpu.shares": None}},
     ],
     "images": [{"name": "repo/x:1", "display_name": "X <img>", "projects": ["acme/ml"], "min_slots": {}}],
-    "resource_groups": [{"name": "default", "session_types": ["interactive", "batch"]}],
+    "resource_groups": [
+        {
+            "name": "default",
+            "session_types": ["interactive", "batch"],
+            "free_now": {
+                "alive_nodes": 1,
+                "nodes": 2,
+                "cpu": 2,
+                "mem": 3 * GIB,
+                "gpu": 0,
+                "gpu.shares": 0.75,
+            },
+        }
+    ],
 }
 
 
@@ -339,9 +352,23 @@ def test_form_offers_only_the_choices_and_escapes_them():
     assert '<option value="acme/ml" selected>acme/ml</option>' in html
     assert "acme/&lt;b&gt;" in html and "<b>" not in html and "X &lt;img&gt;" in html
     assert 'data-projects="acme/ml"' in html and 'value="0.5"' in html
-    assert "Left for acme/ml" in html and "8 GiB" in html and "unlimited" in html
+    assert "What the quota of acme/ml leaves" in html and "8 GiB" in html and "unlimited" in html
+    # Beside each quota, what the group can give one session now: no whole GPU, though 0.75 of one is free.
+    table = html[html.index('data-project="acme/ml" data-group="default"') :]
+    table = table[: table.index("</table>")]
+    assert "(1 of 2 nodes up)" in table
+    assert "<th scope='row'>Whole GPUs</th><td>unlimited</td><td>0</td>" in table
+    assert "<th scope='row'>GPU shares</th><td>1.5</td><td>0.75</td>" in table
+    assert "<th scope='row'>Memory</th><td>8 GiB</td><td>3 GiB</td>" in table
     assert '"acme/ml": {"cpu": 4' in html  # the bounds the script applies to the inputs
-    assert "not a member of any project" in render({"projects": []})
+    assert 'var previewUrl = "/services/labfleet/api/sessions/preview"' in render(
+        CHOICES, preview_url="/services/labfleet/api/sessions/preview"
+    )
+    # No project: who can add you, by name; an admin is sent to the console; no Start to press.
+    nobody = {"projects": [], "user": "dan", "role": "user", "project_admins": ["carol", "<x>"]}
+    assert "ask carol, &lt;x&gt; to add you" in render(nobody)
+    assert "Domains &amp; Projects" in render({**nobody, "user": "carol", "role": "admin"})
+    assert "#spawn_form [type=submit]" in render(nobody)
     assert "&lt;x&gt;" in unavailable("<x>")
 
 

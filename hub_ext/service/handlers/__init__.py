@@ -4,7 +4,10 @@ Routes are listed in ``routes()`` and described in ``openapi.yaml`` (a test chec
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from functools import cache
 from pathlib import Path
 
 from tornado import web
@@ -12,7 +15,8 @@ from tornado import web
 from labfleet.compute.quota import me_view
 from labfleet.core import audit
 from labfleet.core.errors import NotFound
-from labfleet.service.base import APIHandler, BaseHandler
+from labfleet.core.hubmap import console_wanted
+from labfleet.service.base import APIHandler, BaseHandler, PathOnlyLogs
 from labfleet.service.handlers import (
     auth,
     compute,
@@ -27,6 +31,7 @@ from labfleet.service.handlers import (
 )
 
 SPEC_FILE = Path(__file__).parent.parent / "openapi.yaml"
+STATIC_DIR = Path(__file__).parent.parent / "static"  # the Fleet home's script and style
 
 
 # ---------------------------------------------------------------- me, audit, spec
@@ -73,16 +78,62 @@ class SpecHandler(web.RequestHandler):
 # ---------------------------------------------------------------- pages
 
 
+def hub_base_url(prefix: str, environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """The Hub's base URL (``/`` or ``/base/``): $JUPYTERHUB_BASE_URL, which the Hub gives its
+    services, else what comes before ``services/`` in this service's prefix."""
+    base = environ.get("JUPYTERHUB_BASE_URL") or (
+        prefix.rsplit("services/", 1)[0] if "services/" in prefix else "/"
+    )
+    return base if base.endswith("/") else base + "/"
+
+
+@cache
+def static_version(name: str) -> str:
+    """A short hash of a static file's content, for its URL (``?v=``: cached long, never stale)."""
+    try:
+        return hashlib.sha256((STATIC_DIR / name).read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "0"
+
+
 class HomeHandler(BaseHandler):
-    """``/services/labfleet/``: a small page that logs the browser in (OAuth) and links the API."""
+    """``/services/labfleet/``: the Fleet home, where people land after logging in to the Hub. The
+    page is static; its script (static/fleethome.js) asks this service's API as the browser's
+    Hub login, sending the page's XSRF token with every change."""
 
     @web.authenticated
     def get(self):
         user = self.get_current_user()
+        prefix = self.lf.prefix
         self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
         self.finish(
-            self.render_string("home.html", user=user, prefix=self.lf.prefix, xsrf=self.xsrf_token.decode())
+            self.render_string(
+                "home.html",
+                user=user,
+                prefix=prefix,
+                hub=hub_base_url(prefix),
+                console=console_wanted(os.environ),  # configure() tells the service
+                xsrf=self.xsrf_token.decode(),
+                version=static_version,
+            )
         )
+
+
+class StaticHandler(PathOnlyLogs, web.StaticFileHandler):
+    """The Fleet home's scripts and style (public, as the Hub's own static files are). A URL with
+    ``?v=`` (the page's) is cached for long; the modules its script imports are asked again each
+    time (a 304 while unchanged), so an upgrade never mixes old and new ones."""
+
+    def initialize(self) -> None:  # type: ignore[override]
+        super().initialize(str(STATIC_DIR))
+
+    def set_extra_headers(self, path: str) -> None:
+        if "v" not in self.request.arguments:
+            self.set_header("Cache-Control", "no-cache")
+
+
+PAGES = (HomeHandler, StaticHandler)  # routes that are pages, not API (not in openapi.yaml)
 
 
 def routes(prefix: str) -> list[tuple]:
@@ -90,6 +141,7 @@ def routes(prefix: str) -> list[tuple]:
     api = prefix + "api"
     return [
         (prefix + r"?", HomeHandler),
+        (prefix + r"static/(.*)", StaticHandler),
         (api + r"/openapi\.yaml", SpecHandler),
         (api + r"/me", MeHandler),
         (api + r"/audit", AuditHandler),

@@ -4,19 +4,18 @@ launch options."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime, timezone
 
-from labfleet.compute import images, nodes, sessionlist, sessions
+from labfleet.compute import images, nodes, sessionlist, sessions, waiting
 from labfleet.compute.launchoptions import launch_options
 from labfleet.core import authz
-from labfleet.core.errors import Forbidden, LabfleetError, NotFound
+from labfleet.core.errors import Forbidden, InvalidInput, LabfleetError, NotFound
 from labfleet.core.sessionlogs import log_file
 from labfleet.core.validate import check_bool, check_choice
-from labfleet.core.vocab import SESSION_STATUSES
+from labfleet.core.vocab import HOLDING_STATUSES, SESSION_STATUSES
 from labfleet.reclaim import reclaimer
-from labfleet.service.base import (
-    APIHandler,
-)
+from labfleet.service.base import MAX_JSON_DEPTH, APIHandler, json_too_deep
 from labfleet.service.handlers import agents
 from labfleet.tenancy import directory
 from labfleet.usage.metrics import ASKED_AGAIN
@@ -64,7 +63,9 @@ class SessionListHandler(APIHandler):
                 check_choice(filters["status"], "status", SESSION_STATUSES)
             offset, limit = self.get_api_pagination()
             page = sessionlist.page_sessions(db, actor, filters, offset=offset, limit=limit)
-            return self.paginated_model(page.map(sessions.session_view))
+            views = page.map(sessions.session_view)
+            waiting.annotate(db, views.items)  # why each queued one waits
+            return self.paginated_model(views)
 
         self.write_json(await self.run(op))
 
@@ -80,7 +81,7 @@ class SessionListHandler(APIHandler):
             return
         # The Hub's spawner asks for a session: admission. When it is the server of a session started
         # through the API, that request's launch (keypair, exact slots) applies and learns the outcome.
-        waiting = self.lf.launches.take(body)
+        launched = self.lf.launches.take(body)
         asked_again = False
 
         def op(db, actor):
@@ -89,9 +90,9 @@ class SessionListHandler(APIHandler):
             if earlier is not None:  # asked again (an answer was lost): the session it has
                 asked_again = True
                 return sessions.session_detail(db, earlier)
-            launch = waiting.launch if waiting else None
+            launch = launched.launch if launched else None
             admitted = sessions.admit(db, actor, body, launch=launch, queue=self.lf.queue_limits)
-            return sessions.session_detail(db, admitted)
+            return waiting.annotate(db, [sessions.session_detail(db, admitted)])[0]
 
         try:
             with self.lf.metrics.timing_admission() as timed:  # refused unless admitted
@@ -104,12 +105,45 @@ class SessionListHandler(APIHandler):
             if isinstance(e, sessions.Refused):  # rolled back: its audit entry in a unit of its own
                 with self.db() as db:
                     sessions.record_refusal(db, e)
-            if waiting is not None:
-                waiting.settle(None, e)
+            if launched is not None:
+                launched.settle(None, e)
             raise
-        if waiting is not None:
-            waiting.settle(view)
+        if launched is not None:
+            launched.settle(view)
         self.write_json(view, 200 if asked_again else 201)
+
+
+class SessionPreviewHandler(APIHandler):
+    """What ``POST /api/sessions`` would do with this body now: refused, waits or starts, and why.
+    Nothing is held or written (the unit of work rolls back)."""
+
+    async def post(self):
+        await self._answer(self.get_json_body())
+
+    async def get(self):
+        # ?request=<the JSON body>: for pages that read with the browser's cookie alone (the Hub's spawn
+        # form), which may send a GET without the service's XSRF token; a preview changes nothing.
+        text = self.query_arg("request")
+        if text is None:
+            raise InvalidInput(
+                "request: the session request to preview, as JSON (the body of POST /api/sessions)"
+            )
+        try:
+            body = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise InvalidInput(f"request is not JSON of at most {MAX_JSON_DEPTH} levels: {e}") from None
+        if json_too_deep(body):
+            raise InvalidInput(f"request is nested too deeply: at most {MAX_JSON_DEPTH} levels")
+        await self._answer(body)
+
+    async def _answer(self, body) -> None:
+        def op(db, actor):
+            try:
+                return waiting.preview(db, actor, body)
+            finally:
+                db.rollback()
+
+        self.write_json(await self.run(op))
 
 
 class SessionHandler(APIHandler):
@@ -121,7 +155,7 @@ class SessionHandler(APIHandler):
                 detail["idle"] = reclaimer.idle_of(
                     db, s.id, datetime.now(timezone.utc), self.lf.idle_settings
                 )
-            return detail
+            return waiting.annotate(db, [detail])[0]
 
         self.write_json(await self.run(op))
 
@@ -134,9 +168,19 @@ class SessionHandler(APIHandler):
         )
 
     async def delete(self, session_id):
-        self.write_json(
-            await self.run(lambda db, a: sessions.session_view(sessions.terminate(db, a, session_id)))
-        )
+        def op(db, a):
+            held = sessions.readable(db, a, session_id).status in HOLDING_STATUSES
+            s = sessions.terminate(db, a, session_id)
+            return sessions.session_view(s), held and s.status == "TERMINATED"
+
+        view, ended_here = await self.run(op)
+        hub = self.lf.hub_sync
+        if ended_here and self.actor.kind != "hub" and hub.enabled:
+            # Its Hub server goes too, now, not when reconcile finds it orphaned; the spawner's own
+            # release then finds the session ended. (A queued one's spawn learns it is CANCELLED.)
+            if not await hub.stop_server(view["user"], view["name"]):
+                self.log.warning("the Hub did not stop server %r of session %s", view["name"], view["id"])
+        self.write_json(view)
 
     def on_finish(self) -> None:
         # A session that ended may have written into its folders: count that now, not at the next scan.
@@ -250,6 +294,7 @@ def routes(api: str) -> list[tuple]:
         (api + rf"/resource-groups/{name}", ResourceGroupHandler),
         (api + r"/nodes", NodeListHandler),
         (api + r"/sessions", SessionListHandler),
+        (api + r"/sessions/preview", SessionPreviewHandler),
         (api + rf"/sessions/{name}", SessionHandler),
         (api + rf"/sessions/{name}/logs", SessionLogsHandler),
         (api + r"/scheduler/queue", QueueHandler),

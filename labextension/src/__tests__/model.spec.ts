@@ -4,8 +4,10 @@ import { formatQuotaRow, quotaLevel, quotaRows } from '../quota';
 import {
   belowImageMinimum,
   costAgainstQuota,
+  freeNowText,
   requestedSlots,
   serverNameProblem,
+  sessionRequest,
   sessionStatusLabel,
   suggestServerName,
   timeLeftLevel,
@@ -242,6 +244,13 @@ describe('a new session choice', () => {
     expect(sessionStatusLabel({ status: 'PENDING', queue_position: 2 })).toBe(
       'PENDING (#2 in queue)'
     );
+    expect(
+      sessionStatusLabel({
+        status: 'PENDING',
+        queue_position: 1,
+        waiting_for: 'short of CPU: asks 4 cores; at most 1 free on one node'
+      })
+    ).toBe('PENDING (#1 in queue): short of CPU: asks 4 cores; at most 1 free on one node');
     expect(sessionStatusLabel({ status: 'RUNNING', queue_position: null })).toBe('RUNNING');
     expect(sessionStatusLabel({ status: 'ERROR', status_reason: 'image not found' })).toBe(
       'ERROR: image not found'
@@ -344,5 +353,39 @@ describe('usage for the status bar', () => {
     expect(unknown.split('\n')[0]).toBe(
       '0.5 of GPU 0 (A100-80GB): utilization unknown, 2 GiB of 80 GiB'
     );
+  });
+});
+
+describe('what the fleet can give now', () => {
+  const free = { alive_nodes: 1, nodes: 1, cpu: 1, mem: 3 * GiB, gpu: 0, 'gpu.shares': 0.75 };
+
+  it('says whole free devices apart from the largest free part of one', () => {
+    expect(freeNowText(free)).toBe('1 core, 3 GiB, 0 whole GPUs, up to 0.75 of one GPU');
+    expect(freeNowText({ ...free, alive_nodes: 0 })).toBe('nothing: no node of the group is up');
+    expect(freeNowText(undefined)).toBe('');
+  });
+
+  it('builds the service request as the spawner reads the form', () => {
+    const choice = {
+      project: 'acme/ml',
+      group: 'default',
+      type: 'interactive',
+      image: '',
+      cpu: '2',
+      mem: '4g',
+      gpu: '0.5',
+      command: '',
+      vfolders: []
+    };
+    expect(sessionRequest(choice)).toEqual({
+      project: 'acme/ml',
+      type: 'interactive',
+      resource_group: 'default',
+      slots: { cpu: 2, mem: '4g', 'gpu.shares': 0.5 }
+    });
+    expect(sessionRequest({ ...choice, gpu: '2', type: 'batch' })).toMatchObject({
+      slots: { gpu: 2 },
+      command: 'true'
+    });
   });
 });

@@ -9,13 +9,21 @@ import { memInput, toNumber } from '../format';
 import {
   belowImageMinimum,
   costAgainstQuota,
+  freeNowText,
   requestedSlots,
   serverNameProblem,
+  sessionRequest,
   suggestServerName
 } from '../sessions';
 import { formatSlot, slotLabel } from '../slots';
 import type { FleetStore } from '../store';
-import { SESSION_TYPES, type ILaunchOptions, type ISpawnOptions, type SessionType } from '../types';
+import {
+  SESSION_TYPES,
+  type ILaunchOptions,
+  type IPreview,
+  type ISpawnOptions,
+  type SessionType
+} from '../types';
 import { Empty, ErrorNote, Field, Select } from './common';
 
 interface IFormState {
@@ -42,9 +50,10 @@ function initialState(opts: ILaunchOptions, store: FleetStore): IFormState {
     project,
     image: '',
     group: '',
-    cpu: '1',
-    mem: '1g',
-    gpu: '0',
+    // The service's defaults, the same in every launcher (the spawn form, the widget).
+    cpu: String(opts.defaults?.cpu ?? 1),
+    mem: memInput(opts.defaults?.mem ?? 2 * 2 ** 30),
+    gpu: String(opts.defaults?.gpu ?? 0),
     vfolders: [],
     type: 'interactive',
     command: ''
@@ -90,6 +99,28 @@ export function NewSessionForm(props: {
     }
   }, [opts]);
 
+  // Whether this request would start now, wait (and why) or be refused: the service judges, as
+  // admission would, changing nothing; asked again a moment after each change.
+  const [preview, setPreview] = React.useState<IPreview | null>(null);
+  const requestKey = state && opts?.projects.length ? JSON.stringify(sessionRequest(state)) : '';
+  React.useEffect(() => {
+    if (!requestKey) {
+      setPreview(null);
+      return;
+    }
+    let live = true;
+    const timer = window.setTimeout(() => {
+      store.api.previewSession(JSON.parse(requestKey)).then(
+        p => live && setPreview(p),
+        () => live && setPreview(null)
+      );
+    }, 300);
+    return () => {
+      live = false;
+      window.clearTimeout(timer);
+    };
+  }, [requestKey]);
+
   if (!opts || !state) {
     return (
       <div className="lf-form" data-testid="lf-new-session-form">
@@ -107,7 +138,11 @@ export function NewSessionForm(props: {
   if (!opts.projects.length) {
     return (
       <div className="lf-form" data-testid="lf-new-session-form">
-        <Empty>You are not in any active project: ask your domain admin.</Empty>
+        <Empty>
+          {opts.project_admins?.length
+            ? `You are not in any active project: ask ${opts.project_admins.join(', ')} to add you to one.`
+            : 'You are not in any active project: ask your domain admin.'}
+        </Empty>
       </div>
     );
   }
@@ -115,7 +150,9 @@ export function NewSessionForm(props: {
   const set = (patch: Partial<IFormState>) =>
     setState(withDefaults({ ...state, ...patch }, opts, null, null));
   const taken = (store.data.sessions ?? []).map(s => s.name);
-  const nameProblem = serverNameProblem(state.name.trim(), taken);
+  // Not while it starts: the new session joins the list before the form closes, and its own name
+  // would read as taken.
+  const nameProblem = busy ? null : serverNameProblem(state.name.trim(), taken);
   const requested = requestedSlots(state);
   const project = opts.projects.find(p => p.name === state.project);
   const cost = costAgainstQuota(requested.charged, project?.left);
@@ -161,12 +198,12 @@ export function NewSessionForm(props: {
     setError(null);
     try {
       await store.startSession(state.name.trim(), body);
-      props.onDone(state.name.trim());
     } catch (err) {
       setError((err as Error).message);
-    } finally {
       setBusy(false);
+      return;
     }
+    props.onDone(state.name.trim()); // busy until the form closes
   };
 
   const onImage = (name: string) => {
@@ -341,6 +378,11 @@ export function NewSessionForm(props: {
         ) : (
           <Empty>nothing asked beyond the defaults</Empty>
         )}
+        {group?.free_now ? (
+          <div className="lf-dim lf-small" data-testid="lf-ns-free">
+            Free now in {group.name}, on one node: {freeNowText(group.free_now)}
+          </div>
+        ) : null}
         {!cost.fits ? (
           <div className="lf-warn" data-testid="lf-ns-over-quota">
             This asks more than is left: the service will refuse it.
@@ -351,6 +393,15 @@ export function NewSessionForm(props: {
             {m}
           </div>
         ))}
+        {preview ? (
+          <div
+            className={`lf-preview lf-preview-${preview.outcome}`}
+            data-testid="lf-ns-preview"
+            data-outcome={preview.outcome}
+          >
+            {preview.message}
+          </div>
+        ) : null}
       </div>
       <ErrorNote message={error} testid="lf-ns-error" />
       <div className="lf-actions">
