@@ -157,7 +157,13 @@ STYLE = """<style>
 .lf-admin { font-family: var(--jp-ui-font-family, sans-serif); color: var(--jp-ui-font-color1, #222); }
 .lf-admin h1 { font-size: 1.5em; margin: 0.2em 0; }
 .lf-admin .lf-sub { color: var(--jp-ui-font-color2, #555); margin-bottom: 0.8em; }
-.lf-admin .lf-nav a { margin-right: 0.9em; color: var(--jp-brand-color1, #1976d2); text-decoration: none; }
+.lf-admin .lf-nav a, .lf-admin .lf-top a { margin-right: 0.9em; color: var(--jp-brand-color1, #1976d2);
+  text-decoration: none; }
+.lf-admin .lf-top { display: flex; align-items: baseline; font-size: 0.92em; padding-bottom: 4px;
+  margin-bottom: 6px; border-bottom: 1px solid var(--jp-border-color2, #ddd); }
+.lf-admin .lf-top .lf-me { margin-left: auto; white-space: nowrap; }
+.lf-admin .lf-top .lf-viewer { margin-right: 0.9em; font-weight: 600; }
+.lf-admin .lf-top a.lf-logout { margin-right: 0; }
 .lf-cards { display: flex; flex-wrap: wrap; gap: 12px; }
 .lf-card { border: 1px solid var(--jp-border-color2, #ddd); border-radius: 4px; padding: 10px 14px;
   min-width: 190px; background: var(--jp-layout-color1, #fff); text-decoration: none; color: inherit; }
@@ -174,15 +180,26 @@ table.lf-table th, table.lf-table td { border-bottom: 1px solid var(--jp-border-
 
 def header(title: str, subtitle: str = "") -> W.HTML:
     """The page's title, who is looking, and the console's navigation."""
+    viewer = ""
     try:
         c = client()
+        viewer = c.viewer
         who = f"{html.escape(c.viewer)} ({html.escape(c.role)})"
     except ServiceError as e:
         who = f'<span class="lf-error">{html.escape(e.message)}</span>'
     base = base_url()
+    # The Hub's own prefix: the console is served at <prefix>services/labfleet-admin/
+    root = base.rstrip("/").rsplit("/", 2)[0] + "/"
     nav = " ".join(f'<a href="{base}{key}">{html.escape(label)}</a>' for key, label, _ in PAGES)
+    # Back to the Hub and the Fleet home, who is looking, and Logout; then the console's own pages.
+    top = (
+        f'<div class="lf-top"><a href="{root}hub/home">&larr; Hub</a>'
+        f'<a href="{root}services/labfleet/">Fleet home</a><span class="lf-me">'
+        f'<span class="lf-viewer">{html.escape(viewer)}</span>'
+        f'<a class="lf-logout" href="{root}hub/logout">Logout</a></span></div>'
+    )
     return W.HTML(
-        f'{STYLE}<div class="lf-admin"><div class="lf-nav"><a href="{base}admin">Fleet admin</a> {nav}</div>'
+        f'{STYLE}<div class="lf-admin">{top}<div class="lf-nav"><a href="{base}admin">Fleet admin</a> {nav}</div>'
         f'<h1>{html.escape(title)}</h1><div class="lf-sub">{html.escape(subtitle)} Viewing as {who}.</div></div>'
     )
 
