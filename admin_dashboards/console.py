@@ -23,6 +23,7 @@ from labfleet.core.http import ServiceError
 PAGINATION = "application/jupyterhub-pagination+json"
 PAGES = (
     ("users", "Users", "users, roles, projects, keypairs"),
+    ("projects", "Domains & Projects", "caps and what is held now, members"),
     ("sessions", "Sessions", "every session in reach: filter, logs, stop"),
     ("scheduler", "Scheduler", "queues and why sessions wait"),
     ("resources", "Resources", "nodes, resource groups, GPU occupancy"),

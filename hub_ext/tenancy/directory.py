@@ -7,12 +7,13 @@ audit log, all in the caller's transaction.  Used by the REST service and the CL
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from labfleet.core import audit, authz
+from labfleet.core import audit, authz, usage_ledger
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from labfleet.core.models import (
@@ -504,7 +505,31 @@ def actor_for(user: User, remote_addr: str = "") -> Actor:
 # ---------------------------------------------------------------- views
 
 
-def domain_view(d: Domain, *, detail: bool = False) -> dict[str, Any]:
+def held_now(db: Session, kind: str, ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """What the live sessions of each domain or project (``kind``) hold now, by id: the usage
+    ledger's rows, which are what admission counts against the caps, read in one statement."""
+    wanted = list(dict.fromkeys(ids))
+    rows = usage_ledger.read(db, [(kind, i) for i in wanted])
+    return {i: usage_ledger.used(rows[(kind, i)]).to_json() for i in wanted}
+
+
+def domain_views(db: Session, domains: Iterable[Domain], *, detail: bool = False) -> list[dict[str, Any]]:
+    """:func:`domain_view` of each, with ``in_use`` beside its cap (the REST service's answers)."""
+    domains = list(domains)
+    used = held_now(db, "domain", (d.id for d in domains))
+    return [domain_view(d, detail=detail, in_use=used[d.id]) for d in domains]
+
+
+def project_views(db: Session, projects: Iterable[Project]) -> list[dict[str, Any]]:
+    """:func:`project_view` of each, with ``in_use`` beside its cap (the REST service's answers)."""
+    projects = list(projects)
+    used = held_now(db, "project", (p.id for p in projects))
+    return [project_view(p, in_use=used[p.id]) for p in projects]
+
+
+def domain_view(
+    d: Domain, *, detail: bool = False, in_use: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": d.name,
         "description": d.description,
@@ -514,13 +539,15 @@ def domain_view(d: Domain, *, detail: bool = False) -> dict[str, Any]:
         "allowed_keypair_policies": list(d.allowed_keypair_policies or ()),
         "created_at": d.created_at.isoformat() if d.created_at else None,
     }
+    if in_use is not None:
+        out["in_use"] = dict(in_use)
     if detail:
         out["projects"] = sorted(p.name for p in d.projects)
     return out
 
 
-def project_view(p: Project) -> dict[str, Any]:
-    return {
+def project_view(p: Project, *, in_use: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "domain": p.domain.name,
         "name": p.name,
         "full_name": p.full_name,
@@ -532,6 +559,9 @@ def project_view(p: Project) -> dict[str, Any]:
         "members": [u.username for u in p.members],
         "created_at": p.created_at.isoformat() if p.created_at else None,
     }
+    if in_use is not None:
+        out["in_use"] = dict(in_use)
+    return out
 
 
 def user_view(u: User) -> dict[str, Any]:

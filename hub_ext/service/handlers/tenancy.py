@@ -11,7 +11,15 @@ from labfleet.service.base import (
 from labfleet.service.hubsync import SyncPlan
 from labfleet.tenancy import directory, keypairs, policies, userlist
 
-# ---------------------------------------------------------------- request helpers (every handler module)
+# ---------------------------------------------------------------- views (with what each holds now)
+
+
+def _domain(db, d):
+    return directory.domain_views(db, [d], detail=True)[0]
+
+
+def _project(db, p):
+    return directory.project_views(db, [p])[0]
 
 
 # ---------------------------------------------------------------- domains
@@ -20,7 +28,7 @@ from labfleet.tenancy import directory, keypairs, policies, userlist
 class DomainListHandler(APIHandler):
     async def get(self):
         self.write_json(
-            await self.run(lambda db, a: [directory.domain_view(d) for d in directory.list_domains(db, a)])
+            await self.run(lambda db, a: directory.domain_views(db, directory.list_domains(db, a)))
         )
 
     async def post(self):
@@ -28,24 +36,20 @@ class DomainListHandler(APIHandler):
 
         def op(db, actor):
             d = directory.create_domain(db, actor, body)
-            return directory.domain_view(d, detail=True)
+            return _domain(db, d)
 
         self.write_json(await self.run(op), 201)
 
 
 class DomainHandler(APIHandler):
     async def get(self, name):
-        self.write_json(
-            await self.run(
-                lambda db, a: directory.domain_view(directory.readable_domain(db, a, name), detail=True)
-            )
-        )
+        self.write_json(await self.run(lambda db, a: _domain(db, directory.readable_domain(db, a, name))))
 
     async def patch(self, name):
         self.write_json(
             await self.run(
-                lambda db, a: directory.domain_view(
-                    directory.update_domain(db, a, name, self.get_json_body(required=True)), detail=True
+                lambda db, a: _domain(
+                    db, directory.update_domain(db, a, name, self.get_json_body(required=True))
                 ),
                 after_commit=self.reroute,
             )
@@ -69,10 +73,9 @@ class ProjectListHandler(APIHandler):
     async def get(self):
         self.write_json(
             await self.run(
-                lambda db, a: [
-                    directory.project_view(p)
-                    for p in directory.list_projects(db, a, self.query_arg("domain"))
-                ]
+                lambda db, a: directory.project_views(
+                    db, directory.list_projects(db, a, self.query_arg("domain"))
+                )
             )
         )
 
@@ -81,7 +84,7 @@ class ProjectListHandler(APIHandler):
 
         def op(db, actor):
             p = directory.create_project(db, actor, body)
-            return directory.project_view(p)
+            return _project(db, p)
 
         self.write_json(await self.run(op), 201)
 
@@ -89,16 +92,14 @@ class ProjectListHandler(APIHandler):
 class ProjectHandler(APIHandler):
     async def get(self, domain, name):
         self.write_json(
-            await self.run(
-                lambda db, a: directory.project_view(directory.readable_project(db, a, domain, name))
-            )
+            await self.run(lambda db, a: _project(db, directory.readable_project(db, a, domain, name)))
         )
 
     async def patch(self, domain, name):
         self.write_json(
             await self.run(
-                lambda db, a: directory.project_view(
-                    directory.update_project(db, a, domain, name, self.get_json_body(required=True))
+                lambda db, a: _project(
+                    db, directory.update_project(db, a, domain, name, self.get_json_body(required=True))
                 )
             )
         )
