@@ -272,6 +272,47 @@ def refreshable_page(build: Callable[[Say, Callable[[], None]], Any]) -> W.VBox:
     return W.VBox([refresh_button, flash, out])
 
 
+def confirm_label(description: str, target: str = "") -> str:
+    """What a button that destroys or stops says once clicked, asking for the second click:
+    ``Really stop?``, ``Really delete gold?``."""
+    verb = description.strip()
+    verb = verb[:1].lower() + verb[1:]
+    return f"Really {verb}{' ' + target if target else ''}?"
+
+
+def confirm_first(
+    button: W.Button,
+    act: Callable[[], Any],
+    warning: str | Callable[[], str],
+    say: Callable[[str, bool], None],
+    confirm: str = "",
+) -> W.Button:
+    """The console's one way to ask before something is destroyed or stopped: the first click of
+    ``button`` turns it into ``confirm`` (default :func:`confirm_label` of its description) in the
+    danger style and says ``warning`` (what will happen; a callable: asked at the click); the second
+    click runs ``act()``. ``act`` returning ``False`` (it failed and said why) puts the button back as
+    it was, to be asked again. Returns ``button``."""
+    plain = (button.description, button.button_style)
+    label = confirm or confirm_label(button.description)
+    armed = {"on": False}
+
+    def clicked(_: Any) -> None:
+        if not armed["on"]:
+            armed["on"] = True
+            button.description, button.button_style = label, "danger"
+            button.add_class("lf-confirming")
+            text = warning() if callable(warning) else warning
+            say(f"{text} Click again to go on.", False)
+            return
+        armed["on"] = False
+        button.remove_class("lf-confirming")
+        if act() is False:
+            button.description, button.button_style = plain
+
+    button.on_click(clicked)
+    return button
+
+
 def guarded(fn: Callable[[], Any]) -> Any:
     """``fn()``; a service refusal becomes the page's message instead of a traceback."""
     try:

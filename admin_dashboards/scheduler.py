@@ -11,7 +11,8 @@ limit, or the next queue pass, is what it waits for).
 
 Pure helpers first (plain dicts in, plain values and HTML/SVG text out, unit-tested without a
 kernel); :func:`page` at the bottom builds the widgets, with a cancel button per session
-(``DELETE /api/sessions/{id}``, disabled for monitors).
+(``DELETE /api/sessions/{id}`` after a second click, disabled for monitors). Sessions are named
+``user/server`` (:func:`labfleet.console.sessions.session_label`), their id a muted detail.
 """
 
 from __future__ import annotations
@@ -24,128 +25,29 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from labfleet.console.console import Say, ServiceError, grid, refreshable_page
+from labfleet.console.console import Say, ServiceError, confirm_first, grid, refreshable_page
 from labfleet.console.resources import muted, section
+from labfleet.console.sessions import session_html, session_label
+from labfleet.core.capacity import judge
 from labfleet.core.display import (
     esc,
-    fmt_bytes,
     fmt_duration,
     fmt_slots,
     fmt_timeout,
     number,
     seconds_since,
-    trim,
 )
-
-EPS = 1e-9
-
-
-# ---------------------------------------------------------------- what a session asks (pure)
-
-
-@dataclass(frozen=True)
-class Need:
-    """What a queued session asks of one node: CPU cores, memory bytes, whole GPUs or a fraction of
-    one GPU (never both), restricted to a GPU ``model`` when a per-model slot names one."""
-
-    cpu: float = 0.0
-    mem: float = 0.0
-    gpu: int = 0
-    shares: float = 0.0
-    model: str | None = None
-
-
-def need_of(slots: Mapping[str, Any]) -> Need:
-    """A session's slots (``cpu``, ``mem``, ``gpu``, ``gpu.shares``, ``gpu:MODEL`` ...) as a :class:`Need`.
-
-    As the scheduler reads them: ``gpu.shares`` of 1 or more is that many whole devices.
-    """
-    amounts: dict[str, float] = {}
-    model = None
-    for name, value in slots.items():
-        base, _, named = str(name).partition(":")
-        if named and base in ("gpu", "gpu.shares"):
-            model = named
-        amounts[base] = amounts.get(base, 0.0) + number(value)
-    gpu = int(round(amounts.get("gpu", 0.0)))
-    shares = round(amounts.get("gpu.shares", 0.0), 2)
-    if shares >= 1:
-        gpu, shares = gpu + int(shares), 0.0
-    return Need(cpu=amounts.get("cpu", 0.0), mem=amounts.get("mem", 0.0), gpu=gpu, shares=shares, model=model)
 
 
 def capacity_note(
     slots: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], placement: str = "pack"
 ) -> str:
-    """What the group's ``nodes`` (``GET /api/nodes``, this group's) have free now against ``slots``.
-
-    ``fits on NODE now ...`` when one alive node could take it at once (then a limit, or the next
-    pass of the queue, is what it waits for); else ``short of ...`` naming each resource no single
-    node has enough of, with the most one node has free; ``placement`` ``whole-gpu`` rounds a
-    fraction up to a whole device, as the scheduler does.
-    """
-    if not nodes:
-        return "the group has no node: nothing can start in it until one joins"
-    alive = [n for n in nodes if n.get("status") == "ALIVE"]
-    if not alive:
-        return f"no node of the group is alive ({len(nodes)} down): nothing starts until one comes back"
-    need = need_of(slots)
-    whole_gpu = placement == "whole-gpu" and need.shares > 0
-    best: dict[str, tuple[float, str]] = {}  # resource -> (most free on one node, where)
-
-    def note(key: str, value: float, where: str) -> None:
-        if key not in best or value > best[key][0]:
-            best[key] = (value, where)
-
-    for n in alive:
-        name = str(n.get("name"))
-        free = n.get("free") or {}
-        cpu_free, mem_free = number(free.get("cpu")), number(free.get("mem"))
-        devices = [d for d in n.get("devices") or () if need.model is None or d.get("model") == need.model]
-        whole_free = sum(1 for d in devices if number(d.get("free")) >= 1 - EPS)
-        part = max(devices, key=lambda d: number(d.get("free")), default=None)
-        part_free = number(part.get("free")) if part is not None else 0.0
-        note("cpu", cpu_free, name)
-        note("mem", mem_free, name)
-        note("gpu", whole_free, name)
-        note("part", part_free, f"{name} GPU {part.get('index')}" if part is not None else name)
-        if need.gpu or whole_gpu:
-            gpu_ok = whole_free >= max(need.gpu, 1)
-        elif need.shares:
-            gpu_ok = part_free >= need.shares - EPS
-        else:
-            gpu_ok = True
-        if cpu_free >= need.cpu - EPS and mem_free >= need.mem and gpu_ok:
-            return f"fits on {name} now: the next pass of the queue places it, unless a limit holds it back"
-    short = []
-    model = f" {need.model}" if need.model else ""
-    if need.gpu or whole_gpu:
-        wanted = max(need.gpu, 1)
-        most, where = best["gpu"]
-        if most < wanted:
-            asks = (
-                f"a fraction ({trim(need.shares)}), which placement whole-gpu rounds up to a whole device"
-                if whole_gpu
-                else f"{wanted} whole{model} GPU{'s' if wanted != 1 else ''}"
-            )
-            free = f"at most {most:.0f} free on one node ({where})" if most else "none is free on any node"
-            short.append(f"GPUs: asks {asks}; {free}")
-    elif need.shares:
-        most, where = best["part"]
-        if most < need.shares - EPS:
-            short.append(
-                f"GPU share: asks {trim(need.shares)} of one{model} device; the largest free part is "
-                f"{trim(most)} ({where})"
-            )
-    if need.cpu > best["cpu"][0] + EPS:
-        short.append(f"CPU: asks {trim(need.cpu)} cores; at most {trim(best['cpu'][0])} free on one node")
-    if need.mem > best["mem"][0]:
-        short.append(
-            f"memory: asks {fmt_bytes(need.mem)}; at most {fmt_bytes(best['mem'][0])} free on one node"
-        )
-    if not short:
-        short.append("each resource is free somewhere, but no single node has all of it free at once")
-    return "short of " + "; ".join(short)
+    """What the group's ``nodes`` (``GET /api/nodes``, this group's) have free now against ``slots``
+    (:func:`labfleet.core.capacity.judge`): when it fits, a limit or the next queue pass holds it."""
+    verdict = judge(slots, nodes, placement)
+    if verdict.fits:
+        return f"{verdict.note}: the next pass of the queue places it, unless a limit holds it back"
+    return verdict.note
 
 
 # ---------------------------------------------------------------- the queue (pure)
@@ -158,6 +60,7 @@ class QueueRow:
     position: int
     id: str
     user: str
+    name: str  # the Hub server's name ("" for the default server)
     project: str
     domain: str
     type: str
@@ -196,6 +99,7 @@ def queue_rows(
                 position=int(number(e.get("position"))),
                 id=str(e.get("id", "")),
                 user=str(e.get("user", "")),
+                name=str(e.get("name") or ""),
                 project=str(e.get("project", "")),
                 domain=str(e.get("domain", "")),
                 type=str(e.get("type", "")),
@@ -322,29 +226,37 @@ def queues_chart_svg(queues: Sequence[GroupQueue]) -> str:
     return "".join(out)
 
 
-COLUMNS = ("#", "session", "user", "project", "type", "asks", "waiting", "why it waits", "")
+COLUMNS = ("#", "session", "project", "type", "asks", "waiting", "why it waits", "")
 
 
 # ---------------------------------------------------------------- the page (widgets)
 
 
-def cancel_button(row: QueueRow, enabled: bool, on_click: Any) -> W.Button:
-    """The cancel button of a queued session (its tooltip names the session, for people and tests)."""
+def cancel_button(row: QueueRow, enabled: bool, on_click: Any, say: Say | None = None) -> W.Button:
+    """The cancel button of a queued session (its tooltip names the session, for people and tests).
+    With ``say``, it asks first (:func:`confirm_first`): ``on_click(None)`` runs on the second click."""
     b = W.Button(
         description="Cancel",
         button_style="danger",
         icon="times",
         tooltip=f"Cancel session {row.id}",
         disabled=not enabled,
-        layout=W.Layout(width="90px"),
+        layout=W.Layout(width="130px"),  # room for "Really cancel?"
     )
     b.add_class("lf-cancel")
-    b.on_click(on_click)
-    return b
+    if say is None:
+        b.on_click(on_click)
+        return b
+    warning = (
+        f"Cancel {session_label(row.user, row.name)} (queued at position {row.position})? "
+        "It leaves the queue for good."
+    )
+    return confirm_first(b, lambda: on_click(None), warning, say)
 
 
-def queue_grid(q: GroupQueue, can_change: bool, cancel: Any) -> W.Widget:
-    """A group's queue as a grid of rows with their cancel buttons; a line when it is empty."""
+def queue_grid(q: GroupQueue, can_change: bool, cancel: Any, say: Say | None = None) -> W.Widget:
+    """A group's queue as a grid of rows with their cancel buttons (asking first, given ``say``);
+    a line when it is empty."""
     if not q.rows:
         return muted("Nobody waits here (of the sessions you may see).")
     scale = nice_scale(max(q.oldest, q.pending_timeout))
@@ -353,14 +265,13 @@ def queue_grid(q: GroupQueue, can_change: bool, cancel: Any) -> W.Widget:
         lines.append(
             [
                 W.HTML(f"<b>{r.position}</b>"),
-                W.HTML(f'<span title="{esc(r.id)}" class="lf-session-id">{esc(r.id[:8])}</span>'),
-                r.user,
+                W.HTML(session_html(r.id, r.user, r.name)),
                 r.project,
                 r.type,
                 r.asks,
                 W.HTML(waiting_html(r, scale, q.pending_timeout)),
                 W.HTML(why_html(r), layout=W.Layout(max_width="460px")),
-                cancel_button(r, can_change, cancel(r)),
+                cancel_button(r, can_change, cancel(r), say),
             ]
         )
     return grid(list(COLUMNS), lines)
@@ -380,7 +291,8 @@ def page(client: Any) -> W.VBox:
                 else:
                     status = (answer or {}).get("status", "CANCELLED")
                     say(
-                        f"Cancelled session {row.id} of {row.user} (position {row.position}): it is {status} now.",
+                        f"Cancelled session {session_label(row.user, row.name)} ({row.id}, position "
+                        f"{row.position}): it is {status} now.",
                         False,
                     )
                 refresh()
@@ -420,7 +332,7 @@ def page(client: Any) -> W.VBox:
                     f"{fmt_timeout(q.pending_timeout)}; {len(q.rows)} waiting{bars}.",
                 )
             )
-            parts.append(queue_grid(q, can_change, cancel))
+            parts.append(queue_grid(q, can_change, cancel, say))
         return W.VBox(parts)
 
     return refreshable_page(build)

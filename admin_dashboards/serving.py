@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from labfleet.console.console import Say, ServiceError, refreshable_page
+from labfleet.console.console import Say, ServiceError, confirm_first, refreshable_page
 from labfleet.console.resources import muted, section
 from labfleet.core.display import esc, fmt_ago, fmt_slots, number, trim
 
@@ -245,26 +245,21 @@ def endpoint_actions(
         say(f"Endpoint {name} scaled to {n} replica{'' if n == 1 else 's'}.", False)
         done()
 
-    def on_delete(_: Any) -> None:
-        if delete.description != "Confirm delete":
-            delete.description = "Confirm delete"
-            say(
-                f"Click again to delete endpoint {name}: its replicas stop and its URL answers nothing.",
-                False,
-            )
-            return
+    def on_delete() -> bool:
         try:
             answer = client.delete(path)
         except ServiceError as err:
-            delete.description = "Delete"
             say(f"The labfleet service said: {err.message}", True)
-            return
+            return False
         status = (answer or {}).get("status", "DESTROYING")
         say(f"Endpoint {name} is {status}: its replicas are being stopped.", False)
         done()
+        return True
 
     scale.on_click(on_scale)
-    delete.on_click(on_delete)
+    confirm_first(
+        delete, on_delete, f"Delete endpoint {name}? Its replicas stop and its URL answers nothing.", say
+    )
     return W.HBox([replicas, scale, delete], layout=W.Layout(margin="4px 0 12px 0"))
 
 

@@ -13,8 +13,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from labfleet.console.console import Console
+from labfleet.core.display import fmt_hours
 
 RANGES = {"last 7 days": 7, "last 30 days": 30, "last 90 days": 90}
+# The top table's columns: each time cell carries its own unit (fmt_hours: "3.5 h", "4.5 min", "19 s"),
+# so the headings name what is counted, not a unit.
+TOP_COLUMNS = ["GPU time held", "GPU time used", "GPU use", "CPU time held", "CPU time used", "sessions"]
 
 
 def _iso(value: datetime | str | None) -> str | None:
@@ -47,11 +51,12 @@ def window(days: int, now: datetime | None = None) -> tuple[datetime, datetime]:
 
 
 def top_rows(report: dict[str, Any], key: str, n: int = 10) -> list[list[Any]]:
-    """The ``n`` groups that held the most GPU (then CPU) hours: name, GPU-hours allocated and used,
-    GPU efficiency, CPU-hours allocated and used, sessions."""
+    """The ``n`` groups that held the most GPU (then CPU) hours: name, GPU time allocated and used,
+    GPU efficiency, CPU time allocated and used, sessions (see :data:`TOP_COLUMNS`); times as
+    :func:`fmt_hours` writes them (the API counts slot-seconds)."""
 
     def h(x: float) -> str:
-        return f"{x / 3600:.2f}"
+        return fmt_hours(x / 3600)
 
     def pct(e: float | None) -> str:
         return "-" if e is None else f"{100 * e:.0f} %"

@@ -24,7 +24,7 @@ from typing import Any
 import ipywidgets as W
 from IPython.display import display
 
-from labfleet.console.console import ServiceError, client, grid, header, message
+from labfleet.console.console import ServiceError, client, confirm_first, grid, header, message
 from labfleet.console.userforms import (
     ALL,
     ANY,
@@ -72,6 +72,45 @@ def _html(text: str, cls: str = "") -> Any:
     """An escaped text cell, with a CSS class (``lf-error``, ``lf-ok``...)."""
     body = html.escape(text)
     return W.HTML(f'<span class="{cls}">{body}</span>' if cls else body)
+
+
+class ProjectChecks(W.HBox):
+    """A user's projects as one checkbox each: a click adds or removes that project alone (a
+    multi-select drops every other choice on a plain click). ``options``: (label, value) pairs;
+    ``value``: the checked values, as a tuple, like a SelectMultiple's. Laid out as the other
+    fields are: the description in the label column, the boxes beside it."""
+
+    def __init__(self, description: str = "Projects") -> None:
+        super().__init__()
+        self.add_class("lf-project-checks")
+        self.add_class("widget-inline-hbox")  # ipywidgets' own label column
+        self._boxes: list[tuple[str, W.Checkbox]] = []
+        self._list = W.VBox()
+        self.children = [W.Label(description), self._list]
+
+    @property
+    def options(self) -> list[tuple[str, str]]:
+        return [(box.description, value) for value, box in self._boxes]
+
+    @options.setter
+    def options(self, pairs: Sequence[tuple[str, str]]) -> None:
+        keep = set(self.value)
+        self._boxes = [
+            (value, W.Checkbox(value=value in keep, description=label, indent=False))
+            for label, value in pairs
+        ]
+        empty = [W.HTML('<div class="lf-hint">no project in this domain</div>')] if not pairs else []
+        self._list.children = [*empty, *(box for _, box in self._boxes)]
+
+    @property
+    def value(self) -> tuple[str, ...]:
+        return tuple(value for value, box in self._boxes if box.value)
+
+    @value.setter
+    def value(self, chosen: Sequence[str]) -> None:
+        wanted = set(chosen)
+        for value, box in self._boxes:
+            box.value = value in wanted
 
 
 class UsersPage:
@@ -125,7 +164,7 @@ class UsersPage:
         self.new_full_name = W.Text(description="Full name", placeholder="optional")
         self.new_domain = W.Dropdown(options=domains, value=home, description="Domain")
         self.new_role = W.Dropdown(options=roles, value="user", description="Role")
-        self.new_projects = W.SelectMultiple(options=[], description="Projects", rows=4)
+        self.new_projects = ProjectChecks()
         self.new_password = W.Password(description="Password", placeholder="optional: 8+ characters")
         self.new_policy = W.Dropdown(options=[NONE], value=NONE, description="Policy")
         for w in (self.new_username, self.new_email, self.new_full_name, self.new_password):
@@ -275,6 +314,7 @@ class UsersPage:
             ]
         known = {v for _, v in options}
         options += [(ref, ref) for ref in chosen if ref not in known]  # keep what the user has
+        select.value = ()
         select.options = options
         select.value = tuple(ref for ref in chosen)
 
@@ -465,7 +505,7 @@ class UsersPage:
             roles.append(user["role"])
         self.edit_role = W.Dropdown(options=roles, value=user["role"], description="Role")
         self.edit_status = W.Dropdown(options=STATUSES, value=user["status"], description="Status")
-        self.edit_projects = W.SelectMultiple(description="Projects", rows=4)
+        self.edit_projects = ProjectChecks()
         self._fill_projects(self.edit_projects, user["domain"], user.get("projects") or [])
         policies = [NONE, *self._policy_names("user")]
         current = user.get("resource_policy") or NONE
@@ -685,7 +725,18 @@ class UsersPage:
                 f"Set the policy and rate limit of {ak}",
                 partial(self._set_keypair_from, ak, policy, rate),
             )
-            revoke = self._button("Revoke", f"Revoke {ak}", partial(self._revoke, ak), style="danger")
+            revoke = W.Button(
+                description="Revoke",
+                tooltip=f"Revoke {ak}",
+                button_style="danger",
+                disabled=not self.can_change,
+            )
+            confirm_first(  # asked first: a revoked keypair never signs again
+                revoke,
+                partial(self._safely, partial(self._revoke, ak), self.kp_note),
+                f"Revoke keypair {ak}? It signs no request any more, for good.",
+                lambda text, error: setattr(self.kp_note, "value", message(text, error=error).value),
+            )
             save.disabled = save.disabled or not k["is_active"]
             revoke.disabled = revoke.disabled or k["is_main"] or not k["is_active"]
             for b in (save, revoke):

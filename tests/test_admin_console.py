@@ -97,7 +97,16 @@ def test_admins_and_monitors_open_the_console_as_themselves(hub, browser, name, 
     # What each may see: the superadmin and the monitor every live session, carol her domain's
     sessions = page.locator(".lf-card", has_text="Sessions").locator(".lf-count").inner_text()
     assert sessions == ("1" if name == "carol" else "2"), (name, sessions)
+    # A way back to the Hub and to the Fleet home, who is looking, and Logout
+    top = page.locator(".lf-top")
+    assert top.locator("a", has_text="Hub").get_attribute("href") == "/hub/home"
+    assert top.locator("a", has_text="Fleet home").get_attribute("href") == "/services/labfleet/"
+    assert top.locator(".lf-viewer").inner_text() == name
+    assert top.locator("a", has_text="Logout").get_attribute("href") == "/hub/logout"
     shot(page, f"index-{name}")
+    if name == "mona":
+        top.locator("a", has_text="Logout").click()
+        page.wait_for_selector("#login_submit", timeout=WAIT_MS)
     page.close()
     assert took < 60
 
@@ -163,16 +172,20 @@ def _sessions_page(browser, hub, name):
 
 
 def _stop_button(page, sid):
-    """The stop button on the session's row of the grid (8 cells a row, the button last)."""
+    """The stop button on the session's row of the grid (7 cells a row, the button last)."""
     cell = page.locator(".widget-gridbox > .widget-html", has_text=sid[:8])
     cell.wait_for(timeout=WAIT_MS)
-    return cell.locator("xpath=following-sibling::*[7]")
+    return cell.locator("xpath=following-sibling::*[6]")
 
 
 def test_a_domain_admin_sees_only_their_domain(hub, browser):
     page = _sessions_page(browser, hub, "carol")
     page.wait_for_selector(f"text={hub.sessions['alice'][:8]}", timeout=WAIT_MS)
     assert hub.sessions["erin"][:8] not in page.inner_text("body")
+    # Named as user/server, the whole id in the title of its short form
+    cell = page.locator(".widget-gridbox > .widget-html", has_text=hub.sessions["alice"][:8])
+    assert cell.locator(".lf-session").inner_text() == "alice/(default)"
+    assert cell.locator(".lf-session-id").get_attribute("title") == hub.sessions["alice"]
     shot(page, "sessions-carol")
     page.close()
 
@@ -232,8 +245,13 @@ def test_the_monitor_reads_everything_and_its_buttons_are_disabled(hub, browser)
 def test_a_stop_through_the_page_is_the_viewers_own(hub, browser):
     sid = hub.sessions["alice"]
     page = _sessions_page(browser, hub, "root")
+    _stop_button(page, sid).click()  # it asks first
+    page.wait_for_selector("text=Stop alice/(default)? Its server and kernels end", timeout=WAIT_MS)
+    assert _stop_button(page, sid).inner_text().strip() == "Really stop?"
+    shot(page, "sessions-root-confirm")
+    assert hub.api("GET", f"/sessions/{sid}", hub.root_token).json()["status"] != "TERMINATED"
     _stop_button(page, sid).click()
-    page.wait_for_selector(f"text=Stopped session {sid}", timeout=WAIT_MS)
+    page.wait_for_selector(f"text=Stopped session alice/(default) ({sid})", timeout=WAIT_MS)
     # The list follows: a stopped session is no longer live
     page.locator(".widget-gridbox > .widget-html", has_text=sid[:8]).wait_for(
         state="detached", timeout=WAIT_MS
@@ -291,6 +309,11 @@ def test_the_hubs_pages_link_the_console_for_those_who_may_open_it(hub, browser,
     page.wait_for_selector("nav", timeout=WAIT_MS)
     link = page.locator("a.nav-link", has_text="Fleet admin")
     assert link.count() == (1 if sees else 0)
+    # One way to the console (the Hub's Services menu leaves it out), and to the Fleet home for all
+    assert page.locator("nav a[href*='services/labfleet-admin']").count() == (1 if sees else 0)
+    fleet = page.locator("nav a[href$='services/labfleet/']")
+    assert fleet.count() == 1 and fleet.inner_text() == "Fleet"
+    assert page.locator("nav a.nav-link[href$='/hub/admin']").count() == (1 if name != "alice" else 0)
     if sees and name == "carol":
         shot(page, "hub-navbar-carol")
         link.click()
@@ -305,7 +328,7 @@ def test_the_statistics_page_plots_usage_and_exports_csv(hub, browser):
         time.sleep(1)
     page = login(browser, hub, "root")
     page.goto(f"{hub.url}/services/labfleet-admin/statistics")
-    page.wait_for_selector("text=Top users by GPU-hours held", timeout=WAIT_MS)
+    page.wait_for_selector("text=Top users by GPU time held", timeout=WAIT_MS)
     page.wait_for_selector(".labfleet-usage", timeout=WAIT_MS)
     page.locator(".labfleet-usage svg:visible").first.wait_for(timeout=WAIT_MS)  # a plot is drawn
     link = page.locator("a[download]")
@@ -344,4 +367,69 @@ def test_a_plain_user_gets_403_on_every_page(hub, browser):
     for key in PAGES:
         response = page.goto(f"{hub.url}/services/labfleet-admin/{key}")
         assert response is not None and response.status == 403, key
+    page.close()
+
+
+# What JupyterHub's admin page (/hub/admin) offers that labfleet or the Hub refuses the viewer.
+ALWAYS_REFUSED = ["Add Users", "Edit User", "Delete user"]
+SERVER_BUTTONS = ["Start All", "Stop All", "Start Server", "Stop Server", "Spawn Page"]
+GROUP_CHANGES = ["New Group", "Add user", "Add Item", "Apply", "Delete Group"]
+HUB_ADMIN = {
+    "mona": ALWAYS_REFUSED + ["Shutdown Hub"] + SERVER_BUTTONS,
+    "carol": ALWAYS_REFUSED + ["Shutdown Hub"],
+    "root": ALWAYS_REFUSED,
+}
+
+
+def buttons(page) -> set[str]:
+    return {t.strip() for t in page.locator("#react-admin-hook button:visible").all_inner_texts()}
+
+
+@pytest.mark.parametrize("name", ["mona", "carol", "root"])
+def test_the_hub_admin_page_offers_only_what_the_viewer_may_do(hub, browser, name):
+    page = login(browser, hub, name)
+    page.goto(f"{hub.url}/hub/admin")
+    page.wait_for_selector("#react-admin-hook >> text=alice", timeout=WAIT_MS)
+    page.wait_for_selector("#react-admin-hook button:has-text('Manage Groups')", timeout=WAIT_MS)
+    shown = buttons(page)
+    assert not shown & set(HUB_ADMIN[name]), (name, shown)
+    if name != "mona":  # what they may do is still there
+        assert {"Start All", "Stop All", "Start Server", "Spawn Page"} <= shown, shown
+    assert ("Shutdown Hub" in shown) == (name == "root")
+    # The note says where users are managed, and links the console's Users page
+    note = page.locator("#labfleet-admin-note")
+    assert "labfleet manages users" in note.inner_text()
+    assert note.locator("a").get_attribute("href") == "/services/labfleet-admin/users"
+    assert ("Read only" in note.inner_text()) == (name == "mona")
+    shot(page, f"hub-admin-{name}")
+    # The app draws again (a search, another view and back): what was hidden stays hidden
+    page.fill("input[name=user_search]", "ali")
+    page.wait_for_selector("[data-testid=user-row-alice]", timeout=WAIT_MS)
+    page.wait_for_selector("[data-testid=user-row-carol]", state="detached", timeout=WAIT_MS)
+    page.click("#react-admin-hook button:has-text('Manage Groups')")
+    page.click("#react-admin-hook a:has-text('domain:acme')")
+    page.wait_for_selector("#react-admin-hook >> text=Editing Group", timeout=WAIT_MS)
+    group = buttons(page)
+    assert (group & set(GROUP_CHANGES)) == (set(GROUP_CHANGES) - {"New Group"} if name == "root" else set())
+    page.go_back()
+    page.go_back()
+    page.wait_for_selector("[data-testid=user-row-alice]", timeout=WAIT_MS)
+    assert not buttons(page) & set(HUB_ADMIN[name]), buttons(page)
+    page.close()
+
+
+def test_the_hub_admin_page_shows_labfleets_reason_for_a_refusal(hub, browser):
+    page = login(browser, hub, "root")
+    # The form is only reached by its address now; trying it shows why labfleet refuses.
+    page.goto(f"{hub.url}/hub/admin#/add-users")
+    page.fill("#add-user-textarea", "newbie")
+    page.click("#react-admin-hook button:has-text('Add Users')")
+    alert = page.locator("#labfleet-admin-error")
+    alert.wait_for(state="visible", timeout=WAIT_MS)
+    text = alert.inner_text()
+    assert "(403)" in text and "labfleet manages users: create users in the Fleet admin console" in text, text
+    assert hub.hub_api("GET", "/users/newbie").status_code == 404
+    shot(page, "hub-admin-refused-root")
+    alert.locator("button[aria-label=Close]").click()
+    alert.wait_for(state="hidden", timeout=WAIT_MS)
     page.close()

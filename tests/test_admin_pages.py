@@ -235,17 +235,22 @@ def test_a_superadmin_adds_and_removes_an_idle_checker_through_the_page(hub, bro
     page = open_page(browser, hub, "root", "policies", ".lf-idle-form")
     form = page.locator(".lf-idle-form")
     form.locator(".widget-text", has_text="Name").locator("input").fill("gpu-idle")
-    options = form.locator("textarea")
-    # Bad input first: the page says what is wrong and nothing is made
-    options.fill('{"window": 1200, "thresholds": {"gpu_util": 500}}')
+
+    def option(name: str):  # a field of the chosen kind's options
+        return form.locator(f".lf-option-{name} input")
+
+    # A field per option of the kind (a utilization checker's here), starting from an example
+    assert option("window").input_value() == "1200" and option("thresholds-mem").input_value() == ""
+    assert form.locator("textarea").count() == 0
+    # Bad input first: the service says what is wrong and nothing is made
+    option("thresholds-cpu-util").fill("")
+    option("thresholds-gpu-util").fill("500")
     form.locator(".widget-text", has_text="Applies to").locator("input").fill("resource_group:default")
     page.locator(".lf-idle-create").click()
     page.wait_for_selector("text=threshold gpu_util must be a percent from 0 to 100", timeout=WAIT_MS)
     assert hub.api("GET", "/idle-checkers/gpu-idle", hub.root_token).status_code == 404
-    form = page.locator(".lf-idle-form")
-    form.locator(".widget-text", has_text="Name").locator("input").fill("gpu-idle")
-    form.locator("textarea").fill('{"window": 1200, "grace": 600, "thresholds": {"gpu_util": 5}}')
-    form.locator(".widget-text", has_text="Applies to").locator("input").fill("resource_group:default")
+    assert option("thresholds-gpu-util").input_value() == "500"  # the form keeps what was typed
+    option("thresholds-gpu-util").fill("5")
     page.locator(".lf-idle-create").click()
     page.wait_for_selector("text=Created idle checker gpu-idle.", timeout=WAIT_MS)
     page.wait_for_selector("text=gpu_util under 5% over 20m, after a grace of 10m", timeout=WAIT_MS)
@@ -255,7 +260,10 @@ def test_a_superadmin_adds_and_removes_an_idle_checker_through_the_page(hub, bro
     checker = hub.ok("GET", "/idle-checkers/gpu-idle")
     assert checker["options"]["thresholds"] == {"gpu_util": 5.0}
     assert checker["bindings"] == [{"scope": "resource_group", "name": "default"}]
-    page.locator(".lf-idle-delete").click()
+    page.locator(".lf-idle-delete").click()  # it asks first
+    page.wait_for_selector("text=Delete idle checker gpu-idle?", timeout=WAIT_MS)
+    assert hub.api("GET", "/idle-checkers/gpu-idle", hub.root_token).status_code == 200
+    page.get_by_role("button", name="Really delete?").click()
     page.wait_for_selector("text=Deleted idle checker gpu-idle.", timeout=WAIT_MS)
     page.close()
     assert hub.api("GET", "/idle-checkers/gpu-idle", hub.root_token).status_code == 404
@@ -283,7 +291,7 @@ def test_a_domain_admins_policies_page_is_read_only(hub, browser):
 def test_the_monitors_buttons_are_disabled(hub, browser):
     page = open_page(browser, hub, "mona", "policies", 'tr[data-kind="keypair"][data-policy="gold"]')
     assert "Read only: a monitor changes nothing." in page.inner_text("body")
-    for name, count in (("Save changes", 3), ("Delete", 4)):  # the idle checkers' Delete too
+    for name, count in (("Save changes", 4), ("Delete", 4)):  # the idle checkers' Save and Delete too
         found = page.get_by_role("button", name=name)
         assert found.count() == count and all(found.nth(i).is_disabled() for i in range(count)), name
     # no new policy for a monitor

@@ -245,15 +245,23 @@ def cancel_button(page, sid: str):
     return page.locator(f'button[title="Cancel session {sid}"]')
 
 
+def cell_of(cells: list[str], sid: str) -> int:
+    """The index of the session's cell (``user/server`` and the id's first 8 characters)."""
+    return next(i for i, c in enumerate(cells) if sid[:8] in c)
+
+
 def test_a_queued_session_shows_its_position_and_why_it_waits(hub, browser):
     sid = hub.waiting["alice"]
     page = open_page(browser, hub, "root", "scheduler", f'button[title="Cancel session {sid}"]')
     grid = page.locator(".widget-gridbox").first
     cells = grid.locator(":scope > *").all_inner_texts()
-    at = cells.index(sid[:8])
+    at = cell_of(cells, sid)
+    # Named as user/server (the default server here), the id a muted detail with the whole id as its title
+    assert cells[at].split() == ["alice/(default)", sid[:8]]
+    assert grid.locator(f'.lf-session-id[title="{sid}"]').count() == 1
     assert cells[at - 1] == "1"  # its position, the column before
-    assert cells[at + 1 : at + 5] == ["alice", "acme/ml", "interactive", "cpu 0.1, gpu 1"]
-    why = cells[at + 6]
+    assert cells[at + 1 : at + 4] == ["acme/ml", "interactive", "cpu 0.1, gpu 1"]
+    why = cells[at + 5]
     assert "waiting for free capacity in resource group default" in why
     assert "short of GPUs: asks 1 whole GPU; none is free on any node" in why
     text = page.inner_text("body")
@@ -278,7 +286,7 @@ def test_a_domain_admin_sees_only_their_domains_queue(hub, browser):
     assert hub.waiting["erin"][:8] not in text and "beta/web" not in text
     # Positions count erin's session too: bob stands third
     cells = page.locator(".widget-gridbox").first.locator(":scope > *").all_inner_texts()
-    assert cells[cells.index(hub.waiting["bob"][:8]) - 1] == "3"
+    assert cells[cell_of(cells, hub.waiting["bob"]) - 1] == "3"
     shot(page, "scheduler-carol")
     page.close()
 
@@ -296,9 +304,14 @@ def test_the_monitors_cancel_is_disabled(hub, browser):
 def test_a_superadmin_cancels_a_queued_session_through_the_page(hub, browser):
     sid = hub.waiting["bob"]
     page = open_page(browser, hub, "root", "scheduler", f'button[title="Cancel session {sid}"]')
+    cancel_button(page, sid).click()  # it asks first, and nothing is cancelled yet
+    page.wait_for_selector("text=Cancel bob/(default) (queued at position", timeout=WAIT_MS)
+    assert cancel_button(page, sid).inner_text().strip() == "Really cancel?"
+    shot(page, "scheduler-root-confirm")
+    assert hub.api("GET", f"/sessions/{sid}", hub.root_token).json()["status"] == "PENDING"
     t = time.monotonic()
     cancel_button(page, sid).click()
-    page.wait_for_selector(f"text=Cancelled session {sid}", timeout=WAIT_MS)
+    page.wait_for_selector(f"text=Cancelled session bob/(default) ({sid}", timeout=WAIT_MS)
     cancel_button(page, sid).wait_for(state="detached", timeout=WAIT_MS)  # the queue follows
     assert time.monotonic() - t < 30
     assert "it is CANCELLED now" in page.inner_text("body")

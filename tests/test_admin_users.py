@@ -6,8 +6,11 @@
   service's own message;
 - the monitor's buttons are disabled; a plain user gets 403;
 - edits (status, role, projects), search and pages, and keypairs (issue: the secret shown once;
-  rate limit; revoke) act through the service as the viewer.
-Screenshots go to test-artifacts/admin/users-*.png.
+  rate limit; revoke) act through the service as the viewer;
+- the Domains & Projects page (admin_dashboards/projects.py), sharing this Hub: a domain admin sees
+  only their domain's projects, sets a cap that the next admission holds, adds and removes a member;
+  a monitor's controls are disabled.
+Screenshots go to test-artifacts/admin/users-*.png and projects-*.png.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browserfixture import WAIT_MS, create_people, hub_login
+from tests.browserfixture import WAIT_MS, console_page, create_people, hub_login, whole_page_shot
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
@@ -116,8 +119,12 @@ def test_a_superadmin_creates_a_user_through_the_page(hub, browser):
     page.fill(".lf-new-username input", "newbie")
     page.fill(".lf-new-email input", "newbie@example.org")
     page.locator(".lf-new-domain select").select_option(label="acme")
-    page.wait_for_selector(".lf-new-projects option:has-text('vision')", timeout=WAIT_MS)
-    page.locator(".lf-new-projects select").select_option(label=["ml", "vision"])
+    projects = page.locator(".lf-new-projects")
+    projects.get_by_role("checkbox", name="vision", exact=True).wait_for(timeout=WAIT_MS)
+    # One click per project: checking vision keeps ml (a multi-select's plain click would drop it).
+    projects.get_by_role("checkbox", name="ml", exact=True).check()
+    projects.get_by_role("checkbox", name="vision", exact=True).check()
+    assert projects.get_by_role("checkbox", name="ml", exact=True).is_checked()
     page.fill(".lf-new-password input", "newbie-password-1")
     page.click(".lf-create-user")
     page.wait_for_selector("text=Created user newbie in domain acme", timeout=WAIT_MS)
@@ -221,7 +228,9 @@ def test_search_pages_and_edits(hub, browser):
     panel = page.locator(".lf-users-panel")
     panel.wait_for(timeout=WAIT_MS)
     panel.locator(".widget-dropdown", has_text="Role").locator("select").select_option(label="admin")
-    panel.locator(".widget-select-multiple select").select_option(label=["ml"])
+    # newbie is in ml and vision: one click on vision leaves ml alone
+    panel.locator(".lf-project-checks").get_by_role("checkbox", name="vision", exact=True).uncheck()
+    assert panel.locator(".lf-project-checks").get_by_role("checkbox", name="ml", exact=True).is_checked()
     panel.locator(".widget-dropdown", has_text="Policy").locator("select").select_option(label="big-folders")
     shot(page, "edit-newbie")
     page.click(".lf-edit-save")
@@ -268,7 +277,10 @@ def test_keypairs_issue_rate_limit_and_revoke(hub, browser):
     assert hub.api("GET", f"/keypairs/{access}", hub.root_token).json()["rate_limit"] == 250
     page.click(".lf-secret-hide")
     page.locator(".lf-secret-key").wait_for(state="detached", timeout=WAIT_MS)
-    # Revoke it
+    # Revoke it: asked first, revoked at the second click
+    page.click(f'button[title="Revoke {access}"]')
+    page.wait_for_selector(f"text=Revoke keypair {access}? It signs no request any more", timeout=WAIT_MS)
+    assert hub.api("GET", f"/keypairs/{access}", hub.root_token).json()["is_active"] is True
     page.click(f'button[title="Revoke {access}"]')
     page.wait_for_selector(f"text=Revoked keypair {access}", timeout=WAIT_MS)
     assert page.locator(f'button[title="Revoke {access}"]').is_disabled()
@@ -282,3 +294,110 @@ def test_keypairs_issue_rate_limit_and_revoke(hub, browser):
         "keypair.update",
         "keypair.revoke",
     }
+
+
+# ---------------------------------------------------------------- the Domains & Projects page
+
+
+def projects_page(browser, hub, name: str):
+    """``name``'s Domains & Projects page, once its projects' table is there."""
+    return console_page(login(browser, hub, name), hub, "projects", ".lf-project-caps")
+
+
+def members(hub, project: str) -> list[str]:
+    r = hub.api("GET", f"/projects/{project}/members", hub.root_token)
+    assert r.status_code == 200, r.text
+    return sorted(u["username"] for u in r.json())
+
+
+def test_a_domain_admin_sets_a_cap_that_admission_holds_and_edits_members(hub, browser):
+    create_people(hub, hub.root_token, [("gina", "acme", "user", [])], PASSWORD)
+    # A live session in acme/ml: its 0.5 GPU shares show beside the caps
+    held = hub.api(
+        "POST",
+        "/sessions",
+        hub.service_token,
+        json={"username": "alice", "project": "acme/ml", "slots": {"gpu.shares": 0.5, "cpu": 0.1}},
+    )
+    assert held.status_code == 201 and held.json()["status"] == "SCHEDULED", held.text
+    ml = hub.api("GET", "/projects/acme/ml", hub.root_token).json()
+    assert ml["in_use"] == {"cpu": 0.1, "gpu.shares": 0.5} and ml["total_resource_slots"] == {}
+    (acme,) = [d for d in hub.api("GET", "/domains", hub.root_token).json() if d["name"] == "acme"]
+    assert acme["in_use"] == ml["in_use"]
+    try:
+        page = projects_page(browser, hub, "carol")
+        caps = page.locator(".lf-project-caps").inner_text()
+        assert "acme/ml" in caps and "acme/vision" in caps and "beta/web" not in caps
+        domains = page.locator(".lf-domain-caps").inner_text()
+        assert "acme" in domains and "beta" not in domains
+        assert page.locator(".lf-new-project-domain option").all_inner_texts() == ["acme"]
+        row = page.locator('.lf-project-caps tr[data-project="acme/ml"]')
+        assert "0.5 (no cap)" in row.locator('[data-slot="gpu.shares"]').inner_text()
+        # The cap, written as people write it
+        page.locator(".lf-project-pick select").select_option(label="acme/ml")
+        page.fill(".lf-project-cap input", "gpu.shares=0.75")
+        page.click(".lf-project-save")
+        page.wait_for_selector("text=Saved project acme/ml: cap gpu.shares=0.75.", timeout=WAIT_MS)
+        page.wait_for_selector(
+            '.lf-project-caps tr[data-project="acme/ml"] [data-slot="gpu.shares"]:has-text("0.5 of 0.75")',
+            timeout=WAIT_MS,
+        )
+        whole_page_shot(page, ARTIFACTS / "projects-carol-cap.png")
+        # The next spawn is admitted against it: 0.5 more would pass the cap
+        over = hub.api(
+            "POST",
+            "/sessions",
+            hub.service_token,
+            json={"username": "alice", "project": "acme/ml", "slots": {"gpu.shares": 0.5, "cpu": 0.1}},
+        )
+        assert over.status_code == 409, over.text
+        assert over.json()["message"].startswith("project acme/ml would use 1 of its 0.75 gpu.shares")
+        # Members: one added by name, then that one removed (a second click confirms); the others stay
+        before = members(hub, "acme/ml")
+        assert "alice" in before and "gina" not in before
+        page.fill(".lf-member-name input", "gina")
+        page.click(".lf-member-add")
+        page.wait_for_selector("text=Added gina to acme/ml.", timeout=WAIT_MS)
+        assert members(hub, "acme/ml") == sorted([*before, "gina"])
+        page.click('button[title="Remove gina from acme/ml"]')
+        page.wait_for_selector("text=Click again to remove gina from acme/ml", timeout=WAIT_MS)
+        assert members(hub, "acme/ml") == sorted([*before, "gina"])
+        whole_page_shot(page, ARTIFACTS / "projects-carol-confirm.png")
+        page.click('button[title="Remove gina from acme/ml"]')
+        page.wait_for_selector("text=Removed gina from acme/ml.", timeout=WAIT_MS)
+        assert members(hub, "acme/ml") == before
+        # A user of another domain: the service does not even say there is one
+        page.fill(".lf-member-name input", "erin")
+        page.click(".lf-member-add")
+        page.wait_for_selector("text=The labfleet service said: no user 'erin'", timeout=WAIT_MS)
+        assert members(hub, "acme/ml") == before
+        page.close()
+    finally:
+        hub.api("DELETE", f"/sessions/{held.json()['id']}", hub.root_token)
+    audit = hub.api(
+        "GET", "/audit", hub.root_token, params={"action": "project.update", "limit": 1000}
+    ).json()
+    assert any(a["actor"] == "carol" and a["target"] == "acme/ml" for a in audit)
+
+
+def test_the_projects_page_is_read_only_for_a_monitor(hub, browser):
+    page = projects_page(browser, hub, "mona")
+    caps = page.locator(".lf-project-caps").inner_text()
+    assert "acme/ml" in caps and "beta/web" in caps  # a monitor reads every domain
+    assert "Read only: a monitor changes nothing." in page.inner_text("body")
+    for selector in (
+        ".lf-domain-save",
+        ".lf-create-domain",
+        ".lf-project-save",
+        ".lf-project-delete",
+        ".lf-member-add",
+        ".lf-create-project",
+        ".lf-member-name input",
+        ".lf-project-cap input",
+    ):
+        assert page.locator(selector).is_disabled(), selector
+    page.locator(".lf-project-pick select").select_option(label="acme/ml")
+    page.wait_for_selector('button[title="Remove alice from acme/ml"]', timeout=WAIT_MS)
+    assert page.locator('button[title="Remove alice from acme/ml"]').is_disabled()
+    whole_page_shot(page, ARTIFACTS / "projects-mona.png")
+    page.close()

@@ -235,6 +235,7 @@ def test_two_quarter_gpu_replicas_answer_through_one_url(env, deployed):
     assert ep["status"] == "READY" and ep["status_reason"] == "2 of 2 replicas healthy"
     routes = [r for r in ep["routes"] if r["status"] == "RUNNING"]
     assert len(routes) == 2 and all(r["health"] == "HEALTHY" and r["traffic"] == "ACTIVE" for r in routes)
+    assert all(r["last_error"] == "" for r in routes), routes  # healthy: no error of before shows
     # Each replica is an inference session of alice in acme/ml with a quarter of a GPU, placed like any other.
     sessions = {s["id"]: s for s in hub.api("GET", "/sessions", tokens["alice"]).json()}
     for r in routes:
@@ -722,8 +723,12 @@ def test_model_store_shows_the_projects_model_folders(env):
     _folder(hub, tokens["alice"], "zoo-mine", {"README.md": README, "model-definition.yaml": DEFINITION})
 
     cards = _store(hub, tokens["alice"])
-    # Only the project's model folders: not her own folder, not a general one, not another domain's.
-    assert {n for n in cards if n.startswith("zoo-")} == {"zoo-echo", "zoo-broken"}, cards
+    # The project's model folders and her own (a plain user can make only those): not a general one,
+    # not another domain's.
+    assert {n for n in cards if n.startswith("zoo-")} == {"zoo-echo", "zoo-broken", "zoo-mine"}, cards
+    mine = cards["zoo-mine"]
+    assert (mine["project"], mine["owner"], mine["can_deploy"]) == (None, "user:alice", True)
+    assert cards["zoo-echo"]["owner"] == "project:acme/ml"
     echo = cards["zoo-echo"]
     assert (echo["id"], echo["project"], echo["title"]) == (zoo["id"], "acme/ml", "Echo model")
     assert echo["summary"] == "Answers with the replica's name; a test model."
@@ -737,9 +742,9 @@ def test_model_store_shows_the_projects_model_folders(env):
     )
 
     # ?search looks at the name and the title; ?project narrows; a malformed project is 400.
-    assert set(_store(hub, tokens["alice"], search="ECHO MOD")) == {"zoo-echo"}
+    assert set(_store(hub, tokens["alice"], search="ECHO MOD")) == {"zoo-echo", "zoo-mine"}  # one README
     assert set(_store(hub, tokens["alice"], search="zoo-b")) == {"zoo-broken"}
-    assert _store(hub, tokens["alice"], project="other/lab") == {}
+    assert _store(hub, tokens["alice"], project="other/lab") == {}  # her own folder is in no project
     assert {n for n in _store(hub, tokens["alice"], project="acme/ml") if n.startswith("zoo-")} == {
         "zoo-echo",
         "zoo-broken",

@@ -67,6 +67,8 @@ def world(tmp_path_factory):
     for u in users:
         tokens[u["username"]] = hub.wait_token(u["username"])
     vfroot = Path(ok("GET", "/storage-hosts/local")["path"])
+    # Each host once, the default one marked (the sidebar offers it first, not twice).
+    assert [(h["name"], h["is_default"]) for h in ok("GET", "/storage-hosts")] == [("local", True)]
     yield World(hub, tokens, vfroot)
     hub.stop()
 

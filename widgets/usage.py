@@ -53,6 +53,31 @@ def hours(amounts: dict[str, Any] | None, slot: str) -> float:
     return round(number((amounts or {}).get(slot)) / 3600.0, 4)
 
 
+# How finely a bar reads in each unit: the hours themselves are kept to 0.0001 h (0.36 s).
+DIGITS = {"seconds": 0, "minutes": 1, "hours": 4}
+
+
+def axis_unit(most: float) -> tuple[str, float]:
+    """The unit a y axis reads in, chosen by its tallest bar (``most`` hours) as :func:`fmt_hours`
+    writes an amount: (its name, how many make an hour). Ticks of 0.0008 h would all read 0."""
+    if 0 < most * 3600 < 59.5:
+        return "seconds", 3600.0
+    if 0 < most < 0.1:
+        return "minutes", 60.0
+    return "hours", 1.0
+
+
+def nice_ticks(most: float, n: int = 4) -> list[float]:
+    """Ticks from 0 up to a round top at or above ``most`` (1, 2, 2.5 or 5 times a power of ten
+    per step, ``n`` steps): an axis of round numbers whose top is its scale, not a bar's value."""
+    if most <= 0:
+        return [0.0, 1.0]
+    raw = most / n
+    power = 10.0 ** np.floor(np.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw - 1e-12)
+    return [round(i * step, 10) for i in range(n + 1)]
+
+
 def time_label(iso: str | None, bucket: str = "day") -> str:
     """A bucket's start as a short label, as written (no time zone change): ``Nov 3`` for a day,
     ``Nov 3 14:15`` for an hour or a quarter; ``all`` for no bucket."""
@@ -230,6 +255,7 @@ class UsageChart(FleetWidget):
         self.figures: dict[str, Figure] = {}
         self.bars: dict[str, dict[str, Bars]] = {}  # figure key -> series (allocated, used) -> its mark
         self.x_axes: dict[str, Axis] = {}
+        self.y_axes: dict[str, Axis] = {}
         if self.report:
             self._figure("report", KINDS[metric][1], None if self.bucket == "none" else self.bucket)
         else:
@@ -260,14 +286,23 @@ class UsageChart(FleetWidget):
                 colors=[COLORS[series]],
                 padding=PADDING[series],
                 labels=[series],
-                tooltip=Tooltip(fields=["x", "y"], labels=["", f"{what} {series}"], formats=[when, ",.2f"]),
+                tooltip=Tooltip(fields=["x", "y"], labels=["", f"{series} (hours)"], formats=[when, ",.2f"]),
             )
             for series in SERIES
         }
         x_axis = Axis(scale=x, grid_lines="none", tick_format=when or None, num_ticks=6 if when else None)
-        y_axis = Axis(scale=y, side="left", label=what, tick_format=",.2~f", grid_lines="dashed")
+        # The scale's unit in the axis title and ticks up the axis (not a lone top value that reads as a figure).
+        y_axis = Axis(
+            scale=y,
+            side="left",
+            label="hours",
+            tick_format=",~g",
+            grid_lines="dashed",
+            label_offset="40px",
+        )
         self.bars[key] = marks
         self.x_axes[key] = x_axis
+        self.y_axes[key] = y_axis
         self.figures[key] = Figure(
             marks=list(marks.values()),
             axes=[x_axis, y_axis],
@@ -294,10 +329,20 @@ class UsageChart(FleetWidget):
 
     def _show(self, key: str, series: dict[str, Any], title: str) -> None:
         fig = self.figures[key]
+        # The bars in the axis's unit (the series stay in hours); the axis title names the unit.
+        most = max([*series["allocated"], *series["used"], 0.0])
+        unit, per_hour = axis_unit(most)
+        ticks = nice_ticks(most * per_hour)
+        y_axis = self.y_axes[key]
+        with y_axis.scale.hold_sync():
+            y_axis.scale.min, y_axis.scale.max = 0.0, ticks[-1]
+        y_axis.label, y_axis.tick_values = unit, np.array(ticks)
         for name, bars in self.bars[key].items():
             with bars.hold_sync():
                 bars.x = series["x"]
-                bars.y = series[name]
+                bars.y = [round(v * per_hour, DIGITS[unit]) for v in series[name]]
+                if bars.tooltip is not None:
+                    bars.tooltip.labels = [bars.tooltip.labels[0], f"{name} ({unit})"]
         fig.title = title
         fig.layout.display = None
         self.series[key] = series
@@ -342,7 +387,7 @@ class UsageChart(FleetWidget):
         )
         total_a, total_u = sum(series["allocated"]), sum(series["used"])
         self.summary.value = (
-            f"<div>{esc(what)} {esc(per)}, {esc(span)}: {esc(fmt_hours(total_u))} used of "
+            f"<div>{esc(what.replace('-hours', ' time'))} {esc(per)}, {esc(span)}: {esc(fmt_hours(total_u))} used of "
             f"{esc(fmt_hours(total_a))} allocated"
             + (f" ({esc(fmt_percent(100 * total_u / total_a))})" if total_a else "")
             + "</div>"

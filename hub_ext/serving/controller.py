@@ -467,7 +467,8 @@ class ServingController:
                 self._down.discard(r.id)
                 if r.health != "HEALTHY":
                     e.failure_streak = 0  # a replica became healthy: the failures in a row are over
-                r.health, r.traffic, r.failures = "HEALTHY", "ACTIVE", 0
+                # Healthy now: what it waited for, or its last failed probe, is over.
+                r.health, r.traffic, r.failures, r.last_error = "HEALTHY", "ACTIVE", 0, ""
                 continue
             r.failures += 1
             r.last_error = probe.error

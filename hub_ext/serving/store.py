@@ -1,8 +1,9 @@
 """The Model Store: the team's shared model folders as cards, each with its README and its model.
 
-A card is a READY project folder with usage_mode ``model``.  A user sees the ones they can mount
-(project membership or a share, with the host's mount right): the rule ``endpoints._folder``
-applies, so "Deploy" never offers what creating an endpoint would refuse.  A domain admin sees
+A card is a READY folder with usage_mode ``model``: a project's, or the viewer's own (any user may
+make one; its card has no project, and its deploy picks one of the user's).  A user sees the ones
+they can mount (their own, project membership or a share, with the host's mount right): the rule
+``endpoints._folder`` applies, so "Deploy" never offers what creating an endpoint would refuse.  A domain admin sees
 their domain's, a monitor and a superadmin all; ``can_deploy`` says which of those they may deploy.
 
 The DB part (``candidates``) runs in the request's transaction; reading the files (``cards``) runs
@@ -190,7 +191,8 @@ class Candidate:
 
     id: str
     name: str
-    project: str  # DOMAIN/PROJECT
+    project: str | None  # DOMAIN/PROJECT; None: the viewer's own folder
+    owner: str  # vfolders.owner_label: ``project:DOMAIN/PROJECT`` or ``user:NAME``
     host: str
     permission: str | None
     can_deploy: bool
@@ -217,15 +219,19 @@ def candidates(db: Session, actor: Actor, *, project: str | None = None) -> list
     out = []
     for v, acc in rows:
         p = v.project
-        if p is None or v.owner_kind != "project" or v.usage_mode != "model" or v.status != "READY":
+        if v.usage_mode != "model" or v.status != "READY":
             continue
-        if wanted is not None and (p.domain.name, p.name) != wanted:
+        own = v.owner_kind == "user" and user is not None and v.user_id == user.id
+        if not own and (p is None or v.owner_kind != "project"):
+            continue  # another user's folder shared with the viewer is theirs to publish, not a card
+        if wanted is not None and (p is None or (p.domain.name, p.name) != wanted):
             continue
         out.append(
             Candidate(
                 id=v.id,
                 name=v.name,
-                project=p.full_name,
+                project=p.full_name if p is not None else None,
+                owner=vfolders.owner_label(v),
                 host=v.host.name,
                 permission=acc.permission,
                 can_deploy=bool(mountable.get(v.id)),
@@ -297,6 +303,7 @@ def card(c: Candidate) -> dict[str, Any]:
         "id": c.id,
         "name": c.name,
         "project": c.project,
+        "owner": c.owner,
         "host": c.host,
         "permission": c.permission,
         "can_deploy": c.can_deploy,
@@ -310,5 +317,5 @@ def card(c: Candidate) -> dict[str, Any]:
 def cards(found: list[Candidate], *, search: str | None = None) -> list[dict[str, Any]]:
     """The cards of ``found`` that match ``search``, by title."""
     out = [x for x in map(card, found) if matches(x, search)]
-    out.sort(key=lambda x: (x["title"].casefold(), x["project"], x["name"]))
+    out.sort(key=lambda x: (x["title"].casefold(), x["project"] or "", x["name"]))
     return out

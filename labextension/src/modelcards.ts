@@ -11,8 +11,10 @@ import { EMPTY_DEPLOY_FORM, ENDPOINT_NAME_RE, type IDeployForm } from './serving
 export interface IModelCard {
   id: string;
   name: string;
-  /** The owning project, DOMAIN/PROJECT. */
-  project: string;
+  /** The owning project, DOMAIN/PROJECT; null for the caller's own folder. */
+  project: string | null;
+  /** `project:DOMAIN/PROJECT`, or `user:NAME` for the caller's own folder. */
+  owner?: string;
   host: string;
   permission: string | null;
   /** The caller may serve it (a monitor or an admin may see folders they cannot mount). */
@@ -96,15 +98,27 @@ export function endpointNameFor(folder: string, taken: string[] = []): string {
   }
 }
 
-/** The deploy dialog's start: the name from the folder, its project, its id, 1 replica. */
-export function deployFormFor(card: IModelCard, taken: string[] = []): IDeployForm {
+/**
+ * The deploy dialog's start: the name from the folder, its project (for the user's own folder, the
+ * first of `projects`, the user's), its id, 1 replica.
+ */
+export function deployFormFor(
+  card: IModelCard,
+  taken: string[] = [],
+  projects: string[] = []
+): IDeployForm {
   return {
     ...EMPTY_DEPLOY_FORM,
     name: endpointNameFor(card.name, taken),
-    project: card.project,
+    project: card.project ?? projects[0] ?? '',
     folder: card.id,
     replicas: '1'
   };
+}
+
+/** Whose folder a card is: its project, or "your folder". */
+export function cardOwnerText(card: IModelCard): string {
+  return card.project ?? 'your folder';
 }
 
 /** What a card says of its model: `echo · port 8000`, or why it has none. */

@@ -6,6 +6,7 @@
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, MainAreaWidget, Notification, WidgetTracker } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
 import { IRenderMimeRegistry, MimeModel } from '@jupyterlab/rendermime';
 import type { Widget } from '@lumino/widgets';
 
@@ -51,6 +52,8 @@ function activate(
     const content = new ModelStorePanel({
       load: () => fetchModelStore(api),
       endpointNames: async () => (await api.endpoints()).map(e => e.name),
+      projects: async () =>
+        (await api.launchOptions(PageConfig.getOption('hubUser'))).projects.map(p => p.name),
       deploy: async body => {
         const endpoint = await api.createEndpoint(body);
         // The notice sends the user to the Fleet panel: it lists the endpoint now, not at its next poll.

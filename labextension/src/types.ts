@@ -303,6 +303,8 @@ export interface IStorageHost {
   capacity?: number | null;
   used?: number;
   is_active: boolean;
+  /** Listings: the host of a folder created without one. */
+  is_default?: boolean;
   rights?: string[];
 }
 

@@ -53,21 +53,66 @@ def test_what_a_checker_reads_as():
 
 
 def test_what_the_form_sends_and_what_it_refuses_itself():
-    body = I.create_body(" gpu ", "activity", '{"timeout": 60}', "domain:acme,\nresource_group: a100", "")
+    fields = {"timeout": " 60 ", "only_when_queue_waiting": False}
+    body = I.create_body(" gpu ", "activity", fields, "domain:acme,\nresource_group: a100", "")
     assert body == {
         "name": "gpu",
         "kind": "activity",
-        "options": {"timeout": 60},
+        "options": {"timeout": 60, "only_when_queue_waiting": False},
         "bindings": [{"scope": "domain", "name": "acme"}, {"scope": "resource_group", "name": "a100"}],
     }
-    with pytest.raises(I.FormError, match="options are not JSON"):
-        I.create_body("x", "activity", "{timeout: 60}", "", "")
-    with pytest.raises(I.FormError, match="must be a JSON object"):
-        I.create_body("x", "activity", "[60]", "", "")
+    # What the fields say goes as it is (the service judges it); a blank field is left out
+    util = {
+        "window": "20m",
+        "grace": "",
+        "thresholds.gpu_util": "2.5",
+        "thresholds.mem": " ",
+        "combine": "or",
+    }
+    assert I.options_body("utilization", util) == {
+        "window": "20m",
+        "thresholds": {"gpu_util": 2.5},
+        "combine": "or",
+        "only_when_queue_waiting": False,
+    }
     with pytest.raises(I.FormError, match="'team:x' is not SCOPE:NAME"):
         I.parse_bindings("domain:acme, team:x")
     with pytest.raises(I.FormError, match="needs a name"):
-        I.create_body("  ", "activity", "{}", "", "")
+        I.create_body("  ", "activity", {}, "", "")
+
+
+def test_the_form_fields_are_the_options_the_service_reads():
+    """OPTION_FIELDS against labfleet.reclaim.checkers: the same kinds, option names, thresholds and
+    defaults, and the fields' start values are a checker the service accepts."""
+    from labfleet.core.errors import InvalidInput
+    from labfleet.core.models import IDLE_CHECKER_KINDS
+    from labfleet.reclaim import checkers as K
+
+    assert tuple(I.OPTION_FIELDS) == tuple(IDLE_CHECKER_KINDS) == I.KINDS
+    for kind, fields in I.OPTION_FIELDS.items():
+        names = {f.name.partition(".")[0] for f in fields}
+        assert names == K._OPTIONS[kind], kind
+        started = I.options_body(kind, {f.name: I.field_text(f, None) for f in fields})
+        read = K.parse_options(kind, started)  # the service takes a new checker's fields as they are
+        for f in fields:
+            top, _, sub = f.name.partition(".")
+            if f.default is not None:  # left out, the service's default is the field's
+                left_out = {k: v for k, v in started.items() if k != top}
+                assert K.parse_options(kind, left_out)[top] == f.default, f.name
+            elif not sub:  # required: the service says so when the field is blank
+                with pytest.raises(InvalidInput, match=f"needs a {top}"):
+                    K.parse_options(kind, {k: v for k, v in started.items() if k != top})
+        assert read
+    thresholds = [f.name.partition(".")[2] for f in I.OPTION_FIELDS["utilization"] if f.type == "percent"]
+    assert tuple(thresholds) == K.THRESHOLDS
+    combine = next(f for f in I.OPTION_FIELDS["utilization"] if f.name == "combine")
+    assert combine.choices == ("and", "or")
+    # A checker read back into the fields says the same again
+    values = I.option_values("utilization", GPU_IDLE["options"])
+    assert (
+        values["thresholds.gpu_util"] == "5" and values["thresholds.mem"] == "" and values["window"] == "1200"
+    )
+    assert I.options_body("utilization", values) == {**GPU_IDLE["options"], "only_when_queue_waiting": False}
 
 
 class FakeClient:
@@ -88,6 +133,10 @@ class FakeClient:
             raise ServiceError(self.refuse, 400)
         self.sent.append(("POST", path, body))
         self.checkers.append({**body, "owner_domain": None})
+        return body
+
+    def patch(self, path: str, body: Any) -> Any:
+        self.sent.append(("PATCH", path, body))
         return body
 
     def delete(self, path: str) -> Any:
@@ -123,18 +172,36 @@ def test_create_delete_and_preview_through_the_section():
     form = [w for w in _all(box) if isinstance(w, W.VBox) and "lf-idle-form" in w._dom_classes][0]
     fields = {w.description: w for w in _all(form) if hasattr(w, "description") and hasattr(w, "value")}
     fields["Name"].value = "night"
-    fields["Kind"].value = "activity"
-    assert fields["Options"].value == '{"timeout": 3600}'  # the kind's example
+    fields["Kind"].value = "activity"  # the kind's own fields, with its example
+    fields = {w.description: w for w in _all(form) if hasattr(w, "description") and hasattr(w, "value")}
+    assert fields["Timeout (s)"].value == "3600" and "Window (s)" not in fields
     fields["Applies to"].value = "domain:acme"
     _button(box, "lf-idle-create").click()
     assert client.sent[-1] == (
         "POST",
         "/idle-checkers",
-        {"name": "night", "kind": "activity", "options": {"timeout": 3600},
+        {"name": "night", "kind": "activity", "options": {"timeout": 3600, "only_when_queue_waiting": False},
          "bindings": [{"scope": "domain", "name": "acme"}]},
     )  # fmt: skip
     assert "Created idle checker night." in _text(box) and "no activity for 1h" in _text(box)
-    _button(box, "lf-idle-delete").click()  # the first in the list: gpu-idle
+    # Load puts a checker in the form; Save changes sends what the fields say
+    _button(box, "lf-idle-load").click()  # the first in the list: gpu-idle
+    form = [w for w in _all(box) if isinstance(w, W.VBox) and "lf-idle-form" in w._dom_classes][0]
+    fields = {w.description: w for w in _all(form) if hasattr(w, "description") and hasattr(w, "value")}
+    assert fields["Name"].value == "gpu-idle" and fields["GPU use under (%)"].value == "5"
+    fields["GPU use under (%)"].value = "7"
+    _button(box, "lf-idle-save").click()
+    assert client.sent[-1] == (
+        "PATCH",
+        "/idle-checkers/gpu-idle",
+        {"options": {**GPU_IDLE["options"], "thresholds": {"gpu_util": 7, "cpu_util": 10},
+                     "only_when_queue_waiting": False},
+         "bindings": [{"scope": "resource_group", "name": "a100"}], "description": ""},
+    )  # fmt: skip
+    assert "Saved idle checker gpu-idle." in _text(box)
+    _button(box, "lf-idle-delete").click()  # asks first
+    assert client.sent[-1][0] == "PATCH" and "Delete idle checker gpu-idle?" in _text(box)
+    _button(box, "lf-idle-delete").click()
     assert client.sent[-1] == ("DELETE", "/idle-checkers/gpu-idle", None)
     assert "Deleted idle checker gpu-idle." in _text(box)
     _button(box, "lf-idle-preview").click()
@@ -148,9 +215,9 @@ def test_bad_input_shows_a_message_and_sends_nothing():
     form = [w for w in _all(box) if isinstance(w, W.VBox) and "lf-idle-form" in w._dom_classes][0]
     fields = {w.description: w for w in _all(form) if hasattr(w, "description") and hasattr(w, "value")}
     fields["Name"].value = "x"
-    fields["Options"].value = "{nope"
+    fields["Applies to"].value = "team:x"
     _button(box, "lf-idle-create").click()
-    assert client.sent == [] and "options are not JSON" in _text(box)
+    assert client.sent == [] and "is not SCOPE:NAME" in _text(box)
     refusing = FakeClient(refuse="an activity checker needs a timeout (seconds)")
     box = I.section(refusing, _heading)
     form = [w for w in _all(box) if isinstance(w, W.VBox) and "lf-idle-form" in w._dom_classes][0]

@@ -16,6 +16,7 @@ from labfleet.console import gpuoveruse as O
 from labfleet.console import resources as R
 from labfleet.console import scheduler as S
 from labfleet.console.console import ServiceError
+from labfleet.core import capacity as C
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 GIB = 2**30
@@ -419,9 +420,9 @@ def test_the_section_reads_the_audit_only_when_a_session_is_over():
 
 
 def test_need_reads_slots_as_the_scheduler_does():
-    assert S.need_of({"cpu": 0.5, "gpu.shares": 2}) == S.Need(cpu=0.5, gpu=2)
-    assert S.need_of({"gpu.shares": 0.25, "mem": GIB}) == S.Need(mem=GIB, shares=0.25)
-    assert S.need_of({"gpu:H100": 1}) == S.Need(gpu=1, model="H100")
+    assert C.need_of({"cpu": 0.5, "gpu.shares": 2}) == C.Need(cpu=0.5, gpu=2)
+    assert C.need_of({"gpu.shares": 0.25, "mem": GIB}) == C.Need(mem=GIB, shares=0.25)
+    assert C.need_of({"gpu:H100": 1}) == C.Need(gpu=1, model="H100")
 
 
 def test_capacity_note_names_what_is_short():
@@ -442,7 +443,9 @@ def test_capacity_note_names_what_is_short():
     )
     assert "nothing can start" in S.capacity_note({"cpu": 1}, [])
     down = [dict(nodes[0], status="LOST")]
-    assert S.capacity_note({"cpu": 1}, down).startswith("no node of the group is alive (1 down)")
+    assert S.capacity_note({"cpu": 1}, down).startswith(
+        "no node of the group is alive and schedulable (1 in all)"
+    )
 
 
 def test_capacity_split_over_two_nodes_is_no_fit():
@@ -509,3 +512,29 @@ def test_no_timeout_means_never_cancelled():
         NOW,
     )
     assert row.cancel_in is None and row.waited == 60  # a naive time is UTC
+
+
+def test_queued_sessions_are_named_user_server_and_cancel_asks_first():
+    (row,) = S.queue_rows(
+        [{"id": "0123456789ab", "user": "alice", "name": "train", "position": 3, "slots": {}}],
+        GROUP,
+        [],
+        NOW,
+    )
+    grid = S.queue_grid(S.GroupQueue("default", "fifo", "pack", 0, (row,)), True, lambda r: None)
+    cells = [w.value for w in grid.children if isinstance(w, W.HTML)]
+    assert any("alice/train" in c and 'title="0123456789ab"' in c and ">01234567<" in c for c in cells)
+    said: list[tuple[str, bool]] = []
+    ran: list[object] = []
+    b = S.cancel_button(row, True, ran.append, lambda text, error: said.append((text, error)))
+    assert b.tooltip == "Cancel session 0123456789ab"
+    b.click()
+    assert ran == [] and b.description == "Really cancel?" and b.button_style == "danger"
+    assert said == [
+        (
+            "Cancel alice/train (queued at position 3)? It leaves the queue for good. Click again to go on.",
+            False,
+        )
+    ]
+    b.click()
+    assert ran == [None]

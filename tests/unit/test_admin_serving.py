@@ -172,7 +172,7 @@ def test_a_superadmin_scales_and_deletes_through_the_page():
     # Delete asks for a second click
     _button(box, "Delete").click()
     assert len(client.sent) == 1 and "Click again" in _flash(box)
-    _button(box, "Confirm delete").click()
+    _button(box, "Really delete?").click()
     assert client.sent[-1] == ("DELETE", "/endpoints/my%20ep", None)
     assert "is DESTROYING" in _flash(box)
 

@@ -389,3 +389,15 @@ def test_an_edit_sends_what_changed(service):
     page.edit_policy.value = "big"
     page._save()
     assert fake.sent == [("PATCH", "/users/u00", {"status": "inactive", "resource_policy": "big"})]
+
+
+def test_projects_are_checked_one_by_one_and_a_click_keeps_the_others():
+    checks = U.ProjectChecks()
+    checks.options = [("ml", "acme/ml"), ("vision", "acme/vision"), ("nlp", "acme/nlp")]
+    checks.value = ("acme/ml",)
+    vision = next(box for box in checks.children[1].children if getattr(box, "description", "") == "vision")
+    vision.value = True  # one click: ml stays
+    assert checks.value == ("acme/ml", "acme/vision")
+    checks.options = [("ml", "acme/ml"), ("cv", "acme/cv")]  # another domain's list keeps what is still there
+    assert checks.value == ("acme/ml",)
+    assert [label for label, _ in checks.options] == ["ml", "cv"]

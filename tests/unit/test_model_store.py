@@ -130,6 +130,7 @@ def _candidate(tmp_path, name, files):
         id=f"id-{name}",
         name=name,
         project="acme/ml",
+        owner="project:acme/ml",
         host="local",
         permission="rw",
         can_deploy=True,

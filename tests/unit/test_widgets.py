@@ -604,7 +604,7 @@ async def test_usage_chart_plots_my_usage_day_by_day(clock, make):
     cpu = u.bars["cpu"]
     assert cpu["allocated"].y[-3] == 2.0 and cpu["used"].y[-3] == 0.5  # eda: 1 core for 2 h, a quarter used
     assert u.figures["gpu"].title == "GPU-hours per day, last 30 days"
-    assert u.figures["gpu"].axes[1].label == "GPU-hours"
+    assert u.figures["gpu"].axes[1].label == "hours"  # the scale's unit; the title says what
     assert "allocated" in u.legend.value and "used" in u.legend.value
     # The periods' table.
     week = u.periods[0]

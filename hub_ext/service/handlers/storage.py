@@ -40,7 +40,15 @@ class VFolderAPIHandler(APIHandler):
 
 class StorageHostListHandler(VFolderAPIHandler):
     async def get(self):
-        await self.do(lambda db, a: [hosts.view_for(db, a, h) for h in hosts.list_hosts(db)])
+        default = self.lf.vfolder_default_host
+
+        def op(db, a):
+            # Which one a folder made without a host goes to: clients offer each host once, that one first.
+            return [
+                dict(hosts.view_for(db, a, h), is_default=h.name == default) for h in hosts.list_hosts(db)
+            ]
+
+        await self.do(op)
 
     async def post(self):
         body = self.get_json_body()

@@ -13,6 +13,7 @@ import { createRoot, Root } from 'react-dom/client';
 import { FleetAPI, LabfleetError } from '../api';
 import { ModelStore } from '../components/ModelStore';
 import {
+  cardOwnerText,
   deployBlocker,
   deployFormFor,
   endpointNameFor,
@@ -74,6 +75,14 @@ describe('pure parts', () => {
     for (const name of ['A', 'a.b.c', 'Z'.repeat(64), '9-lives_', long]) {
       expect(endpointNameFor(name)).toMatch(ENDPOINT_NAME_RE);
     }
+  });
+
+  it("deploys the user's own folder (no project) in the first of the user's projects", () => {
+    const own = card({ project: null, owner: 'user:alice' });
+    expect(cardOwnerText(own)).toBe('your folder');
+    expect(cardOwnerText(card())).toBe('acme/ml');
+    expect(deployFormFor(own, [], ['acme/ml', 'acme/cv']).project).toBe('acme/ml');
+    expect(deployFormFor(card(), [], ['acme/cv']).project).toBe('acme/ml');
   });
 
   it('starts the deploy form from the card: name, its project, its folder id, 1 replica', () => {

@@ -224,10 +224,20 @@ function CreateFolderForm(props: {
             data-testid="lf-folder-create-host"
             value={host}
             onChange={e => setHost(e.currentTarget.value)}
-            options={[
-              { value: '', label: 'default' },
-              ...hosts.map(h => ({ value: h.name, label: h.name }))
-            ]}
+            options={
+              // Each host once; the service's default first, and chosen by leaving the value empty.
+              hosts.some(h => h.is_default)
+                ? [...hosts]
+                    .sort((a, b) => Number(!!b.is_default) - Number(!!a.is_default))
+                    .map(h => ({
+                      value: h.is_default ? '' : h.name,
+                      label: h.is_default ? `${h.name} (default)` : h.name
+                    }))
+                : [
+                    { value: '', label: 'default' },
+                    ...hosts.map(h => ({ value: h.name, label: h.name }))
+                  ]
+            }
           />
         </Field>
         <Field label="Use" htmlFor="lf-folder-create-mode" wide>

@@ -11,6 +11,7 @@ import { Widget } from '@lumino/widgets';
 import * as React from 'react';
 
 import {
+  cardOwnerText,
   deployBlocker,
   deployFormFor,
   filterCards,
@@ -20,7 +21,7 @@ import {
 } from '../modelcards';
 import { deployBody, type IDeployForm } from '../serving';
 import type { IEndpoint, IEndpointCreate } from '../types';
-import { Empty, ErrorNote, Field, useAction } from './common';
+import { Empty, ErrorNote, Field, Select, useAction } from './common';
 import { ReplicaFields } from './Serving';
 
 export interface IModelStoreProps {
@@ -29,6 +30,8 @@ export interface IModelStoreProps {
   /** The caller's endpoint names, so the suggested name is free; may fail (then none). */
   endpointNames: () => Promise<string[]>;
   deploy: (body: IEndpointCreate) => Promise<IEndpoint>;
+  /** The user's projects, for deploying their own folder (which belongs to none); may fail. */
+  projects?: () => Promise<string[]>;
   /** README Markdown as a rendered widget; absent: the README as preformatted text. */
   renderMarkdown?: (markdown: string) => Promise<Widget>;
   /** A success notice (JupyterLab's notification); the panel says it too. */
@@ -155,7 +158,7 @@ function Card(props: {
         {card.title}
       </button>
       <div className="lf-ms-card-project lf-dim lf-small" data-testid="lf-ms-card-project">
-        {card.project}
+        {cardOwnerText(card)}
         {card.title !== card.name ? ` · ${card.name}` : ''}
       </div>
       <div className="lf-ms-card-summary" data-testid="lf-ms-card-summary">
@@ -189,7 +192,8 @@ function Detail(props: {
         <h2 className="lf-ms-detail-title">{card.title}</h2>
       )}
       <div className="lf-ms-detail-meta lf-dim lf-small" data-testid="lf-ms-detail-meta">
-        Project {card.project} · folder {card.name} · storage {card.host}
+        {card.project ? `Project ${card.project}` : 'Your folder'} · folder {card.name} · storage{' '}
+        {card.host}
       </div>
       <ModelLine card={card} />
       <Readme card={card} renderMarkdown={props.renderMarkdown} />
@@ -201,12 +205,15 @@ function Detail(props: {
 function DeployDialog(props: {
   card: IModelCard;
   taken: string[];
+  projects: string[];
   deploy: (body: IEndpointCreate) => Promise<IEndpoint>;
   onClose: () => void;
   onDeployed: (name: string) => void;
 }): JSX.Element {
   const { card } = props;
-  const [form, setForm] = React.useState<IDeployForm>(() => deployFormFor(card, props.taken));
+  const [form, setForm] = React.useState<IDeployForm>(() =>
+    deployFormFor(card, props.taken, props.projects)
+  );
   const [busy, error, run, setError] = useAction();
   const first = React.useRef<HTMLInputElement>(null);
   React.useEffect(() => {
@@ -247,9 +254,21 @@ function DeployDialog(props: {
           Deploy {card.title}
         </h3>
         <div className="lf-dim lf-small">
-          In project {card.project}, from folder {card.name}
+          {card.project ? `In project ${card.project}, from` : 'From your'} folder {card.name}
           {card.model ? ` (port ${card.model.port})` : ''}.
         </div>
+        {card.project ? null : (
+          // The user's own folder belongs to no project: the endpoint's replicas run in one of theirs.
+          <Field label="Project" htmlFor="lf-ms-deploy-project">
+            <Select
+              id="lf-ms-deploy-project"
+              data-testid="lf-ms-deploy-project"
+              value={form.project}
+              onChange={ev => setForm({ ...form, project: ev.currentTarget.value })}
+              options={props.projects}
+            />
+          </Field>
+        )}
         <Field
           label="Endpoint name"
           htmlFor="lf-ms-deploy-name"
@@ -298,9 +317,11 @@ export function ModelStore(props: IModelStoreProps): JSX.Element {
   const [cards, setCards] = React.useState<IModelCard[] | null>(null);
   const [search, setSearch] = React.useState('');
   const [openId, setOpenId] = React.useState<string | null>(null);
-  const [deploying, setDeploying] = React.useState<{ card: IModelCard; taken: string[] } | null>(
-    null
-  );
+  const [deploying, setDeploying] = React.useState<{
+    card: IModelCard;
+    taken: string[];
+    projects: string[];
+  } | null>(null);
   const [deployed, setDeployed] = React.useState<string | null>(null);
   const [loading, loadError, run] = useAction();
   const load = () => run(async () => setCards(await props.load()));
@@ -314,8 +335,16 @@ export function ModelStore(props: IModelStoreProps): JSX.Element {
     } catch {
       // Only for the suggested name: the service says so if it is taken after all.
     }
+    let projects: string[] = [];
+    if (!card.project && props.projects) {
+      try {
+        projects = await props.projects();
+      } catch {
+        // The dialog then says no project; the service would refuse the endpoint anyway.
+      }
+    }
     setDeployed(null);
-    setDeploying({ card, taken });
+    setDeploying({ card, taken, projects });
   };
   const onDeployed = (name: string) => {
     setDeploying(null);
@@ -390,13 +419,14 @@ export function ModelStore(props: IModelStoreProps): JSX.Element {
         <Empty testid="lf-ms-empty">
           {cards.length
             ? `No model matches "${search.trim()}".`
-            : 'No shared models yet: a project folder whose use is "model" shows here.'}
+            : 'No models yet: a folder of yours or of your projects whose use is "model" shows here.'}
         </Empty>
       )}
       {deploying ? (
         <DeployDialog
           card={deploying.card}
           taken={deploying.taken}
+          projects={deploying.projects}
           deploy={props.deploy}
           onClose={() => setDeploying(null)}
           onDeployed={onDeployed}
