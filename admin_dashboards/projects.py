@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
-from labfleet.console.console import FormError, Say, ServiceError, refreshable_page
+from labfleet.console.console import FormError, Say, ServiceError, confirm_first, refreshable_page
 from labfleet.console.policies import canonical_slots, fmt_slots_text, parse_slots
 from labfleet.console.resources import STYLE, form_label, meter_html, muted, section
 from labfleet.core.display import esc, fmt_slot, number, sort_slots
@@ -365,18 +365,16 @@ def members_box(
         )
         remove.add_class("lf-member-remove")
 
-        def on_remove(button: W.Button, user: str = user) -> None:
-            if button.description != "Confirm remove":
-                button.description, button.button_style = "Confirm remove", "danger"
-                say(f"Click again to remove {user} from {full}: their new sessions may not use it.", False)
-                return
-            if _attempt(say, lambda: client.delete(member_path(domain, name, user))):
-                say(f"Removed {user} from {full}.", False)
-                done()
-            else:
-                button.description, button.button_style = "Remove", ""
+        def on_remove(user: str = user) -> bool:
+            if not _attempt(say, lambda: client.delete(member_path(domain, name, user))):
+                return False
+            say(f"Removed {user} from {full}.", False)
+            done()
+            return True
 
-        remove.on_click(on_remove)
+        confirm_first(
+            remove, on_remove, f"Remove {user} from {full}? Their new sessions may not use it.", say
+        )
         rows.append(
             _tag(
                 W.HBox(
@@ -463,23 +461,21 @@ def project_editor(
                 say(f"Saved project {domain}/{name}: cap {text}.", False)
                 done()
 
-        def do_delete(_: Any) -> None:
-            if delete.description != "Confirm delete":
-                delete.description, delete.button_style = "Confirm delete", "danger"
-                say(
-                    f"Click again to delete project {domain}/{name}: its members leave it; this cannot be undone.",
-                    False,
-                )
-                return
-            if _attempt(say, lambda: client.delete(project_path(domain, name))):
-                state["project"] = None
-                say(f"Deleted project {domain}/{name}.", False)
-                done()
-            else:
-                delete.description, delete.button_style = "Delete project", ""
+        def do_delete() -> bool:
+            if not _attempt(say, lambda: client.delete(project_path(domain, name))):
+                return False
+            state["project"] = None
+            say(f"Deleted project {domain}/{name}.", False)
+            done()
+            return True
 
         save.on_click(do_save)
-        delete.on_click(do_delete)
+        confirm_first(
+            delete,
+            do_delete,
+            f"Delete project {domain}/{name}? Its members leave it; this cannot be undone.",
+            say,
+        )
         body.children = [
             W.HBox([cap, _meaning(CAP_MEANING)]),
             W.HBox([form_label(""), save, delete]),

@@ -3,8 +3,8 @@
 Sessions are named as people know them, ``user/server`` (the default server as ``user/(default)``),
 with the id as a muted detail (its first 8 characters, the whole id in the title). A model-serving
 endpoint's replica (an inference session the serving controller started as a named server of the
-endpoint's owner, listed in the endpoint's ``routes`` as ``server``) shows as "replica of endpoint X"
-and has no Stop: the controller would only start it again; the Serving page scales the endpoint.
+endpoint's owner; the service names the endpoint in the session's view, ``endpoint``) shows as
+"replica of endpoint X" and has no Stop: the controller would only start it again; the Serving page scales the endpoint.
 Stop asks first (:func:`labfleet.console.console.confirm_first`) and acts as the viewer
 (``DELETE /api/sessions/{id}``); monitors read only.
 
@@ -63,31 +63,6 @@ def session_html(sid: Any, user: Any, name: Any, replica_of: str | None = None) 
         f'<span class="lf-session" data-session="{esc(sid)}" title="session {esc(sid)}">{esc(label)}</span> '
         f'<span class="lf-session-id" title="{esc(sid)}" style="{_MUTED}">{esc(sid[:8])}</span>{replica}'
     )
-
-
-def replica_index(endpoints: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """Endpoint names by their routes (``GET /api/endpoints``): by the route's ``session_id``, and
-    by ``owner/server`` (a replica is a named server of the endpoint's owner, which the route lists
-    as ``server``), for a route whose session is not known yet."""
-    out: dict[str, str] = {}
-    for e in endpoints:
-        name, owner = str(e.get("name") or ""), str(e.get("owner") or "")
-        for r in e.get("routes") or ():
-            if r.get("session_id"):
-                out[str(r["session_id"])] = name
-            if r.get("server"):
-                out[session_label(owner, r["server"])] = name
-    return out
-
-
-def replica_of(s: Mapping[str, Any], index: Mapping[str, str]) -> str | None:
-    """The endpoint ``s`` (a session view) is a replica of, or None: a session a route names by its
-    id, or an inference session named as a route's server of the endpoint's owner."""
-    if s.get("id") and str(s["id"]) in index:
-        return index[str(s["id"])]
-    if s.get("type") != "inference" or not s.get("name"):
-        return None
-    return index.get(session_label(s.get("user") or "", s.get("name")))
 
 
 def live_only(items: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -162,13 +137,9 @@ def page(client: Any = None) -> W.VBox:
             items = live_only(items)
         if not items:
             return message("No session matches.")
-        try:
-            index = replica_index(c.get("/endpoints"))
-        except ServiceError:
-            index = {}  # no endpoint in reach: no replica to tell
         lines = []
         for s in items:
-            endpoint = replica_of(s, index)
+            endpoint = s.get("endpoint")  # the service says whose replica a session is
             action: W.Widget = (
                 serving_link(endpoint)
                 if endpoint

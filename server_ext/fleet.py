@@ -188,6 +188,7 @@ def my_sessions(
                 "status_reason": v.get("status_reason"),
                 "queue_position": v.get("queue_position"),
                 "waiting_for": v.get("waiting_for"),
+                "endpoint": v.get("endpoint"),
                 "slots": v.get("slots") or {},
                 "devices": list(v.get("devices") or []),
                 "created_at": v.get("created_at"),

@@ -242,6 +242,10 @@ def test_two_quarter_gpu_replicas_answer_through_one_url(env, deployed):
         s = sessions[r["session_id"]]
         assert s["type"] == "inference" and s["project"] == "acme/ml" and s["name"] == r["server"]
         assert s["slots"]["gpu.shares"] == 0.25 and s["status"] == "RUNNING"
+        # Every page that lists it shows it as the endpoint's (scaled there, not stopped).
+        assert s["endpoint"] == "echo"
+        assert hub.api("GET", f"/sessions/{s['id']}", tokens["alice"]).json()["endpoint"] == "echo"
+    assert all(s["endpoint"] is None for s in sessions.values() if s["type"] != "inference")
     seen = set()
     for _ in range(6):
         r = _call(hub, ep["url"], token, "whoami?x=1")

@@ -435,6 +435,38 @@ def replica_route(db: Session, actor: Actor, session_id: str) -> ServingRoute | 
     return r
 
 
+def annotate_replicas(db: Session, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add ``endpoint`` to each session view: the endpoint whose replica it is, by
+    :func:`replica_route`'s rule (None: no replica), for a page of views in one statement. Every page
+    that lists sessions shows a replica as its endpoint's, and offers no Stop for it (the controller
+    would only start it again; the endpoint is scaled instead)."""
+    for v in views:
+        v["endpoint"] = None
+    wanted = [v for v in views if v.get("type") == "inference" and v.get("name")]
+    if not wanted:
+        return views
+    rows = db.execute(
+        select(
+            ServingRoute.server,
+            ServingRoute.session_id,
+            ServingRoute.created_at,
+            ServingEndpoint.name,
+            User.username,
+        )
+        .join(ServingEndpoint, ServingRoute.endpoint_id == ServingEndpoint.id)
+        .join(User, ServingEndpoint.user_id == User.id)
+        .where(ServingRoute.server.in_({str(v["name"]) for v in wanted}))
+        .order_by(ServingRoute.id.desc())
+    ).all()
+    for v in wanted:
+        created = datetime.fromisoformat(v["created_at"]) if v.get("created_at") else None
+        for server, session_id, made, endpoint, owner in rows:
+            if owner == v.get("user") and server == v["name"] and (created is None or made <= created):
+                v["endpoint"] = endpoint if session_id in (None, v["id"]) else None
+                break  # the latest route of that name made before the session decides
+    return views
+
+
 # ---------------------------------------------------------------- views
 
 

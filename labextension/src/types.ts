@@ -167,6 +167,8 @@ export interface ISessionSummary {
   queue_position?: number | null;
   /** A PENDING session: why it waits now and for how long (hub_ext/compute/waiting.py). */
   waiting_for?: string | null;
+  /** A serving replica: its endpoint's name (it is scaled there, not stopped). */
+  endpoint?: string | null;
   slots?: Slots;
   devices?: IDevice[];
   created_at?: string | null;

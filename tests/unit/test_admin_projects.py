@@ -238,8 +238,10 @@ def test_the_page_edits_a_cap_and_adds_and_removes_members_one_at_a_time():
     assert [b.tooltip for b in removes] == [f"Remove {u} from acme/ml" for u in ("alice", "bob", "carol")]
     n = len(svc.sent)
     removes[1].click()
-    assert len(svc.sent) == n and removes[1].description == "Confirm remove"
-    assert "Click again to remove bob from acme/ml" in text_of(page)
+    assert len(svc.sent) == n and removes[1].description == "Really remove?"
+    assert "Remove bob from acme/ml? Their new sessions may not use it. Click again to go on." in text_of(
+        page
+    )
     removes[1].click()
     assert svc.sent[-1] == ("DELETE", "/projects/acme/ml/members/bob", None)
     assert svc.projects[0]["members"] == ["alice", "carol"]
@@ -300,7 +302,7 @@ def test_deleting_a_project_asks_twice():
     pick_project(page, "acme/empty")
     delete = one(page, "lf-project-delete")
     delete.click()
-    assert svc.sent == [] and delete.description == "Confirm delete"
+    assert svc.sent == [] and delete.description == "Really delete project?"
     delete.click()
     assert svc.sent == [("DELETE", "/projects/acme/empty", None)]
     assert isinstance(page, W.VBox)

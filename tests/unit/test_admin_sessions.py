@@ -13,13 +13,10 @@ from labfleet.console.console import ServiceError, confirm_first, confirm_label
 
 ALICE = {"id": "aaaaaaaa-1111", "name": "", "user": "alice", "project": "acme/ml", "resource_group": "default",
          "type": "interactive", "status": "RUNNING", "slots": {"cpu": 1}}  # fmt: skip
-REPLICA = dict(ALICE, id="bbbbbbbb-2222", name="chat-r7", type="inference")
-LOOKALIKE = dict(REPLICA, id="cccccccc-3333", name="chat-r9")  # no route of that name
+# The service marks a replica with its endpoint (labfleet.serving.endpoints.annotate_replicas).
+REPLICA = dict(ALICE, id="bbbbbbbb-2222", name="chat-r7", type="inference", endpoint="chat")
+LOOKALIKE = dict(REPLICA, id="cccccccc-3333", name="chat-r9", endpoint=None)  # no route of that name
 ENDED = dict(ALICE, id="dddddddd-4444", status="TERMINATED")
-ENDPOINTS = [
-    {"name": "chat", "owner": "alice", "routes": [{"server": "chat-r7"}, {"server": ""}]},
-    {"name": "vision", "owner": "erin", "routes": [{"server": "vision-r2", "session_id": "eeee-5555"}]},
-]
 
 
 def test_a_session_is_named_user_server_with_its_id_muted():
@@ -31,17 +28,7 @@ def test_a_session_is_named_user_server_with_its_id_muted():
     assert "replica of endpoint <b>chat</b>" in P.session_html("x", "alice", "chat-r7", "chat")
 
 
-def test_a_replica_is_an_inference_session_named_as_a_route_of_its_owners_endpoint():
-    index = P.replica_index(ENDPOINTS)
-    assert index == {"alice/chat-r7": "chat", "erin/vision-r2": "vision", "eeee-5555": "vision"}
-    assert (
-        P.replica_of({"id": "eeee-5555", "user": "erin", "name": "old", "type": "inference"}, index)
-        == "vision"
-    )
-    assert P.replica_of(REPLICA, index) == "chat"
-    assert P.replica_of(LOOKALIKE, index) is None
-    assert P.replica_of(dict(REPLICA, type="interactive"), index) is None
-    assert P.replica_of(dict(REPLICA, user="erin"), index) is None
+def test_ended_sessions_are_not_live_and_cannot_be_stopped():
     assert P.live_only([ALICE, ENDED]) == [ALICE] and not P.stoppable(ENDED)
 
 
@@ -70,10 +57,6 @@ class FakeClient:
 
     def everything(self, path: str, **params: Any) -> list[Any]:
         return list(self.sessions)
-
-    def get(self, path: str, **params: Any) -> Any:
-        assert path == "/endpoints"
-        return ENDPOINTS
 
     def delete(self, path: str) -> Any:
         if self.refuse:

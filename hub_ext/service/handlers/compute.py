@@ -17,6 +17,7 @@ from labfleet.core.vocab import HOLDING_STATUSES, SESSION_STATUSES
 from labfleet.reclaim import reclaimer
 from labfleet.service.base import MAX_JSON_DEPTH, APIHandler, json_too_deep
 from labfleet.service.handlers import agents
+from labfleet.serving import endpoints
 from labfleet.tenancy import directory
 from labfleet.usage.metrics import ASKED_AGAIN
 
@@ -65,6 +66,7 @@ class SessionListHandler(APIHandler):
             page = sessionlist.page_sessions(db, actor, filters, offset=offset, limit=limit)
             views = page.map(sessions.session_view)
             waiting.annotate(db, views.items)  # why each queued one waits
+            endpoints.annotate_replicas(db, views.items)  # whose replica each one is
             return self.paginated_model(views)
 
         self.write_json(await self.run(op))
@@ -155,6 +157,7 @@ class SessionHandler(APIHandler):
                 detail["idle"] = reclaimer.idle_of(
                     db, s.id, datetime.now(timezone.utc), self.lf.idle_settings
                 )
+            endpoints.annotate_replicas(db, [detail])
             return waiting.annotate(db, [detail])[0]
 
         self.write_json(await self.run(op))

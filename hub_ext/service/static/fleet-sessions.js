@@ -66,7 +66,10 @@ function sessionRow(s) {
   actions.append(
     button("Logs", () => showLogs(s), "btn btn-sm btn-outline-secondary", { "data-testid": "lf-session-logs" }),
   );
-  if (!FINAL.includes(s.status) && s.status !== "TERMINATING") {
+  if (s.endpoint) {
+    // A serving replica: the controller would only start it again; the endpoint is scaled instead.
+    actions.append(el("span", { class: "lf-why", "data-testid": "lf-session-replica" }, `scale endpoint ${s.endpoint} to stop it`));
+  } else if (!FINAL.includes(s.status) && s.status !== "TERMINATING") {
     actions.append(
       confirmButton("Stop", "Really stop?", () => stopSession(s), { "data-testid": "lf-session-stop" }),
     );
@@ -83,7 +86,12 @@ function sessionRow(s) {
   return el(
     "tr",
     { "data-testid": "lf-session", "data-session": s.id, "data-name": s.name },
-    el("td", {}, el("strong", {}, s.name || "(default)"), el("div", { class: "lf-why" }, s.type)),
+    el(
+      "td",
+      {},
+      el("strong", {}, s.name || "(default)"),
+      el("div", { class: "lf-why" }, s.endpoint ? `replica of endpoint ${s.endpoint}` : s.type),
+    ),
     el("td", {}, s.project),
     el("td", {}, s.image || "–"),
     el("td", {}, el("div", {}, slotText(s.slots)), el("div", { class: "lf-why" }, gpuText(s), s.node ? ` · ${s.node}` : "")),

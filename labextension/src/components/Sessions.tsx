@@ -62,15 +62,22 @@ function SessionItem(props: {
             Open
           </Button>
         ) : null}
-        <Button
-          small
-          className="lf-danger"
-          data-testid="lf-session-stop"
-          disabled={busy}
-          onClick={() => void stop()}
-        >
-          {busy ? 'Stopping…' : 'Stop'}
-        </Button>
+        {s.endpoint ? (
+          // A serving replica: the controller would only start it again; the endpoint is scaled.
+          <span className="lf-dim lf-small" data-testid="lf-session-replica">
+            replica of endpoint {s.endpoint}: scale it under Serving
+          </span>
+        ) : (
+          <Button
+            small
+            className="lf-danger"
+            data-testid="lf-session-stop"
+            disabled={busy}
+            onClick={() => void stop()}
+          >
+            {busy ? 'Stopping…' : 'Stop'}
+          </Button>
+        )}
       </div>
     </li>
   );
