@@ -135,7 +135,7 @@ def test_the_occupancy_map_shows_each_devices_holders(hub, browser):
     for expected in ("alice 0.5", "bob 0.25", "erin 1", "free 0.25", hub.holding["erin"]["id"], "A100-80GB"):
         assert expected in text, expected
     assert "2 devices: 1.75 held by sessions you can see, 0.25 free" in text
-    assert "ALIVE" in text and "default" in text and "waits for ever" in text
+    assert "ALIVE" in text and "default" in text and "10 min" in text  # a new group's pending timeout
     assert "a100" in text and "granted only" in text and "domain:acme" in text
     shot(page, "resources-root")
     page.close()
