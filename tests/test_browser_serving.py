@@ -351,8 +351,17 @@ def test_model_store_lists_reads_and_deploys(hub, browser):
         page.locator(tid("lf-open-model-store")).click()
         store = page.locator("#labfleet-model-store")
         cards = store.locator(".lf-ms-card")
-        # Only the project's model folders: the fixture's own folders of alice's are not shared.
-        expect(cards).to_have_count(2)
+        # The project's model folders, and alice's own (their cards say "your folder").
+        own = [
+            f["name"]
+            for f in hub.api("GET", "/vfolders", alice).json()
+            if f["usage_mode"] == "model" and f["owner"] == "user:alice" and f["status"] == "READY"
+        ]
+        expect(cards).to_have_count(2 + len(own))
+        for name in own:
+            expect(
+                store.locator(tid(f"lf-ms-card-{name}")).locator(tid("lf-ms-card-project"))
+            ).to_contain_text("your folder")
         card = store.locator(tid(f"lf-ms-card-{STORE_ENDPOINT}"))
         expect(card).to_have_attribute("data-folder-id", good["id"])
         expect(card.locator(tid("lf-ms-card-open"))).to_have_text("Sentiment echo")
@@ -380,7 +389,7 @@ def test_model_store_lists_reads_and_deploys(hub, browser):
         expect(card).to_be_visible()
         shot(page.locator("#main"), "model-store-search")
         store.locator(tid("lf-ms-search")).fill("")
-        expect(cards).to_have_count(2)
+        expect(cards).to_have_count(2 + len(own))
 
         # The README, rendered as untrusted Markdown: the heading shows, the script never ran.
         card.locator(tid("lf-ms-card-open")).click()
@@ -397,7 +406,7 @@ def test_model_store_lists_reads_and_deploys(hub, browser):
         assert not readme.locator("[onerror]").count()
         shot(page.locator("#main"), "model-store-readme")
         store.locator(tid("lf-ms-back")).click()
-        expect(cards).to_have_count(2)
+        expect(cards).to_have_count(2 + len(own))
 
         # Deploy: a whole 3 GPUs is over the project's 2; the service's refusal shows in the dialog.
         card.locator(tid("lf-ms-deploy")).click()

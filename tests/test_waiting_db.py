@@ -2,6 +2,7 @@
 (launch options), why a queued session waits (its view), and what a request not yet sent would do
 (preview: starts, waits or refused, changing nothing)."""
 
+import pytest
 from sqlalchemy import func, select
 
 from labfleet.compute import nodes, sessions, waiting
@@ -10,6 +11,7 @@ from labfleet.compute.devices.mock import MockPlugin
 from labfleet.compute.launchoptions import launch_options
 from labfleet.core import capacity, database
 from labfleet.core.authz import Actor
+from labfleet.core.errors import LabfleetError
 from labfleet.core.models import AuditEntry, ComputeSession
 from labfleet.tenancy import directory
 from labfleet.tenancy.policies import ensure_default_keypair_policy
@@ -103,11 +105,9 @@ def test_preview_starts_waits_or_refuses_and_changes_nothing(tmp_path, monkeypat
     assert waits["message"] == (
         "would wait: short of CPU: asks 1 core; at most 0.5 free on one node; it waits up to 10 min, then is cancelled"
     )
-    with database.session_scope(factory) as db:
-        refused = waiting.preview(db, _alice(db), {**body, "slots": {"cpu": 64}})
-        db.rollback()
-    assert refused["outcome"] == "refused" and refused["status"] == 409
-    assert "cpu" in refused["message"]
+    with pytest.raises(LabfleetError) as refused, database.session_scope(factory) as db:
+        waiting.preview(db, _alice(db), {**body, "slots": {"cpu": 64}})
+    assert refused.value.status == 409 and "cpu" in refused.value.message  # as POST /api/sessions says it
     with database.session_scope(factory) as db:
         after = (
             db.scalar(select(func.count(ComputeSession.id))),

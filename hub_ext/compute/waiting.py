@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, selectinload
 from labfleet.compute import nodes, sessions
 from labfleet.core.authz import Actor
 from labfleet.core.capacity import free_now, judge, waits_until
-from labfleet.core.errors import InvalidInput, LabfleetError
+from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Node, ResourceGroup
 from labfleet.core.vocab import PENDING
 
@@ -75,17 +75,12 @@ def annotate(db: Session, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def preview(db: Session, actor: Actor, body: Any) -> dict[str, Any]:
     """What ``POST /api/sessions`` would do with ``body`` now, changing nothing (the caller rolls back).
 
-    ``{"outcome": "refused", "message", "status"}`` where a check refuses it (a quota, access, a name
-    in use, a size no node could ever hold); ``"waits"`` with why and for how long where nothing has
-    room now; ``"starts"`` where a node has room. Bad input is not an outcome: it raises (400).
+    A request it would refuse (bad input, access, a quota, a name in use, a size no node could ever
+    hold) raises as that request would, with the same status and message; else ``{"outcome":
+    "waits"}`` with why and for how long where nothing has room now, or ``"starts"`` where a node has.
     """
-    try:
-        sessions.prepare_launch(db, actor, body)
-    except InvalidInput:
-        raise
-    except LabfleetError as e:
-        return {"outcome": "refused", "message": e.message, "status": e.status}
-    req = sessions.parse_request(body)
+    req = sessions.parse_request(body)  # bad input first, whoever asks
+    sessions.prepare_launch(db, actor, body)
     group = db.scalar(select(ResourceGroup).where(ResourceGroup.name == req["resource_group"]))
     if group is None:  # admission found it a moment ago
         raise LabfleetError(f"resource group {req['resource_group']!r} is gone", 409)

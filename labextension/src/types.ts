@@ -186,7 +186,7 @@ export interface IFreeNow {
   'gpu.shares': number;
 }
 
-/** `POST /api/sessions/preview`: what a request would do now, changing nothing. */
+/** `POST /api/sessions/preview`: what a request would do now, changing nothing (`refused`: its error, here). */
 export interface IPreview {
   outcome: 'starts' | 'waits' | 'refused';
   message: string;

@@ -359,7 +359,8 @@ export function ModelStore(props: IModelStoreProps): JSX.Element {
         <div className="lf-ms-heading">
           <h1 className="lf-ms-title">Model Store</h1>
           <div className="lf-dim lf-small">
-            Models your projects share. Open one to read about it; Deploy serves it as an endpoint.
+            Your models and those your projects share. Open one to read about it; Deploy serves it
+            as an endpoint.
           </div>
         </div>
         <InputGroup

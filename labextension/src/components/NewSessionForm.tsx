@@ -6,6 +6,7 @@ import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import { memInput, toNumber } from '../format';
+import type { LabfleetError } from '../api';
 import {
   belowImageMinimum,
   costAgainstQuota,
@@ -112,7 +113,9 @@ export function NewSessionForm(props: {
     const timer = window.setTimeout(() => {
       store.api.previewSession(JSON.parse(requestKey)).then(
         p => live && setPreview(p),
-        () => live && setPreview(null)
+        // Refused as the start would be: its status and reason (none where no service answers).
+        (e: LabfleetError) =>
+          live && setPreview(e.status >= 400 ? { outcome: 'refused', message: e.message } : null)
       );
     }, 300);
     return () => {
