@@ -250,7 +250,7 @@ def test_spawn_form_offers_the_users_choices_and_reports_errors(env):
     # Only alice's projects, the images they may use, and the quota left.
     assert 'value="acme/ml"' in html and 'value="acme/web"' in html
     assert 'value="local/host"' in html and 'data-projects="acme/web"' in html  # web/only:1
-    assert "Left for acme/ml" in html
+    assert "What the quota of acme/ml leaves" in html and "Free now" in html
     xsrf = browser.cookies.get("_xsrf")
     bad = browser.post(
         f"{hub.url}/hub/spawn/alice/f",
