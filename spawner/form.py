@@ -121,8 +121,11 @@ def _vfolders(folders: Sequence[Mapping[str, Any]], previous: Sequence[str]) -> 
 # The Hub's spawn page has its own Start button under the form: with no form to send, it only
 # earns a refusal, so it goes.
 _NO_START = (
-    "<script>document.querySelectorAll('#spawn_form [type=submit]')"
-    ".forEach(function (b) { b.disabled = true; b.hidden = true; });</script>"
+    "<script>(function () { function hide() { document.querySelectorAll('#spawn_form [type=submit]')"
+    ".forEach(function (b) { b.disabled = true; b.hidden = true; }); }"
+    # The button comes after the form in the page: once the page is read.
+    " if (document.readyState === 'loading') { document.addEventListener('DOMContentLoaded', hide); }"
+    " else { hide(); } })();</script>"
 )
 
 

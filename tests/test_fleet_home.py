@@ -89,6 +89,7 @@ def hub(tmp_path_factory):
             ("/users", {"username": "alice", "domain": "acme", "projects": ["ml"], "password": PASSWORD}),
             ("/users", {"username": "bob", "domain": "acme", "projects": [], "password": PASSWORD}),
             ("/users", {"username": "dora", "domain": "acme", "role": "admin", "password": PASSWORD}),
+            ("/users", {"username": "mona", "domain": "acme", "role": "monitor", "password": PASSWORD}),
             # erin's sessions fill both mock GPUs when a test wants alice's to wait
             ("/projects", {"domain": "acme", "name": "big", "total_resource_slots": {"gpu.shares": 2}}),
             ("/users", {"username": "erin", "domain": "acme", "projects": ["big"], "password": PASSWORD}),
@@ -356,5 +357,23 @@ def test_a_domain_admin_lands_there_with_the_console_link(hub, browser):
         page.wait_for_timeout(400)  # Bootstrap's color transitions
         shot(page, "dora-admin-dark")
         page.click("#dark-theme-toggle")
+    finally:
+        page.context.close()
+
+
+def test_a_monitor_is_told_they_read_and_has_nothing_to_create(hub, browser):
+    from playwright.sync_api import expect
+
+    page = log_in(browser, hub, "mona")
+    try:
+        page.locator("#lf-console-link a").wait_for()
+        note = page.locator(tid("lf-no-project"))
+        expect(note).to_contain_text("You are a monitor")
+        assert "can add you" not in note.inner_text()
+        expect(page.locator("#lf-new-folder")).to_be_hidden()  # a monitor changes nothing
+        # The Hub's spawn form: no form and no Start to press, only what to do instead.
+        page.goto(f"{hub.url}/hub/spawn/mona/x")
+        expect(page.locator(".alert-info")).to_contain_text("You are a monitor")
+        expect(page.locator("#spawn_form [type=submit]")).to_be_hidden()
     finally:
         page.context.close()

@@ -23,6 +23,7 @@ async function loadMe() {
     `${me.full_name || me.username} · ${role} in domain ${me.domain.name}` +
     (projects.length ? ` · projects: ${projects.join(", ")}` : "");
   show($("lf-console-link"), CFG.console && ["superadmin", "admin", "monitor"].includes(me.role));
+  show($("lf-new-folder"), me.role !== "monitor"); // a monitor changes nothing, folders included
   if (state.sessionsLoaded) {
     renderSessions(); // what "no session" says depends on the projects
   }
@@ -30,8 +31,17 @@ async function loadMe() {
   if (!projects.length) {
     const admins = (me.domain_admins || []).filter(name => name !== me.username);
     let who;
+    if (me.role === "monitor") {
+      // A monitor reads the fleet and starts nothing: no project to ask for.
+      box.replaceChildren(
+        el("strong", {}, "You are a monitor: "),
+        "you read the whole fleet in the Fleet admin console and start no sessions.",
+      );
+      box.hidden = false;
+      return;
+    }
     if (me.role === "superadmin" || me.role === "admin") {
-      who = "You can add yourself to one in the Fleet admin console (Projects).";
+      who = "You can add yourself to one in the Fleet admin console (Domains & Projects).";
     } else if (admins.length) {
       who = `The admins of your domain (${me.domain.name}) can add you: ${admins.join(", ")}.`;
     } else {
