@@ -290,12 +290,13 @@ def test_a_waiting_session_says_why_and_where_it_is_in_the_queue(hub, alice_page
             hub.api("DELETE", f"/sessions/{sid}", hub.service_token)
 
 
-def sample_usage() -> dict:
-    """A month of /api/usage/me numbers (GPU share-seconds and core-seconds), as the service answers."""
+def sample_usage(scale: float = 1.0) -> dict:
+    """A month of /api/usage/me numbers (GPU share-seconds and core-seconds), as the service answers;
+    ``scale`` shrinks them (to a few seconds a day)."""
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     daily = []
     for i in range(30):
-        gpu = 3600.0 * (i % 5) * 0.5
+        gpu = 3600.0 * (i % 5) * 0.5 * scale
         figures = {"cpu": gpu * 2, "mem": 0.0, "gpu.shares": gpu}
         daily.append(
             {
@@ -340,6 +341,19 @@ def test_a_user_in_no_project_is_told_who_can_add_them(hub, browser):
         page.wait_for_selector(tid("lf-cards") + " p")
         page.locator(f'{tid("lf-folder")}[data-name="data"]').wait_for()
         shot(page, "bob-no-project")
+        # A few seconds a day read as seconds, not as an axis of zeros.
+        small = json.dumps(sample_usage(scale=0.002))
+        page.unroute("**/api/usage/me")
+        page.route(
+            "**/api/usage/me",
+            lambda route: route.fulfill(status=200, content_type="application/json", body=small),
+        )
+        page.reload()
+        plot = page.locator(tid("lf-usage-plot"))
+        plot.wait_for()
+        assert "GPU-seconds per day" in page.locator(tid("lf-usage")).inner_text()
+        ticks = [t.text_content() for t in plot.locator("text").all()[:3]]
+        assert ticks[0] == "0" and ticks[2] not in ("0", "0.0"), ticks
     finally:
         page.context.close()
 

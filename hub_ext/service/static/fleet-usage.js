@@ -17,23 +17,40 @@ function svg(tag, attrs = {}, text) {
 }
 
 const KINDS = {
-  gpu: { slot: "gpu.shares", unit: "GPU-hours", name: "GPU" },
-  cpu: { slot: "cpu", unit: "core-hours", name: "CPU" },
+  gpu: { slot: "gpu.shares", per: "GPU", name: "GPU" },
+  cpu: { slot: "cpu", per: "core", name: "CPU" },
 };
 
 function hours(figures, slot) {
   return Number((figures || {})[slot] || 0) / 3600;
 }
 
+// The unit a plot and its figures speak in, by the largest amount: a few seconds read as seconds,
+// not as "0 hours" (as the console's usage chart does, widgets/usage.py).
+const SCALES = [
+  { below: 1 / 60, factor: 3600, word: "seconds" },
+  { below: 1, factor: 60, word: "minutes" },
+  { below: Infinity, factor: 1, word: "hours" },
+];
+
+function scaleFor(maxHours) {
+  return SCALES.find(s => maxHours < s.below);
+}
+
 /** Bars of the last 30 days: hours allocated (light) with the hours used inside them (dark). */
-function plot(daily, kind) {
-  const { slot, unit } = KINDS[kind];
+function plot(daily, kind, scale) {
+  const { slot } = KINDS[kind];
+  const unit = `${KINDS[kind].per}-${scale.word}`;
   const W = 640;
   const H = 200;
   const left = 44;
   const bottom = 22;
   const top = 8;
-  const values = daily.map(d => ({ day: d.bucket, a: hours(d.allocated, slot), u: hours(d.used, slot) }));
+  const values = daily.map(d => ({
+    day: d.bucket,
+    a: hours(d.allocated, slot) * scale.factor,
+    u: hours(d.used, slot) * scale.factor,
+  }));
   const max = Math.max(...values.map(v => Math.max(v.a, v.u)), 0);
   const ceiling = max > 0 ? niceCeiling(max) : 1;
   const plotW = W - left - 6;
@@ -49,7 +66,7 @@ function plot(daily, kind) {
   for (const frac of [0, 0.5, 1]) {
     const y = top + plotH * (1 - frac);
     root.append(svg("line", { class: "lf-axis", x1: left, x2: W - 6, y1: y, y2: y }));
-    root.append(svg("text", { x: left - 4, y: y + 4, "text-anchor": "end" }, formatNumber(ceiling * frac, 1)));
+    root.append(svg("text", { x: left - 4, y: y + 4, "text-anchor": "end" }, formatNumber(ceiling * frac, 2)));
   }
   values.forEach((v, i) => {
     const x = left + i * step + step * 0.15;
@@ -111,7 +128,12 @@ export async function loadUsage() {
 
 function renderUsage() {
   const u = usageData;
-  const { slot, unit } = KINDS[usageKind];
+  const { slot } = KINDS[usageKind];
+  // The plot's tallest day picks the unit; the periods below say their totals in the same one.
+  const most = Math.max(0, ...(u.daily || []).map(d => Math.max(hours(d.allocated, slot), hours(d.used, slot))));
+  const scale = scaleFor(most);
+  const unit = `${KINDS[usageKind].per}-${scale.word}`;
+  const amount = figures => formatNumber(hours(figures, slot) * scale.factor, 1);
   const toggle = el(
     "div",
     { class: "btn-group btn-group-sm mb-2", role: "group", "aria-label": "What to plot" },
@@ -133,8 +155,8 @@ function renderUsage() {
         el(
           "div",
           {},
-          `${p.sessions} session${p.sessions === 1 ? "" : "s"} · ${formatNumber(hours(p.allocated, slot))} ${unit}` +
-            ` (${formatNumber(hours(p.used, slot))} used)`,
+          `${p.sessions} session${p.sessions === 1 ? "" : "s"} · ${amount(p.allocated)} ${unit}` +
+            ` (${amount(p.used)} used)`,
         ),
       ),
     ),
@@ -148,7 +170,7 @@ function renderUsage() {
     el("span", { class: "lf-legend lf-legend-used" }),
     "used",
   );
-  $("lf-usage").replaceChildren(toggle, legend, plot(u.daily || [], usageKind), periods);
+  $("lf-usage").replaceChildren(toggle, legend, plot(u.daily || [], usageKind, scale), periods);
 }
 
 // ------------------------------------------------------------ serving endpoints
