@@ -707,14 +707,23 @@ def would_start_if_released(db: Session, s: ComputeSession) -> str | None:
     return None
 
 
-def queue_view(db: Session, group: ResourceGroup) -> list[dict[str, Any]]:
-    pending = list(
+def _pending_in(db: Session, group: ResourceGroup) -> list[ComputeSession]:
+    return list(
         db.scalars(
             select(ComputeSession).where(
                 ComputeSession.resource_group_id == group.id, ComputeSession.status == "PENDING"
             )
         )
     )
+
+
+def queue_positions(db: Session, group: ResourceGroup) -> dict[str, int]:
+    """{session id: its place in the group's queue, 1 for the head}, without building any view."""
+    return queueing.queue_positions(_ordered_queue(db, group, _pending_in(db, group)))
+
+
+def queue_view(db: Session, group: ResourceGroup) -> list[dict[str, Any]]:
+    pending = _pending_in(db, group)
     ordered = _ordered_queue(db, group, pending)
     positions = queueing.queue_positions(ordered)
     by_id = {s.id: s for s in pending}
@@ -747,10 +756,7 @@ def session_detail(db: Session, s: ComputeSession) -> dict[str, Any]:
 def position_of(db: Session, s: ComputeSession) -> int | None:
     if s.status != "PENDING":
         return None
-    for row in queue_view(db, s.resource_group):
-        if row["id"] == s.id:
-            return row["position"]
-    return None
+    return queue_positions(db, s.resource_group).get(s.id)
 
 
 # ---------------------------------------------------------------- release, status, reconcile

@@ -65,7 +65,7 @@ def annotate(db: Session, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if group is None:
             continue
         node_views = group_node_views(db, group)
-        positions = {row["id"]: row["position"] for row in sessions.queue_view(db, group)}
+        positions = sessions.queue_positions(db, group)
         for v in rows:
             v["queue_position"] = positions.get(v["id"])
             v["waiting_for"] = waiting_sentence(dict(v.get("slots") or {}), node_views, group)
@@ -86,7 +86,7 @@ def preview(db: Session, actor: Actor, body: Any) -> dict[str, Any]:
         raise LabfleetError(f"resource group {req['resource_group']!r} is gone", 409)
     node_views = group_node_views(db, group)
     verdict = judge(req["slots"].to_json(), node_views, group.placement)
-    ahead = len(sessions.queue_view(db, group))
+    ahead = len(sessions.queue_positions(db, group))
     if not verdict.fits:
         return {
             "outcome": "waits",
