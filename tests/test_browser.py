@@ -302,6 +302,16 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     expect(bar).to_have_attribute("aria-valuetext", "0.5 / 2 · 1.5 left")
     expect(page.locator(tid("lf-quota-domain"))).to_be_visible()
     expect(page.locator(tid("lf-quota-keypair"))).to_be_visible()
+    # Beside what the quota allows, what the fleet can give one session now, this session's group first: of
+    # the Hub host's two mock GPUs, this session holds half of GPU 0, so 1 whole GPU (GPU 1) is free.
+    free = page.locator(f"{tid('lf-quota-free')} [data-group]").first
+    expect(free).to_have_attribute("data-own", "true")
+    expect(free).to_have_text(
+        re.compile(
+            r"^Free now in default \(this session's group\): [\d.]+ cores?, [\d.]+ [KMGT]?i?B, "
+            r"1 whole GPU, up to 1 of one GPU$"
+        )
+    )
     shot(page, "sidebar-session-quota-light", sidebar)
 
     # Usage: the service's own numbers for the session that runs (it accrues every 2 s here): a pair of bars

@@ -263,3 +263,33 @@ export function freeNowText(free: IFreeNow | undefined): string {
     `up to ${formatSlot('gpu.shares', free['gpu.shares'])} of one GPU`
   ].join(', ');
 }
+
+/** One resource group's line beside the quota: what the fleet can give one session there now. */
+export interface IFreeNowLine {
+  group: string;
+  /** The group this session runs in. */
+  own: boolean;
+  /** `Free now in default: 1 core, 2 GiB, 0 whole GPUs, up to 0.5 of one GPU` */
+  text: string;
+}
+
+/**
+ * A line per resource group the user may use (launch options' `resource_groups`) that says what
+ * one session could get there now (`free_now`): a quota says what one may still ask, not what the
+ * fleet has free.  The group this session runs in (`ownGroup`) comes first, the others keep the
+ * service's order; a group without `free_now` (an older service) has no line.
+ */
+export function freeNowLines(
+  groups: readonly { name: string; free_now?: IFreeNow }[] | null | undefined,
+  ownGroup?: string | null
+): IFreeNowLine[] {
+  const lines = (groups ?? [])
+    .filter(g => g.free_now)
+    .map(g => {
+      const own = !!ownGroup && g.name === ownGroup;
+      const where = own ? `${g.name} (this session's group)` : g.name;
+      return { group: g.name, own, text: `Free now in ${where}: ${freeNowText(g.free_now)}` };
+    });
+  // A stable sort: the own group first, the rest as listed.
+  return lines.sort((a, b) => Number(b.own) - Number(a.own));
+}

@@ -6,7 +6,9 @@
  *
  * Usage statistics (30 days of them) change slowly and cost the service more than a quota:
  * the poll asks for them at most every `USAGE_MIN_AGE_MS`; the refresh button (`invalidate`)
- * and opening the section ask at once.
+ * and opening the section ask at once.  The launch options (the Quota section shows their
+ * `free_now` per resource group; the new-session form its choices) cost more than a quota too:
+ * at most every `LAUNCH_OPTIONS_MIN_AGE_MS`, and at the next tick after a start or a stop.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -62,13 +64,20 @@ export type Resource =
 /** The poll asks for my usage statistics at most this often (ms). */
 export const USAGE_MIN_AGE_MS = 60_000;
 
+/** The poll asks for the launch options (what the fleet has free now) at most this often (ms). */
+export const LAUNCH_OPTIONS_MIN_AGE_MS = 30_000;
+
 /** Resources the poll asks for no more often than this (ms); the others at every tick. */
-const MIN_AGE_MS: Partial<Record<Resource, number>> = { usage: USAGE_MIN_AGE_MS };
+const MIN_AGE_MS: Partial<Record<Resource, number>> = {
+  usage: USAGE_MIN_AGE_MS,
+  launchOptions: LAUNCH_OPTIONS_MIN_AGE_MS
+};
 
 /** What each section shows. */
 const SECTION_RESOURCES: Record<SectionId, Resource[]> = {
   session: ['session'],
-  quota: ['quota'],
+  // Beside the quota, what the fleet can give now (the launch options' `free_now`).
+  quota: ['quota', 'launchOptions'],
   usage: ['usage'],
   sessions: ['sessions'],
   folders: ['folders', 'invitations', 'mounted'],
@@ -326,6 +335,7 @@ export class FleetStore {
   /** Start a session named `name`; throws LabfleetError with the service's message. */
   async startSession(name: string, options: ISpawnOptions): Promise<void> {
     await this.api.startSession(name, options);
+    this._capacityChanged();
     await this.fetch('sessions');
     await this.fetch('quota');
   }
@@ -333,6 +343,7 @@ export class FleetStore {
   /** Stop one of my sessions (not this one: see `stopThisSession`). */
   async stopSession(name: string): Promise<void> {
     await this.api.stopSession(name);
+    this._capacityChanged();
     await this.fetch('sessions');
     await this.fetch('quota');
   }
@@ -362,23 +373,31 @@ export class FleetStore {
   /** Deploy a model folder as an endpoint; throws LabfleetError with the service's message. */
   async createEndpoint(body: IEndpointCreate): Promise<IEndpoint> {
     const e = await this.api.createEndpoint(body);
+    this._capacityChanged();
     await Promise.all([this.fetch('endpoints'), this.fetch('quota')]);
     return e;
   }
 
   async scaleEndpoint(name: string, replicas: number): Promise<void> {
     await this.api.scaleEndpoint(name, replicas);
+    this._capacityChanged();
     await Promise.all([this.fetch('endpoints'), this.fetch('quota')]);
   }
 
   async deleteEndpoint(name: string): Promise<void> {
     await this.api.deleteEndpoint(name);
+    this._capacityChanged();
     await Promise.all([this.fetch('endpoints'), this.fetch('quota')]);
   }
 
   /** A new token of an endpoint: its value is in this answer only (the list never shows it). */
   createEndpointToken(name: string, expiresIn?: number): Promise<IEndpointToken> {
     return this.api.createEndpointToken(name, expiresIn);
+  }
+
+  /** What the fleet has free moved: the poll's next tick asks the launch options again. */
+  private _capacityChanged(): void {
+    this.invalidate(['launchOptions']);
   }
 
   /**

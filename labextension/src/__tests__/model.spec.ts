@@ -4,6 +4,7 @@ import { formatQuotaRow, quotaLevel, quotaRows } from '../quota';
 import {
   belowImageMinimum,
   costAgainstQuota,
+  freeNowLines,
   freeNowText,
   requestedSlots,
   serverNameProblem,
@@ -363,6 +364,36 @@ describe('what the fleet can give now', () => {
     expect(freeNowText(free)).toBe('1 core, 3 GiB, 0 whole GPUs, up to 0.75 of one GPU');
     expect(freeNowText({ ...free, alive_nodes: 0 })).toBe('nothing: no node of the group is up');
     expect(freeNowText(undefined)).toBe('');
+  });
+
+  it("puts a line per resource group beside the quota, this session's group first", () => {
+    const groups = [
+      { name: 'a100', free_now: { ...free, gpu: 2, 'gpu.shares': 1 } },
+      { name: 'old' }, // an older service: no free_now, no line
+      { name: 'default', free_now: free },
+      { name: 'cpu-only', free_now: { ...free, alive_nodes: 0 } }
+    ];
+    expect(freeNowLines(groups, 'default')).toEqual([
+      {
+        group: 'default',
+        own: true,
+        text: "Free now in default (this session's group): 1 core, 3 GiB, 0 whole GPUs, up to 0.75 of one GPU"
+      },
+      {
+        group: 'a100',
+        own: false,
+        text: 'Free now in a100: 1 core, 3 GiB, 2 whole GPUs, up to 1 of one GPU'
+      },
+      {
+        group: 'cpu-only',
+        own: false,
+        text: 'Free now in cpu-only: nothing: no node of the group is up'
+      }
+    ]);
+    // Outside a session (or in a group no longer offered): the service's order.
+    expect(freeNowLines(groups, null).map(l => l.group)).toEqual(['a100', 'default', 'cpu-only']);
+    expect(freeNowLines(groups, 'gone').map(l => l.own)).toEqual([false, false, false]);
+    expect(freeNowLines(undefined, 'default')).toEqual([]);
   });
 
   it('builds the service request as the spawner reads the form', () => {

@@ -147,7 +147,18 @@ const DATA: Record<string, unknown> = {
       }
     ],
     resource_groups: [
-      { name: 'default', description: null, session_types: ['interactive', 'batch'] }
+      {
+        name: 'a100',
+        description: null,
+        session_types: ['interactive'],
+        free_now: { alive_nodes: 2, nodes: 2, cpu: 16, mem: 64 * GiB, gpu: 2, 'gpu.shares': 1 }
+      },
+      {
+        name: 'default',
+        description: null,
+        session_types: ['interactive', 'batch'],
+        free_now: { alive_nodes: 1, nodes: 1, cpu: 3, mem: 5 * GiB, gpu: 0, 'gpu.shares': 0.5 }
+      }
     ],
     vfolders: [
       {
@@ -236,6 +247,17 @@ describe('FleetPanel', () => {
     expect(byTestId('lf-quota-project-cpu')?.querySelector('.lf-bar')?.className).toContain(
       'lf-level-unlimited'
     );
+  });
+
+  it("shows beside the quota what the fleet can give now, this session's group first", () => {
+    const free = byTestId('lf-quota-free');
+    const lines = [...(free?.querySelectorAll('[data-group]') ?? [])].map(l => l.textContent);
+    expect(lines).toEqual([
+      "Free now in default (this session's group): 3 cores, 5 GiB, 0 whole GPUs, up to 0.5 of one GPU",
+      'Free now in a100: 16 cores, 64 GiB, 2 whole GPUs, up to 1 of one GPU'
+    ]);
+    expect(byTestId('lf-quota-free-default')?.getAttribute('data-own')).toBe('true');
+    expect(byTestId('lf-quota')?.contains(free ?? null)).toBe(true);
   });
 
   it('lists sessions with the queue position', () => {

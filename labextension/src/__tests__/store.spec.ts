@@ -1,6 +1,6 @@
 /** The sidebar's state against a fake API: what it asks, what it keeps when a request fails. */
 import { FleetAPI, LabfleetError } from '../api';
-import { FleetStore } from '../store';
+import { FleetStore, LAUNCH_OPTIONS_MIN_AGE_MS } from '../store';
 
 type Handler = (...args: any[]) => Promise<unknown>;
 
@@ -63,6 +63,8 @@ describe('FleetStore', () => {
         'endpoints',
         'folders',
         'invitations',
+        // The Quota section shows what the fleet can give now beside what the quota allows.
+        'launchOptions("alice")',
         'mountedFolders',
         'myUsage',
         'quota',
@@ -71,7 +73,34 @@ describe('FleetStore', () => {
       ].sort()
     );
     expect(store.data.session?.project).toBe('acme/ml');
-    expect(changes).toBe(10);
+    expect(changes).toBe(11);
+  });
+
+  it('asks the launch options with the quota, at most every 30 s, and again after a start', async () => {
+    let now = 1000;
+    const { api, log } = fakeApi({ session: async () => SESSION });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work', now: () => now });
+    const launchOptions = () => log.filter(l => l.startsWith('launchOptions')).length;
+    await store.refresh();
+    expect(launchOptions()).toBe(1);
+    now += 5000; // the next ticks of the poll: the quota each time, the launch options not yet
+    await store.refresh();
+    expect(log.filter(l => l === 'quota').length).toBe(2);
+    expect(launchOptions()).toBe(1);
+    now += LAUNCH_OPTIONS_MIN_AGE_MS;
+    await store.refresh();
+    expect(launchOptions()).toBe(2);
+    // A start takes from what is free: the next tick asks again.
+    await store.startSession('exp', { project: 'acme/ml', type: 'interactive' });
+    expect(launchOptions()).toBe(2);
+    now += 5000;
+    await store.refresh();
+    expect(launchOptions()).toBe(3);
+    // With the Quota section closed, the poll does not ask for them.
+    store.toggle('quota', false);
+    now += LAUNCH_OPTIONS_MIN_AGE_MS;
+    await store.refresh();
+    expect(launchOptions()).toBe(3);
   });
 
   it('stops asking for a closed section', async () => {

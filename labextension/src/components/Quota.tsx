@@ -1,7 +1,12 @@
-/** "Quota": used / left per slot for me (my keypair), this session's project and my domain. */
+/**
+ * "Quota": used / left per slot for me (my keypair), this session's project and my domain; and
+ * beside what the quota allows, what the fleet can give one session now in each resource group I
+ * may use (the launch options' `free_now`, this session's group first).
+ */
 import * as React from 'react';
 
 import { formatQuotaRow, quotaRows } from '../quota';
+import { freeNowLines } from '../sessions';
 import { slotLabel } from '../slots';
 import type { FleetStore } from '../store';
 import type { IQuotaScope } from '../types';
@@ -49,6 +54,43 @@ function Scope(props: {
   );
 }
 
+/** What one session could get now in each resource group, beside what the quota allows. */
+function FreeNow(props: { store: FleetStore }): JSX.Element | null {
+  const { store } = props;
+  const opts = store.data.launchOptions;
+  const error = store.errors.launchOptions;
+  if (!opts && !error) {
+    return null; // asked with the quota: a moment
+  }
+  const lines = freeNowLines(opts?.resource_groups, store.data.session?.resource_group);
+  return (
+    <div
+      className="lf-quota-scope"
+      data-testid="lf-quota-free"
+      title="What one session could get now: the most one node of the group has free. The quota says what you may still ask."
+    >
+      <div className="lf-subtitle">Fleet</div>
+      {!opts ? (
+        <Empty testid="lf-quota-free-unknown">free capacity not known: {error}</Empty>
+      ) : !lines.length ? (
+        <Empty>no resource group to use</Empty>
+      ) : (
+        lines.map(l => (
+          <div
+            className="lf-dim"
+            key={l.group}
+            data-group={l.group}
+            data-own={l.own ? 'true' : undefined}
+            data-testid={`lf-quota-free-${l.group}`}
+          >
+            {l.text}
+          </div>
+        ))
+      )}
+    </div>
+  );
+}
+
 export function Quota(props: { store: FleetStore }): JSX.Element {
   const { store } = props;
   const q = store.data.quota;
@@ -78,6 +120,7 @@ export function Quota(props: { store: FleetStore }): JSX.Element {
           />
         </>
       )}
+      <FreeNow store={store} />
     </div>
   );
 }
