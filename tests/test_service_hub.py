@@ -3,12 +3,14 @@ password login, /api/me, tenants through the API, Hub groups and roles following
 keypair-signed requests, and bad input answered with 4xx that changes nothing."""
 
 import json
+import os
 import time
 
 import pytest
 import requests
 
 from labfleet.core import signing
+from tests.gitserver import GitServer, make_work_tree
 from tests.hubfixture import ADMIN_PASSWORD, start_hub
 
 pytestmark = pytest.mark.hub
@@ -19,8 +21,11 @@ PW = "alice-password-1"
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     # Refresh auth every second so role and group changes show on the next request.
+    # Imports may fetch from the tests' own git server on 127.0.0.1 (and nothing else that is not public).
     h = start_hub(
-        tmp_path_factory.mktemp("hub"), extra_config="c.LabfleetBaseAuthenticator.auth_refresh_age = 1\n"
+        tmp_path_factory.mktemp("hub"),
+        extra_config="c.LabfleetBaseAuthenticator.auth_refresh_age = 1\n",
+        env={"LABFLEET_IMPORT_ALLOWED_HOSTS": "127.0.0.1"},
     )
     yield h
     h.stop()
@@ -308,3 +313,49 @@ def test_a_session_starts_and_lab_answers_through_the_proxy(hub, tenants):
         f"{hub.url}/hub/api/users/alice/server", headers={"Authorization": f"token {token}"}, timeout=60
     )
     assert stop.status_code in (202, 204)
+
+
+def test_import_api_clones_a_private_repository_with_the_users_credential(hub, tenants, tmp_path):
+    """POST /api/imports against a git server the test starts: refusals first (4xx, nothing
+    created), then a private repository cloned with alice's stored token into a new folder, read
+    back through the file API; the token in no answer and no log."""
+    alice = hub.wait_token("alice")
+    token = "ghp_" + os.urandom(12).hex()
+    with GitServer(tmp_path / "srv", token=token) as server:
+        url = server.publish(
+            make_work_tree(tmp_path / "w", {"hello.ipynb": "{}", "README.md": "hi\n"}), "private/lab.git"
+        )
+        refusals = [
+            ({"url": "file:///etc/passwd"}, 400, "scheme"),
+            ({"url": "http://localhost:9/x.git"}, 403, "not a public address"),
+            ({"url": url, "project": "acme/nope"}, 404, "no project"),
+            ({"url": url, "extra": 1}, 400, "extra"),
+        ]
+        for body, status, words in refusals:
+            r = hub.api("POST", "/imports", alice, json=body)
+            assert r.status_code == status and words in r.json()["message"], (body, r.text)
+        assert hub.api("POST", "/imports", None, json={"url": url}).status_code in (401, 403)
+        assert hub.api("GET", "/vfolders", alice).json() == []
+
+        r = hub.api("PUT", "/import-credentials/127.0.0.1", alice, json={"token": token})
+        assert r.status_code == 200 and r.json()["host"] == "127.0.0.1" and token not in r.text, r.text
+        assert [c["host"] for c in hub.api("GET", "/import-credentials", alice).json()["items"]] == [
+            "127.0.0.1"
+        ]
+        r = hub.api("POST", "/imports", alice, json={"url": url, "project": "ml", "open": "hello.ipynb"})
+        assert r.status_code == 202, r.text
+        where = r.headers["Location"].split("/api", 1)[1]
+        deadline = time.monotonic() + 60
+        while (job := hub.api("GET", where, alice).json())["status"] not in ("done", "failed"):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.2)
+        assert job["status"] == "done", job
+        assert job["folder"]["name"] == "lab" and job["path"] == "hello.ipynb"
+        assert job["session"] == {"project": "acme/ml"}
+        assert hub.api("GET", where, hub.wait_token("bob")).status_code == 404  # another user's import
+        readme = hub.api("GET", f"/vfolders/{job['folder']['id']}/files/README.md", alice)
+        assert readme.status_code == 200 and readme.text == "hi\n"
+        assert any(auth for path, auth in server.requests if path.startswith("/private/"))
+    assert hub.api("DELETE", "/import-credentials/127.0.0.1", alice).status_code == 200
+    assert hub.api("GET", "/import-credentials", alice).json()["items"] == []
+    assert token not in hub.log_text()

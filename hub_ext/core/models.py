@@ -257,6 +257,21 @@ class Keypair(Base):
     resource_policy: Mapped[KeypairResourcePolicy] = relationship()
 
 
+class ImportCredential(Base):
+    """A user's token for one host that imports clone from (labfleet.storage.imports), encrypted like a
+    keypair's secret; never shown again once stored."""
+
+    __tablename__ = "import_credentials"
+    __table_args__ = (UniqueConstraint("user_id", "host", name="uq_import_credentials_user_host"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(String(253))
+    username: Mapped[str] = mapped_column(String(128), default="")
+    token_encrypted: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class AuditEntry(Base):
     __tablename__ = "audit_log"
     __table_args__ = (Index("ix_audit_log_timestamp", "timestamp"),)

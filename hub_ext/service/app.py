@@ -60,6 +60,8 @@ from labfleet.service.launches import Launches
 from labfleet.serving.controller import ServingController
 from labfleet.storage import hosts
 from labfleet.storage.hosts import RIGHTS
+from labfleet.storage.imports import Imports
+from labfleet.storage.importsafety import ALLOWED_HOSTS_ENV, parse_allowed
 from labfleet.storage.rescans import FolderUsage
 from labfleet.usage import enforce, overuse, records
 from labfleet.usage.metrics import Metrics
@@ -209,6 +211,26 @@ class LabfleetService(SessionLogs, Application):
     @default("vfolder_default_host")
     def _vfolder_default_host(self):
         return self.storage_hosts[0]["name"] if self.storage_hosts else ""
+
+    import_allowed_hosts = Unicode(
+        "",
+        help="""Hosts an import (Import & Run) may fetch from although they are not on the public
+        internet: host names, addresses or networks (CIDR), comma-separated. Everything that resolves
+        to loopback, link-local or a private network is refused otherwise.""",
+    ).tag(config=True, env=ALLOWED_HOSTS_ENV)
+
+    @validate("import_allowed_hosts")
+    def _check_import_allowed_hosts(self, proposal):
+        try:
+            parse_allowed(proposal["value"])
+        except LabfleetError as e:
+            raise TraitError(e.message) from None
+        return proposal["value"]
+
+    import_timeout = Integer(
+        600,
+        help="Seconds an import's fetch (a clone, a download) may take before it is stopped.",
+    ).tag(config=True, env="LABFLEET_IMPORT_TIMEOUT")
 
     vfolder_scan_interval = Integer(
         300,
@@ -434,6 +456,15 @@ class LabfleetService(SessionLogs, Application):
             self.log,
             trash_retention=self.vfolder_trash_retention,
             upload_expiry=self.vfolder_upload_expiry,
+        )
+        self.imports = Imports(
+            self.session_factory,
+            self.log,
+            box=self.secretbox,
+            allowed=lambda: parse_allowed(self.import_allowed_hosts),
+            default_host=lambda: self.vfolder_default_host or None,
+            rescan=self.folder_usage.rescan,
+            timeout=self.import_timeout,
         )
 
     def register_node(self) -> None:

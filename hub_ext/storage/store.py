@@ -509,6 +509,26 @@ class FolderStore:
         finally:
             os.close(sfd)
 
+    def place(self, src_fd: int, src_name: str, rel: str) -> bool:
+        """Move ``src_name`` (a file or a tree the service staged, its owner set already) from the
+        directory ``src_fd`` to data/<rel>, making missing parents; never replaces: False when
+        something is at data/<rel> already (the user's, left as it is)."""
+        rel = check_relpath(rel, allow_root=False)
+        with _translate(rel):
+            pfd, _, name = self._parent(rel, create=True)
+            try:
+                rename_noreplace(src_fd, src_name, pfd, name)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.close(pfd)
+
+    def open_dir(self, rel: str) -> int:
+        """An fd of the directory data/<rel> (links inside data/ followed, never out of it)."""
+        with _translate(rel):
+            return self._open_dir(rel)[0]
+
     # -- trash
 
     def trash(self, rel: str, *, by: str) -> TrashEntry:
