@@ -10,6 +10,9 @@ The session type comes from the environment the spawner set (``labfleet.session.
 
 An interactive session also reports its activity to the labfleet service (``labfleet.session.activity``), for
 the service's idle checkers.
+
+When it loads, the extension links ``~/vfolders`` to the session's folder root where the spawner says so
+(Docker, Swarm: ``labfleet.session.homelink``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .calls import SessionCalls
 from .handlers.apps import AppsHandler, link_apps
 from .handlers.fleet import FleetContext, fleet_handlers
 from .handlers.runner import InferenceProxyHandler, RunnerStateHandler
+from .homelink import link_home_folders
 from .runner import Runner, SessionEnv
 
 
@@ -75,6 +79,11 @@ class LabfleetExtension(ExtensionApp):
         self.apps = link_apps(serverapp, self.log)
 
     def initialize_settings(self) -> None:
+        try:
+            # Before the file browser can ask: ~/vfolders -> the session's folder root (Docker, Swarm).
+            link_home_folders()
+        except Exception:  # the home's state never keeps the server from starting
+            self.log.exception("labfleet: ~/vfolders could not be linked")
         self.session = SessionEnv.from_environ()
         self.calls = SessionCalls.from_environ(timeout=self.service_timeout)
         self.runner: Runner | None = None

@@ -23,6 +23,10 @@ limits and hardening win).
   spawn); the server then listens on 127.0.0.1 on a random port of the host.
 - Logs: while the container runs, its output is followed into the session's log file
   (``session_log_path``), which the labfleet service serves at ``/api/sessions/{id}/logs``.
+- Virtual folders: bind-mounted at ``/vfolders/<name>``, in a small root-owned tmpfs of the
+  container's, never inside the home; the session's server links ``~/vfolders`` there when it
+  starts (``labfleet.session.homelink``), so a home volume the user's sessions share holds neither
+  another session's mount points nor, after they stop, any of Docker's.
 - End of a session: a batch command ends the server with the command's exit code; ``poll()``
   reads it from the exited container ("ExitCode=N"), reports it to the service (which frees the
   allocation), then removes the container (``remove = True``).  Containers are kept until their
@@ -56,6 +60,7 @@ from .docker_config import (
     session_network_spec,
 )
 from .dockerlogs import follow_logs
+from .homefolders import FOLDERS_ROOT
 from .launch import LaunchSpec, Mount, mps_withheld_for, with_caps
 from .mixin import LabfleetSpawnerMixin
 
@@ -89,6 +94,7 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
     """labfleet sessions as Docker containers (see the module doc)."""
 
     lf_in_container = True
+    lf_session_links_folders = True  # folders at /vfolders/<name>, ~/vfolders links there
 
     gpu_driver = Unicode(
         "nvidia",
@@ -118,8 +124,11 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
 
     container_home = Unicode(
         "/home/jovyan",
-        help="""The session user's home inside the container: relative mount targets are under it, and
-        the session's virtual folders are mounted at `<container_home>/vfolders/<name>`.""",
+        help="""The session user's home inside the container: relative mount targets are under it. The
+        session's virtual folders are mounted at `/vfolders/<name>` (a small root-owned tmpfs of
+        the container's), and the session links `<container_home>/vfolders` there when it starts, so
+        a home volume the user's sessions share (`volumes = {"home-{username}": "/home/jovyan"}`)
+        holds no mount point of another session's.""",
     ).tag(config=True)
 
     extra_mounts: List[dict] = List(
@@ -233,6 +242,7 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
             gpu_driver=None if mock else (self.gpu_driver or None),
             user=self.container_user or None,
             image_env=image_env,
+            folders_root=FOLDERS_ROOT,
         )
 
     async def lf_prepare(self, launch: LaunchSpec) -> None:

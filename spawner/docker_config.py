@@ -12,6 +12,12 @@ client talks to the node's MPS daemon through its pipe directory and the host IP
 runs as the one numeric non-root uid the node's sessions share: never as root, never as the image's
 own user), else by the framework caps already in the spec's environment.
 
+Virtual folders: with ``folders_root`` (the Docker backend's ``/vfolders``) the container gets a
+small tmpfs there, owned by root and mode 0755, under which the folders are bind-mounted (Docker
+mounts it first: mounts go parent before child).  The root exists with no folder too, and the
+session cannot add to it; the session links ``~/vfolders`` to it (``labfleet.session.homelink``),
+so a home volume the user's sessions share never gets mount points of Docker's.
+
 Networking: a session joins ``network_name``.  ``host`` shares the host's network, its loopback
 included (the Hub's API, the labfleet service): an operator's explicit choice.  Any other name is
 a Docker bridge network for sessions (:func:`session_network_spec` makes it, :func:`network_bridge`
@@ -47,6 +53,9 @@ BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
 ICC_OPTION = "com.docker.network.bridge.enable_icc"
 MASQUERADE_OPTION = "com.docker.network.bridge.enable_ip_masquerade"
 LABEL_SESSION_NETWORK = "ai.labfleet.session-network"
+# The folders' root: a tmpfs that only holds the folders' mount points (Docker adds nosuid, nodev, noexec).
+FOLDERS_TMPFS_MODE = 0o755
+FOLDERS_TMPFS_SIZE = 2**20
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,7 @@ def container_config(
     init: bool = True,
     extra_labels: Mapping[str, str] | None = None,
     image_env: Mapping[str, str] | None = None,
+    folders_root: str | None = None,
 ) -> ContainerConfig:
     """The container for ``spec``.
 
@@ -99,6 +109,8 @@ def container_config(
       needs a numeric non-root uid (:func:`~labfleet.spawner.launch.mps_withheld_for`).
     - ``image_env``: the image's own environment (:func:`image_environment`): a container's variable
       replaces the image's, so PyTorch's allocator setting of the image is merged under the cap here.
+    - ``folders_root``: where the spec's virtual folders are mounted (``/vfolders``): a root-owned
+      tmpfs of the container's there (see the module doc); None: none.
 
     Raises ValueError for a spec a container cannot express.
     """
@@ -123,6 +135,8 @@ def container_config(
         raise ValueError("the spec limits a device fraction with MPS, but no MPS pipe directory is given")
     if mps_pipe_dir is not None and not mps_pipe_dir.startswith("/"):
         raise ValueError(f"the MPS pipe directory must be an absolute path, not {mps_pipe_dir!r}")
+    if folders_root is not None and (not folders_root.startswith("/") or folders_root.rstrip("/") == ""):
+        raise ValueError(f"the folders' root must be an absolute path other than /, not {folders_root!r}")
     withheld = mps_withheld_for(user) if use_mps else None
     if withheld:
         # The spawner withholds MPS from such a session (LabfleetSpawnerMixin.lf_mps_withheld).
@@ -154,6 +168,11 @@ def container_config(
         "port_bindings": None,
         "init": init,
     }
+    if folders_root is not None:
+        root = folders_root.rstrip("/")
+        if root in targets:
+            raise ValueError(f"a mount covers the folders' root {root}")
+        host_config["tmpfs"] = {root: f"mode={FOLDERS_TMPFS_MODE:04o},size={FOLDERS_TMPFS_SIZE}"}
     if spec.mem is not None:
         # No swap beyond the limit (ignored by kernels without swap accounting).
         host_config["memswap_limit"] = spec.mem

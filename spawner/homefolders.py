@@ -13,6 +13,14 @@ user planted is moved like any file and never followed by the Hub (which may be 
 deleted but empty directories (the old mount points) and the link this module made; anything
 else found in the old ``~/vfolders`` is moved aside to ``~/vfolders-moved-aside-<time>/`` and
 reported.
+
+Docker and Swarm sessions mount their folders at :data:`FOLDERS_ROOT` too (a small root-owned
+tmpfs of the container's) and make the link themselves when their server starts
+(``labfleet.session.homelink``, told by :data:`FOLDERS_ROOT_ENV` and :data:`FOLDERS_TIDY_ENV`).
+There this module runs as the session's unprivileged user, and an old ``~/vfolders`` that Docker
+made in a shared home volume holds mount points owned by root (``vfolders`` itself too), which
+that user cannot remove: the whole ``~/vfolders`` is then renamed aside in the home (a rename in
+the same directory needs no write permission on the directory moved) and reported.
 """
 
 from __future__ import annotations
@@ -25,8 +33,11 @@ from dataclasses import dataclass, field
 
 from .launch import VFOLDERS_DIR
 
-FOLDERS_ROOT = "/vfolders"  # inside a sandboxed local session: its folders' mounts, and nothing else
+FOLDERS_ROOT = "/vfolders"  # inside a session: its folders' mounts, and nothing else
 ASIDE_PREFIX = "vfolders-moved-aside-"
+# Set by the Docker and Swarm backends, read by the session's server extension (labfleet.session.homelink):
+FOLDERS_ROOT_ENV = "LABFLEET_FOLDERS_ROOT"  # where the session's folders are mounted: link ~/vfolders there
+FOLDERS_TIDY_ENV = "LABFLEET_FOLDERS_TIDY"  # "1": no other server of the user runs, an old ~/vfolders may go
 
 
 @dataclass
@@ -59,6 +70,7 @@ class _Aside:
         self.stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(when))
         self.name = ""
         self.fd: int | None = None
+        self.moved = 0  # entries moved into it
 
     def open(self) -> int:
         if self.fd is None:
@@ -79,7 +91,45 @@ class _Aside:
 
     def move(self, name: str, from_fd: int, shown: str, out: Tidied) -> None:
         os.rename(name, name, src_dir_fd=from_fd, dst_dir_fd=self.open())
+        self.moved += 1
         out.moved.append(f"{shown} -> {self.name}/{name}")
+
+    def rename_whole(self, out: Tidied) -> None:
+        """``~/vfolders`` itself, renamed to ``~/vfolders-moved-aside-<time>[-n]`` beside it.
+
+        For an old ``~/vfolders`` the caller may not change (root's mount points, made by Docker in
+        a shared home): renaming a directory within its parent needs write permission on the
+        parent only, where moving it into another directory would need it on the directory too
+        (its ``..`` changes).  The name is taken first with an empty directory of ours, which the
+        rename then replaces: nothing of the user's is ever replaced (a rename onto a directory
+        that is not empty fails)."""
+        if self.fd is not None and not self.moved:
+            # Made for a first move that failed: still empty, and ours; the rename takes its name.
+            os.close(self.fd)
+            self.fd = None
+            try:
+                os.rename(VFOLDERS_DIR, self.name, src_dir_fd=self.home_fd, dst_dir_fd=self.home_fd)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):  # else something was put there meanwhile
+                    os.rmdir(self.name, dir_fd=self.home_fd)  # still our empty one
+                    raise
+            else:
+                out.moved.append(f"{VFOLDERS_DIR} -> {self.name}")
+                return
+        for n in range(100):
+            name = ASIDE_PREFIX + self.stamp + (f"-{n}" if n else "")
+            try:
+                os.mkdir(name, 0o700, dir_fd=self.home_fd)
+            except FileExistsError:
+                continue
+            try:
+                os.rename(VFOLDERS_DIR, name, src_dir_fd=self.home_fd, dst_dir_fd=self.home_fd)
+            except OSError:
+                os.rmdir(name, dir_fd=self.home_fd)  # still our empty one
+                raise
+            out.moved.append(f"{VFOLDERS_DIR} -> {name}")
+            return
+        raise OSError(errno.EEXIST, "no free name to move the old folders aside")
 
     def close(self) -> None:
         if self.fd is not None:
@@ -109,8 +159,11 @@ def link_folders(
             return out
         try:
             if st is not None and stat.S_ISDIR(st.st_mode):
-                _clear(home_fd, aside, out)
-                os.rmdir(VFOLDERS_DIR, dir_fd=home_fd)
+                try:
+                    _clear(home_fd, aside, out)
+                    os.rmdir(VFOLDERS_DIR, dir_fd=home_fd)
+                except PermissionError:  # EACCES, EPERM: e.g. root's mount points, made by Docker
+                    aside.rename_whole(out)
             elif st is not None:  # a file or a link of the user's own: moved as it is, never followed
                 aside.move(VFOLDERS_DIR, home_fd, VFOLDERS_DIR, out)
         except OSError as e:  # busy (a mount on the host), or changed under us: left for next time

@@ -283,15 +283,6 @@ class LabfleetLocalSpawner(LabfleetSpawnerMixin, SimpleLocalProcessSpawner):
         # root of its own, which ~/vfolders links to (labfleet.spawner.homefolders).
         return FOLDERS_ROOT if self._bwrap() else super().lf_folders_dir()
 
-    def _lf_other_servers_running(self) -> bool:
-        """Whether another server of the user runs (or starts): it may use what is in the home."""
-        spawners = getattr(getattr(self, "user", None), "spawners", None)
-        if not isinstance(spawners, dict):  # JupyterHub's is a dict of the user's servers by name
-            return False
-        return any(
-            s is not self and s.active and not getattr(s, "_stop_pending", False) for s in spawners.values()
-        )
-
     def _lf_link_folders(self, home: Path) -> None:
         """``~/vfolders`` as the link to the sandbox's folder root; an old one cleared, what was in
         it moved aside and said in the Hub's log and the session's."""

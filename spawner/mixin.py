@@ -16,10 +16,14 @@ LocalProcessSpawner)``).  It
    its allocation again.
 
 Backends implement ``lf_prepare`` (apply the LaunchSpec to themselves) and
-``lf_session_home`` (where the session's virtual folders go: ``<home>/vfolders/<name>``), and may
-override ``lf_mounts`` (their own mounts), ``lf_exit_code``, ``lf_in_container`` and
+``lf_session_home`` (the session's home, where ``~/vfolders`` shows its virtual folders), and may
+override ``lf_mounts`` (their own mounts), ``lf_exit_code``, ``lf_in_container``,
 ``lf_mps_withheld`` (why their sessions may not reach the node's MPS daemon: they do not run as one
-non-root uid).
+non-root uid) and ``lf_folders_dir`` (where the folders are mounted).  A backend that sets
+``lf_session_links_folders`` (Docker, Swarm) mounts the folders at ``/vfolders/<name>``, never
+inside the home, and the session links ``~/vfolders`` there itself when it starts
+(:mod:`labfleet.spawner.homefolders`): a home the user's sessions share (a volume per user) then
+never holds another session's mount points.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from labfleet.core.vocab import FINAL_STATUSES, PENDING
 from labfleet.hub.client import LabfleetServiceClient
 
 from . import form
+from .homefolders import FOLDERS_ROOT, FOLDERS_ROOT_ENV, FOLDERS_TIDY_ENV
 from .launch import VFOLDERS_DIR, LaunchSpec, Mount, build_launch, vfolder_mounts, with_caps
 from .options import OptionsError, SessionOptions, options_from_form, parse_options
 from .sessionnet import DEFAULT_DENY
@@ -94,6 +99,9 @@ class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
 
     # Set by backends that run the server in a container (device numbering restarts at 0 there).
     lf_in_container = False
+    # Set by backends whose sessions mount their folders at FOLDERS_ROOT and link ~/vfolders there
+    # themselves when their server starts (labfleet.session.homelink): Docker and Swarm.
+    lf_session_links_folders = False
 
     service_timeout = Float(
         10.0, help="Seconds to wait for one answer of the labfleet service before the spawn fails."
@@ -330,9 +338,22 @@ class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
         raise NotImplementedError(f"{type(self).__name__} does not say where the session's home is")
 
     def lf_folders_dir(self) -> str:
-        """Where the session's virtual folders are mounted, inside the session: ``<home>/vfolders``
-        (a backend whose sessions share a home on the host mounts them elsewhere and links there)."""
+        """Where the session's virtual folders are mounted, inside the session: ``<home>/vfolders``,
+        or :data:`~labfleet.spawner.homefolders.FOLDERS_ROOT` for a backend whose sessions link
+        ``~/vfolders`` there (``lf_session_links_folders``; a sandboxed local session too): a home
+        that the user's sessions share then never holds a mount point."""
+        if self.lf_session_links_folders:
+            return FOLDERS_ROOT
         return f"{self.lf_session_home().rstrip('/')}/{VFOLDERS_DIR}"
+
+    def _lf_other_servers_running(self) -> bool:
+        """Whether another server of the user runs (or starts): it may use what is in the home."""
+        spawners = getattr(getattr(self, "user", None), "spawners", None)
+        if not isinstance(spawners, dict):  # JupyterHub's is a dict of the user's servers by name
+            return False
+        return any(
+            s is not self and s.active and not getattr(s, "_stop_pending", False) for s in spawners.values()
+        )
 
     def lf_session_mounts(self, session: dict[str, Any], options: SessionOptions) -> tuple[Mount, ...]:
         """The backend's mounts, then the virtual folders the service mounts for the placed session."""
@@ -538,6 +559,11 @@ class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
             env["LABFLEET_VFOLDER_DIR"] = f"{self.lf_session_home().rstrip('/')}/{VFOLDERS_DIR}"
         except NotImplementedError:
             pass
+        if self.lf_session_links_folders:
+            # The session links ~/vfolders to its folders' root; an old ~/vfolders is cleared only
+            # when no other server of the user runs (it may still use what is there).
+            env[FOLDERS_ROOT_ENV] = FOLDERS_ROOT
+            env[FOLDERS_TIDY_ENV] = "0" if self._lf_other_servers_running() else "1"
         if self.lf_own_pid_namespace():
             env["LABFLEET_PID_NAMESPACE"] = "own"
         # How often the session reports its activity to the service (which reads the same variable).

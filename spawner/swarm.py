@@ -24,6 +24,9 @@ pure :func:`labfleet.spawner.swarm_config.service_config`.
   mixin reports it and frees the allocation, and the ended service is removed then (the Hub calls
   ``stop()``, which removes it otherwise, only for a server still running).
 - Logs: the service's output is followed into the session's log file while it runs.
+- Virtual folders: mounted at ``/vfolders/<name>`` in a small root-owned tmpfs of the task's, never
+  inside the home; the session's server links ``~/vfolders`` there when it starts
+  (``labfleet.session.homelink``), as in the Docker backend.
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ from . import swarmnet
 from .docker import lf_image_env
 from .docker_config import gateway_environment
 from .dockerlogs import follow_logs
+from .homefolders import FOLDERS_ROOT
 from .launch import LaunchSpec, with_caps
 from .launch import Mount as LaunchMount
 from .mixin import LabfleetSpawnerMixin
 from .options import SessionOptions
-from .swarm_config import SERVER_PORT, ServiceConfig, published_port, service_config
+from .swarm_config import SERVER_PORT, ServiceConfig, ServiceMount, published_port, service_config
 
 SWARM_NO_MPS = (
     "the swarm backend cannot share the node's IPC namespace with its MPS daemon "
@@ -83,6 +87,7 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
     """labfleet sessions as Docker Swarm services (see the module doc)."""
 
     lf_in_container = True
+    lf_session_links_folders = True  # folders at /vfolders/<name>, ~/vfolders links there
 
     container_user = Unicode(
         "1000:1000",
@@ -96,8 +101,10 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
 
     container_home = Unicode(
         "/home/jovyan",
-        help="""The session user's home inside the container; virtual folders are mounted at
-        `<container_home>/vfolders/<name>`.""",
+        help="""The session user's home inside the container. Virtual folders are mounted at
+        `/vfolders/<name>` (a small root-owned tmpfs of the container's), and the session links
+        `<container_home>/vfolders` there when it starts: a home volume the user's sessions share
+        holds no mount point of another session's.""",
     ).tag(config=True)
 
     extra_mounts: List[Any] = List(
@@ -232,6 +239,7 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
             user=self.container_user or None,
             reserve=self.reserve_resources != "no",
             image_env=image_env,
+            folders_root=FOLDERS_ROOT,
         )
 
     async def lf_prepare(self, launch: LaunchSpec) -> None:
@@ -312,10 +320,7 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
             "image": self.image,
             "env": self.get_env(),
             "args": await self.get_command(),
-            "mounts": [
-                Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
-                for m in cfg.mounts
-            ],
+            "mounts": [_mount(m) for m in cfg.mounts],
             **cfg.container_spec,
         }
         container_kwargs.update(self.extra_container_spec)
@@ -445,6 +450,15 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
     async def stop(self, now: bool = False):
         await super().stop(now=now)
         self._lf_container = None
+
+
+def _mount(m: ServiceMount) -> Mount:
+    """docker-py's Mount of a ServiceMount: a bind, or a tmpfs (the folders' root)."""
+    if m.type == "tmpfs":
+        return Mount(
+            target=m.target, source=None, type="tmpfs", tmpfs_mode=m.tmpfs_mode, tmpfs_size=m.tmpfs_size
+        )
+    return Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
 
 
 def _endpoint_kwargs(endpoint: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,9 @@ and :func:`service_config` pins the service to that node and names the devices.
   host IPC namespace (which MPS clients use) are not service options on engines before API 1.44 /
   at all: they are left out (listed in ``dropped``).
 - **Mounts**: bind mounts of the same host paths as the Docker backend: every node must mount the
-  storage at the same place (a shared filesystem).
+  storage at the same place (a shared filesystem).  With ``folders_root`` (``/vfolders``, where the
+  spawner mounts the virtual folders) a tmpfs mount there, root-owned and mode 0755, as the Docker
+  backend's: the folders' mount points are made in it, never in the home.
 - **Network**: ``host``: the server listens on the node's ``address`` label, on the node's network;
   or the sessions' Swarm network (:mod:`labfleet.spawner.swarmnet`), where it listens on port
   :data:`SERVER_PORT` of its container, which the node publishes (host mode: on that node only, on
@@ -36,7 +38,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .docker_config import LABEL_PROJECT, LABEL_SESSION_ID, LABEL_USER, container_config
+from .docker_config import (
+    FOLDERS_TMPFS_MODE,
+    FOLDERS_TMPFS_SIZE,
+    LABEL_PROJECT,
+    LABEL_SESSION_ID,
+    LABEL_USER,
+    container_config,
+)
 from .launch import LaunchSpec
 
 NODE_ID_LABEL = "swarm.node_id"
@@ -56,11 +65,15 @@ UNSUPPORTED = ("security_opt", "memswap_limit", "ipc_mode", "device_requests")
 
 @dataclass(frozen=True)
 class ServiceMount:
-    """A bind mount of the service (docker-py's ``Mount(target, source, type="bind", read_only)``)."""
+    """A mount of the service: a bind (docker-py's ``Mount(target, source, type="bind", read_only)``)
+    or a tmpfs (``source`` empty, ``tmpfs_mode`` and ``tmpfs_size`` set)."""
 
     source: str
     target: str
     read_only: bool
+    type: str = "bind"
+    tmpfs_mode: int | None = None
+    tmpfs_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -131,13 +144,15 @@ def service_config(
     reserve: bool = True,
     extra_labels: Mapping[str, str] | None = None,
     image_env: Mapping[str, str] | None = None,
+    folders_root: str | None = None,
 ) -> ServiceConfig:
     """The Swarm service for ``spec`` on the node whose labfleet labels are ``node_labels``.
 
     ``network_name``: ``host`` or the sessions' Swarm network; ``mps_pipe_dir``: the
     nodes' MPS pipe directory (a fraction limited with MPS needs it); ``user``: ``uid:gid`` (a
     fraction limited with MPS needs a numeric uid other than 0, as in the Docker backend);
-    ``reserve``: also reserve the CPU and memory (Swarm's scheduler then refuses to overcommit).
+    ``reserve``: also reserve the CPU and memory (Swarm's scheduler then refuses to overcommit);
+    ``folders_root``: where the spec's virtual folders are mounted (a tmpfs of the service's there).
     Raises ValueError for a spec or node a service cannot express.
     """
     node_id, address = node_placement(node_labels, spec.node)
@@ -151,6 +166,7 @@ def service_config(
         init=init,
         extra_labels=extra_labels,
         image_env=image_env,
+        folders_root=folders_root,
     )
     host = cfg.extra_host_config
     env = dict(cfg.environment)
@@ -161,6 +177,18 @@ def service_config(
         ServiceMount(source=source, target=bind["bind"], read_only=bind["mode"] == "ro")
         for source, bind in cfg.volumes.items()
     ]
+    for target in host.get("tmpfs") or {}:  # the folders' root (Docker mounts it before the binds in it)
+        mounts.insert(
+            0,
+            ServiceMount(
+                source="",
+                target=target,
+                read_only=False,
+                type="tmpfs",
+                tmpfs_mode=FOLDERS_TMPFS_MODE,
+                tmpfs_size=FOLDERS_TMPFS_SIZE,
+            ),
+        )
     limits: dict[str, Any] = {"Pids": int(host["pids_limit"])}
     reservations: dict[str, Any] = {}
     if cfg.cpu_limit is not None:

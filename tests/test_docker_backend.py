@@ -136,11 +136,16 @@ c.LabfleetDockerSpawner.extra_mounts = [
 ]
 # Servers "m" and "n" limit their fraction with MPS (the mock node runs no daemon: its pipe folder
 # is the test's); "n" runs as its image's own user, from whom MPS is withheld.
+# Servers "v" and "w" share one home volume per user (DockerSpawner's common pattern), with no
+# mount of the deployment's inside it.
 def _mps_servers(spawner):
     if spawner.name in ("m", "n"):
         spawner.mps = "yes"
         spawner.mps_pipe_dir = {str(mps_pipe)!r}
         spawner.container_user = "" if spawner.name == "n" else "1000:1000"
+    if spawner.name in ("v", "w"):
+        spawner.volumes = {{"{prefix}-home-{{username}}": "/home/jovyan"}}
+        spawner.extra_mounts = []
 c.Spawner.pre_spawn_hook = _mps_servers
 """
     hub = _start_docker_hub(state, extra)
@@ -161,11 +166,13 @@ c.Spawner.pre_spawn_hook = _mps_servers
         yield box
     finally:
         hub = box["hub"]  # a test may have restarted it
-        for server in ("a", "b", "r", "m", "n"):
+        for server in ("a", "b", "r", "m", "n", "v", "w"):
             hub.hub_api("DELETE", f"/users/alice/servers/{server}")
         hub.stop()
         for c in engine.containers.list(all=True, filters={"name": prefix}):
             c.remove(force=True)
+        for v in engine.volumes.list(filters={"name": prefix}):
+            v.remove(force=True)
         if outside is not None:
             remove_outside_network(outside[0], outside[2])
         remove_docker_session_network(NETWORK, BRIDGE)
@@ -642,9 +649,34 @@ def test_hub_restart_keeps_the_container_its_allocation_and_its_log(env, engine)
         time.sleep(0.3)
 
 
-def test_vfolders_in_containers_ro_rw_and_shared(env, engine):
+def _in_volume(engine, volume: str, script: str) -> str:
+    """``script`` as root in a throwaway container with ``volume`` at /h (no network)."""
+    out = engine.containers.run(
+        IMAGE,
+        ["bash", "-c", script],
+        user="0:0",
+        network_mode="none",
+        volumes={volume: {"bind": "/h", "mode": "rw"}},
+        remove=True,
+    )
+    return out.decode(errors="replace")
+
+
+def test_vfolders_in_containers_ro_rw_shared_and_never_split_in_a_shared_home(env, engine):
+    """Two sessions of alice share one home volume ("v", "w"): each sees its own folders through
+    ~/vfolders -> /vfolders (a root-owned tmpfs of its container's), a folder of one never shows up
+    in the other, and Docker leaves no mount point in the volume. The volume holds what the old
+    layout left (Docker's root-owned ~/vfolders/x, a file of the user's in it): moved aside whole by
+    the first session, and said in its log."""
     hub, alice = env["hub"], env["alice"]
     _register_image(env)
+    volume = f"{env['prefix']}-home-alice"
+    _in_volume(
+        engine,
+        volume,
+        "mkdir -p /h/vfolders/x && echo keep > /h/vfolders/notes.txt && echo mine > /h/work.txt"
+        " && chown 1000:1000 /h /h/work.txt /h/vfolders/notes.txt",
+    )
     folders = {}
     for name in ("shared-rw", "shared-ro", ".dot"):
         r = hub.api("POST", "/vfolders", alice, json={"name": name})
@@ -668,49 +700,108 @@ def test_vfolders_in_containers_ro_rw_and_shared(env, engine):
     )
 
     options = {"project": "ml", "image": IMAGE, "cpu": 0.5, "mem": "512m", "vfolders": ["shared-rw", "team"]}
-    assert _spawn(hub, "a", options).status_code in (201, 202)
-    _wait_ready(hub, "a")
-    s1 = _session(hub, alice, "a")
+    assert _spawn(hub, "v", options).status_code in (201, 202)
+    _wait_ready(hub, "v")
+    s1 = _session(hub, alice, "v")
     assert {m["name"]: m["permission"] for m in s1["mounts"]} == {
         "shared-rw": "wd",
         "team": "ro",
         ".dot": "wd",
     }
     c1 = _container(engine, s1["id"])
+    info = engine.api.inspect_container(c1.id)
+    # The folders under /vfolders, a root-owned tmpfs of the container's; nothing mounted in the home
+    # but the home itself.
+    assert info["HostConfig"]["Tmpfs"] == {"/vfolders": "mode=0755,size=1048576"}
+    binds = {m["Destination"]: m for m in info["Mounts"]}
+    assert sorted(binds) == ["/home/jovyan", "/vfolders/.dot", "/vfolders/shared-rw", "/vfolders/team"]
+    assert binds["/home/jovyan"]["Name"] == volume
+    env1 = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env1["LABFLEET_FOLDERS_ROOT"] == "/vfolders" and env1["LABFLEET_FOLDERS_TIDY"] == "1"
+    code, out = _exec(c1, "readlink ~/vfolders; stat -c '%U %a' /vfolders; ls -a ~/vfolders/")
+    assert code == 0 and out.split() == [
+        "/vfolders",
+        "root",
+        "755",
+        ".",
+        "..",
+        ".dot",
+        "shared-rw",
+        "team",
+    ], out
     code, out = _exec(c1, "cat ~/vfolders/team/given.txt && touch ~/vfolders/team/new.txt")
     assert code != 0 and "team file" in out and "Read-only file system" in out, out
-    code, out = _exec(c1, "echo from-a > ~/vfolders/shared-rw/note.txt && ls -a ~/vfolders")
-    assert code == 0 and ".dot" in out, out
+    code, out = _exec(c1, "echo from-a > ~/vfolders/shared-rw/note.txt && mkdir ~/vfolders/mine")
+    assert code != 0 and "Permission denied" in out, out  # the root takes nothing of the session's
+    # Written through ~/vfolders: in the folder's directory on the host, and through the API.
+    assert Path(binds["/vfolders/shared-rw"]["Source"], "note.txt").read_text() == "from-a\n"
     r = hub.api("GET", f"/vfolders/{folders['shared-rw']}/files/note.txt", alice)
     assert r.status_code == 200 and r.content == b"from-a\n"
+    # The old ~/vfolders (root's mount point, the user's file) moved aside whole, the rest kept.
+    code, out = _exec(
+        c1,
+        "cd ~ && ls -d vfolders-moved-aside-*; cat vfolders-moved-aside-*/notes.txt work.txt; "
+        "ls vfolders-moved-aside-*/",
+    )
+    assert code == 0, out
+    aside, *rest = out.split()
+    assert aside.startswith("vfolders-moved-aside-") and rest == ["keep", "mine", "notes.txt", "x"], out
+    deadline = time.monotonic() + 20
+    said = f"labfleet: moved aside in the home: vfolders -> {aside} (in /home/jovyan)"
+    while said not in (logs := hub.api("GET", f"/sessions/{s1['id']}/logs", alice).text):
+        assert time.monotonic() < deadline, logs[-3000:]
+        time.sleep(0.3)
 
-    # Another container of the same folder reads it, and what the API uploaded is writable there.
+    # Another session of the same home and folder: it reads what the first wrote, and what the API
+    # uploaded is writable there; the folder only the first mounts is nowhere in it.
     assert _spawn(
         hub,
-        "b",
+        "w",
         {"project": "ml", "image": IMAGE, "cpu": 0.5, "mem": "512m", "vfolders": [folders["shared-rw"]]},
     ).status_code in (
         201,
         202,
     )
-    _wait_ready(hub, "b")
-    c2 = _container(engine, _session(hub, alice, "b")["id"])
+    _wait_ready(hub, "w")
+    s2 = _session(hub, alice, "w")
+    c2 = _container(engine, s2["id"])
+    env2 = dict(e.split("=", 1) for e in engine.api.inspect_container(c2.id)["Config"]["Env"])
+    assert env2["LABFLEET_FOLDERS_TIDY"] == "0"  # the first runs: an old ~/vfolders would stay
     assert (
         hub.api("PUT", f"/vfolders/{folders['shared-rw']}/files/api.txt", alice, data=b"api").status_code
         == 201
     )
     code, out = _exec(c2, "cat ~/vfolders/shared-rw/note.txt && echo more >> ~/vfolders/shared-rw/api.txt")
     assert code == 0 and "from-a" in out, out
+    code, out = _exec(c2, "readlink ~/vfolders; ls -a ~/vfolders/; test -e ~/vfolders/team; echo team=$?")
+    assert out.split() == ["/vfolders", ".", "..", ".dot", "shared-rw", "team=1"], out
+    code, out = _exec(c1, "ls ~/vfolders/team")  # the first still sees its own
+    assert code == 0 and out.split() == ["given.txt"], out
 
     # Two sessions on one network: the host (the proxy) reaches each server, neither reaches the other.
     a1, a2 = _address(engine, c1), _address(engine, c2)
-    assert requests.get(f"http://{a1}:8888/user/alice/a/api", timeout=10).status_code == 200
-    assert requests.get(f"http://{a2}:8888/user/alice/b/api", timeout=10).status_code == 200
+    assert requests.get(f"http://{a1}:8888/user/alice/v/api", timeout=10).status_code == 200
+    assert requests.get(f"http://{a2}:8888/user/alice/w/api", timeout=10).status_code == 200
     tries = "import socket\nfor h in {!r}:\n try:\n  socket.create_connection((h, 8888), 3); print(h, 'connected')\n except OSError as e: print(h, e)"
     for container, other in ((c2, a1), (c1, a2)):
         r = container.exec_run(["python3", "-c", tries.format([other])])
         out = r.output.decode(errors="replace")
         assert r.exit_code == 0 and "connected" not in out and other in out, out
-    for server in ("a", "b"):
+    for server in ("v", "w"):
         hub.hub_api("DELETE", f"/users/alice/servers/{server}")
-    _wait_status(hub, alice, s1["id"], ("TERMINATED",))
+    for s in (s1, s2):
+        _wait_status(hub, alice, s["id"], ("TERMINATED",))
+    deadline = time.monotonic() + 30
+    for s in (s1, s2):
+        while engine.containers.list(all=True, filters={"label": f"ai.labfleet.session-id={s['id']}"}):
+            assert time.monotonic() < deadline, "the stopped sessions' containers were not removed"
+            time.sleep(0.3)
+    # Both gone: the volume holds the link, the user's files and the aside folder, and nothing of
+    # root's (no mount point of Docker's) outside the aside folder.
+    out = _in_volume(
+        engine,
+        volume,
+        "readlink /h/vfolders; ls -A /h | grep -v '^[.]'; echo root-owned:;"
+        " find /h -path '/h/vfolders-moved-aside-*' -prune -o -user root -print",
+    )
+    assert out.split() == ["/vfolders", "vfolders", aside, "work.txt", "root-owned:"], out

@@ -388,6 +388,18 @@ def test_folder_written_on_node_1_is_read_on_node_2(env, nodes, engines):
     assert code == 0 and out.strip() == "ok", out
     code, out = _exec(_container(two, reader["id"]), "cat ~/vfolders/shared/note.txt")
     assert code == 0 and out.strip() == "written-on-node-1", out
+    # The folder is mounted at /vfolders/shared, in a root-owned tmpfs of the task's, and the session
+    # linked ~/vfolders there itself: nothing of the mount is made in the home.
+    mounts = _service(engines, "w").attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"]
+    assert [(m["Type"], m["Target"]) for m in mounts] == [
+        ("tmpfs", "/vfolders"),
+        ("bind", "/vfolders/shared"),
+    ]
+    assert mounts[0]["TmpfsOptions"] == {"SizeBytes": 2**20, "Mode": 0o755}
+    code, out = _exec(
+        _container(two, reader["id"]), "readlink ~/vfolders; stat -c '%U %a' /vfolders; ls -A /vfolders"
+    )
+    assert code == 0 and out.split() == ["/vfolders", "root", "755", "shared"], out
     _stop(env, "w")
     _stop(env, "r")
 

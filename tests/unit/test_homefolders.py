@@ -132,3 +132,139 @@ def test_the_sandbox_mounts_folders_in_a_tmpfs_of_its_own_made_read_only_once_th
     # Without folders the root is there all the same: ~/vfolders never dangles into the home.
     bare = " ".join(sandbox_command("bwrap", SandboxSpec(home="/h/alice", folders_root=FOLDERS_ROOT)))
     assert f"--tmpfs {FOLDERS_ROOT}" in bare and f"--remount-ro {FOLDERS_ROOT}" in bare
+
+
+# ------------------------------------------------------------------ an old ~/vfolders the user cannot clear
+
+NOBODY = 65534
+
+
+def _unprivileged(home: Path) -> tuple[int, int] | None:
+    """The (uid, gid) that runs link_folders below: nobody when the test runs as root (root could clear
+    anything), else None (the test's own user, kept out by the modes)."""
+    if os.geteuid() != 0:
+        return None
+    os.chown(home, NOBODY, NOBODY)
+    return NOBODY, NOBODY
+
+
+def _link_as(account: tuple[int, int] | None, home: Path, **kw):
+    """link_folders(home) as ``account`` (a forked child that drops to it), else here."""
+    if account is None:
+        return link_folders(str(home), **kw)
+    import json
+    from dataclasses import asdict
+
+    from labfleet.spawner.homefolders import Tidied
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(account[1])
+            os.setuid(account[0])
+            out = link_folders(str(home), **kw)
+            os.write(write, json.dumps(asdict(out)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        raw = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and raw, "link_folders failed in the child"
+    return Tidied(**json.loads(raw))
+
+
+@pytest.fixture
+def open_home():
+    """A home the unprivileged child can reach (pytest's tmp dirs are 0700 root's)."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="lf-homefolders-"))
+    os.chmod(base, 0o711)
+    h = base / "alice"
+    h.mkdir()
+    yield h
+    for dirpath, dirnames, _ in os.walk(base):  # as the test user: give back what the modes took
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+    shutil.rmtree(base)
+
+
+def test_an_old_vfolders_of_roots_mount_points_is_renamed_aside_whole_and_nothing_is_deleted(open_home):
+    """What Docker leaves in a shared home volume: ``vfolders`` and its mount points made by root
+    (0755), which the session's user cannot empty. Renamed aside within the home instead (no write
+    permission on it needed), beside an earlier aside folder of the same second, which stays."""
+    home = open_home
+    account = _unprivileged(home)
+    old = home / "vfolders"
+    (old / "x").mkdir(parents=True)  # an empty mount point
+    (old / "split").mkdir()
+    (old / "split" / "results.csv").write_text("the user's, written before the folder split")
+    (old / "notes.txt").write_text("the user's own")  # tried first: the aside folder made for it is used
+    (home / ASIDE).mkdir()  # an earlier aside folder: kept as it is
+    (home / ASIDE / "earlier").write_text("from an earlier tidy")
+    if account is None:
+        os.chmod(old, 0o555)  # the test's own user may not change it either
+    else:
+        os.chown(home / ASIDE, *account)
+        os.chown(home / ASIDE / "earlier", *account)
+    tidied = _link_as(account, home, now=NOW)
+    assert tidied.linked and not tidied.left, tidied
+    assert tidied.moved == [f"vfolders -> {ASIDE}-1"] and tidied.removed == 0
+    assert os.readlink(home / "vfolders") == FOLDERS_ROOT
+    assert _tree(home) == {
+        "vfolders": f"-> {FOLDERS_ROOT}",
+        ASIDE: "/",
+        f"{ASIDE}/earlier": "from an earlier tidy",
+        f"{ASIDE}-1": "/",
+        f"{ASIDE}-1/notes.txt": "the user's own",
+        f"{ASIDE}-1/x": "/",
+        f"{ASIDE}-1/split": "/",
+        f"{ASIDE}-1/split/results.csv": "the user's, written before the folder split",
+    }
+
+
+def test_a_root_owned_mount_point_that_is_not_empty_sends_the_whole_old_vfolders_aside(open_home):
+    """``vfolders`` is the user's, but a mount point inside it is root's and holds a nested one: it
+    cannot be moved into another folder (its ``..`` would change), so the whole ``vfolders`` goes."""
+    home = open_home
+    account = _unprivileged(home)
+    old = home / "vfolders"
+    (old / "outer" / "inner").mkdir(parents=True)
+    (old / "notes.txt").write_text("the user's own")
+    if account is None:
+        os.chmod(old / "outer", 0o555)
+    else:
+        os.chown(old, *account)
+        os.chown(old / "notes.txt", *account)
+    tidied = _link_as(account, home, now=NOW)
+    assert tidied.linked and not tidied.left, tidied
+    # The user's file went first (into the aside folder), then the rest, whole, beside it.
+    assert tidied.moved == [f"vfolders/notes.txt -> {ASIDE}/notes.txt", f"vfolders -> {ASIDE}-1"]
+    assert _tree(home) == {
+        "vfolders": f"-> {FOLDERS_ROOT}",
+        ASIDE: "/",
+        f"{ASIDE}/notes.txt": "the user's own",
+        f"{ASIDE}-1": "/",
+        f"{ASIDE}-1/outer": "/",
+        f"{ASIDE}-1/outer/inner": "/",
+    }
+
+
+def test_a_home_the_user_may_not_write_is_left_as_it_is_with_the_reason(open_home):
+    home = open_home
+    account = _unprivileged(home)
+    (home / "vfolders" / "x").mkdir(parents=True)
+    os.chmod(home, 0o555)  # not even the home may change (a read-only home)
+    if account is None:
+        os.chmod(home / "vfolders", 0o555)
+    tidied = _link_as(account, home, now=NOW)
+    assert not tidied.linked and tidied.moved == []
+    assert tidied.left == "~/vfolders could not be cleared: Permission denied"
+    assert _tree(home) == {"vfolders": "/", "vfolders/x": "/"}

@@ -347,9 +347,9 @@ def test_sandboxed_ro_folder_is_read_only_and_rw_is_writable(tmp_path):
     assert sorted(p.name for p in home.iterdir()) == ["vfolders"]  # nothing else made in the home
 
 
-def test_docker_mounts_folders_under_the_container_home_as_binds():
+def test_docker_mounts_folders_under_their_own_root_as_binds_never_in_the_home():
     sp = LabfleetDockerSpawner(user=mock.Mock(), container_home="/home/jovyan/")
-    assert sp.lf_session_home() == "/home/jovyan/"
+    assert sp.lf_session_home() == "/home/jovyan/" and sp.lf_folders_dir() == FOLDERS_ROOT
     session = _session(
         mounts=[
             _mount("ref", "/srv/vf/ref", "ro"),
@@ -359,11 +359,15 @@ def test_docker_mounts_folders_under_the_container_home_as_binds():
     )
     options = parse_options({"project": "ml", "image": "repo/x:1"})
     spec = build_launch(session, options, mounts=sp.lf_session_mounts(session, options), in_container=True)
-    assert container_config(spec).volumes == {
-        "/srv/vf/ref": {"bind": "/home/jovyan/vfolders/ref", "mode": "ro"},
-        "/srv/vf/work": {"bind": "/home/jovyan/vfolders/work", "mode": "rw"},
-        "/srv/vf/scratch": {"bind": "/home/jovyan/vfolders/scratch", "mode": "rw"},
+    cfg = sp.lf_container_config(spec)
+    assert cfg.volumes == {
+        "/srv/vf/ref": {"bind": "/vfolders/ref", "mode": "ro"},
+        "/srv/vf/work": {"bind": "/vfolders/work", "mode": "rw"},
+        "/srv/vf/scratch": {"bind": "/vfolders/scratch", "mode": "rw"},
     }
+    # The root: a small tmpfs of the container's, root's and read-only to the session user.
+    assert cfg.extra_host_config["tmpfs"] == {FOLDERS_ROOT: "mode=0755,size=1048576"}
+    assert container_config(spec).extra_host_config.get("tmpfs") is None  # the pure builder's default
 
 
 # ------------------------------------------------------------------ the form
