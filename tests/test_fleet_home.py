@@ -12,6 +12,10 @@
   PENDING with why it waits and its place in the queue, and Stop cancels it;
 - bob, in no project, is told who can add him: his domain's admins, by name; his usage is plotted;
 - dora, a domain admin, lands there too, with the admin console's link (and the Hub's dark mode);
+- an Import & Run link (``/hub/labfleet/import?url=``) opened logged out works after one login: the
+  repository is cloned into a new folder, a session that mounts it starts and JupyterLab opens the
+  notebook; the same link again (upstream moved on, alice edited a file) re-syncs, keeps her edit and
+  opens it in the session that runs;
 - the Hub sends people to the Fleet home (``c.JupyterHub.default_url``) unless a deployment says
   otherwise; the small helpers of the page's handler.
 
@@ -27,14 +31,17 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlencode
 
 import pytest
 import requests
+from playwright.sync_api import expect
 
 from labfleet.core.hubmap import console_wanted
 from labfleet.hub.configure import fleet_home_url
 from labfleet.service.handlers import hub_base_url
 from tests.browserfixture import WAIT_MS, whole_page_shot
+from tests.gitserver import GitServer, commit, make_work_tree
 from tests.hubfixture import start_hub
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,7 +87,12 @@ def test_a_deployments_own_default_url_is_kept(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = start_hub(tmp_path_factory.mktemp("fleet-home"), console=True)  # for the console link
+    # console: for the console link; imports may fetch from the test's git server on 127.0.0.1
+    h = start_hub(
+        tmp_path_factory.mktemp("fleet-home"),
+        console=True,
+        env={"LABFLEET_IMPORT_ALLOWED_HOSTS": "127.0.0.1"},
+    )
     try:
         root = h.wait_token("root")
         for path, body in [
@@ -391,3 +403,78 @@ def test_a_monitor_is_told_they_read_and_has_nothing_to_create(hub, browser):
         expect(page.locator("#spawn_form [type=submit]")).to_be_hidden()
     finally:
         page.context.close()
+
+
+NOTEBOOK = json.dumps(
+    {
+        "cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# Lesson one"]}],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+)
+
+
+@pytest.mark.hub
+def test_an_import_link_works_through_the_login_and_resyncs_the_second_time(hub, browser, tmp_path):
+    server_name = "import-course"
+    try:
+        with GitServer(tmp_path / "srv") as git_server:
+            work = make_work_tree(tmp_path / "teacher", {"lesson.ipynb": NOTEBOOK, "README.md": "v1\n"})
+            url = git_server.publish(work, "course.git")
+            link = f"{hub.url}/hub/labfleet/import?" + urlencode(
+                {"url": url, "open": "lesson.ipynb", "project": "ml"}
+            )
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            page = context.new_page()
+            page.set_default_timeout(WAIT_MS)
+            page.goto(link)
+            # Logged out: the Hub's login form, once; then the import runs with no second click.
+            page.fill("#username_input", "alice")
+            page.fill("#password_input", PASSWORD)
+            page.click("#login_submit")
+            page.wait_for_selector(tid("lf-import-run"))
+            page.wait_for_selector(f'{tid("lf-step-write")}[data-kind="success"]')
+            shot(page, "import-running")
+            page.wait_for_url(re.compile(rf"/user/alice/{server_name}/lab"), timeout=3 * WAIT_MS)
+            page.wait_for_selector('.lm-TabBar-tab:has-text("lesson.ipynb")', state="attached")
+            page.wait_for_selector('.jp-Notebook :text("Lesson one")', state="attached")
+            shot(page, "import-opened")
+            jobs = hub.api("GET", "/imports", hub.alice).json()["items"]
+            assert [(j["status"], j["folder"]["name"], j["resync"]) for j in jobs] == [
+                ("done", "course", False)
+            ]
+            folder = jobs[0]["folder"]["id"]
+
+            # Upstream moves on; alice edits README in her folder. The same link: re-synced, her edit kept,
+            # opened in the session that runs (no second one).
+            commit(work, {"README.md": "v2\n", "extra.txt": "new\n"}, "second")
+            git_server.publish(work, "course.git")
+            r = hub.api("PUT", f"/vfolders/{folder}/files/README.md", hub.alice, data=b"mine\n")
+            assert r.status_code in (200, 201), r.text
+            page.goto(link)
+            page.wait_for_selector(tid("lf-import-report"))
+            opener = page.locator(tid("lf-import-open"))
+            expect(opener).to_have_text(f"Open lesson.ipynb in {server_name}")
+            expect(page.locator(tid("lf-step-session"))).to_have_text(f"{server_name} (running)")
+            report = page.locator(tid("lf-import-report"))
+            report.locator("summary").click()
+            expect(report).to_contain_text("Yours, kept (1)")
+            expect(report).to_contain_text("README.md")
+            shot(page, "import-resynced")
+            opener.click()
+            page.wait_for_url(re.compile(rf"/user/alice/{server_name}/lab"), timeout=2 * WAIT_MS)
+            latest = hub.api("GET", "/imports", hub.alice).json()["items"][0]
+            assert latest["status"] == "done" and latest["resync"], latest
+            assert "README.md" in latest["report"]["kept"] and "extra.txt" in latest["report"]["updated"]
+            assert hub.api("GET", f"/vfolders/{folder}/files/README.md", hub.alice).text == "mine\n"
+            assert hub.api("GET", f"/vfolders/{folder}/files/extra.txt", hub.alice).text == "new\n"
+            live = [
+                s
+                for s in hub.api("GET", "/sessions?user=alice", hub.alice).json()
+                if s["status"] == "RUNNING"
+            ]
+            assert [s["name"] for s in live] == [server_name]
+            context.close()
+    finally:
+        hub.hub_api("DELETE", f"/users/alice/servers/{server_name}")

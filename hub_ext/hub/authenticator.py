@@ -27,7 +27,7 @@ from jupyterhub.utils import maybe_future
 from traitlets import Bool, Dict, Float, List, Unicode, default, import_item, validate
 
 from labfleet.core.http import HTTPReply
-from labfleet.hub import proxy_errors, users_api
+from labfleet.hub import links, proxy_errors, users_api
 from labfleet.hub.client import LabfleetServiceClient
 
 LABFLEET_ROLES = ("superadmin", "admin", "user", "monitor")
@@ -240,7 +240,12 @@ class LabfleetBaseAuthenticator(LabfleetServiceClient, Authenticator):
     def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
         """The login handler, the Hub user API kept consistent with labfleet (labfleet.hub.users_api)
         and the proxy's error pages as JSON for the service's API (labfleet.hub.proxy_errors)."""
-        return [*users_api.handlers(), *proxy_errors.handlers(), *super().get_handlers(app)]
+        return [
+            *users_api.handlers(),
+            *proxy_errors.handlers(),
+            *links.handlers(),
+            *super().get_handlers(app),
+        ]
 
     async def load_managed_roles(self) -> list[dict]:
         """No roles at start-up: labfleet's roles are created at login from the auth model's role specs

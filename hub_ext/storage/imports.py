@@ -551,8 +551,12 @@ def resync(p: Plan, store: FolderStore, upstream: str) -> dict[str, list[str]]:
     def git(*args: str, ok: tuple[int, ...] = (0,)) -> str:
         code, out, err = run(["git", *args])
         if code not in ok:
-            step = next(a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] != "-c"))
-            raise gitops.ImportFailed(f"updating the checkout failed at `git {step}`: {gitops.explain(err or out)}")
+            step = next(
+                a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] != "-c")
+            )
+            raise gitops.ImportFailed(
+                f"updating the checkout failed at `git {step}`: {gitops.explain(err or out)}"
+            )
         return out
 
     report: dict[str, list[str]] = {"updated": [], "kept": [], "renamed": []}
@@ -771,6 +775,5 @@ def _summary(job: Job) -> str:
     n = {k: len(v) for k, v in r.items()}
     if job.plan.resync:
         return f"updated {n['updated']}, kept {n['kept']} of your changes, renamed {n['renamed']}"
-    return f"{n['updated']} written into {job.plan.folder_name}" + (
-        f", {n['kept']} of yours kept" if n["kept"] else ""
-    )
+    written = f"{n['updated']} {'entry' if n['updated'] == 1 else 'entries'} written into folder {job.plan.folder_name}"
+    return written + (f"; {n['kept']} of yours kept as they were" if n["kept"] else "")

@@ -102,6 +102,8 @@ class HomeHandler(BaseHandler):
     page is static; its script (static/fleethome.js) asks this service's API as the browser's
     Hub login, sending the page's XSRF token with every change."""
 
+    template = "home.html"
+
     @web.authenticated
     def get(self):
         user = self.get_current_user()
@@ -110,7 +112,7 @@ class HomeHandler(BaseHandler):
         self.set_header("Cache-Control", "no-store")
         self.finish(
             self.render_string(
-                "home.html",
+                self.template,
                 user=user,
                 prefix=prefix,
                 hub=hub_base_url(prefix),
@@ -119,6 +121,14 @@ class HomeHandler(BaseHandler):
                 version=static_version,
             )
         )
+
+
+class ImportPageHandler(HomeHandler):
+    """``/services/labfleet/import``: Import & Run (static/import.js), where ``/hub/labfleet/import``
+    links land with their query; a browser not logged in comes back here, query and all, after
+    the Hub's login."""
+
+    template = "import.html"
 
 
 class StaticHandler(PathOnlyLogs, web.StaticFileHandler):
@@ -134,7 +144,11 @@ class StaticHandler(PathOnlyLogs, web.StaticFileHandler):
             self.set_header("Cache-Control", "no-cache")
 
 
-PAGES = (HomeHandler, StaticHandler)  # routes that are pages, not API (not in openapi.yaml)
+PAGES = (
+    HomeHandler,
+    ImportPageHandler,
+    StaticHandler,
+)  # routes that are pages, not API (not in openapi.yaml)
 
 
 def routes(prefix: str) -> list[tuple]:
@@ -142,6 +156,7 @@ def routes(prefix: str) -> list[tuple]:
     api = prefix + "api"
     return [
         (prefix + r"?", HomeHandler),
+        (prefix + r"import", ImportPageHandler),
         (prefix + r"static/(.*)", StaticHandler),
         (api + r"/openapi\.yaml", SpecHandler),
         (api + r"/me", MeHandler),
