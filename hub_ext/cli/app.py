@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from labfleet.cli.base import CliError, Group, dispatch
 from labfleet.cli.compute import IMAGE
+from labfleet.cli.imports import IMPORT_CREDENTIAL, Import
 from labfleet.cli.init import Demo, Init
 from labfleet.cli.keypairs import KEYPAIR
 from labfleet.cli.maintenance import MAINTENANCE
@@ -47,6 +48,8 @@ def root() -> Group:
             "node": NODE,
             "agent": Agent,
             "storage-host": STORAGE_HOST,
+            "import": Import,
+            "import-credential": IMPORT_CREDENTIAL,
             "idle-checker": IDLE_CHECKER,
             "maintenance": MAINTENANCE,
             "demo": Demo,
@@ -60,6 +63,7 @@ def root() -> Group:
             "labfleet keypair issue alice",
             "labfleet node token create --node gpu-02",
             "labfleet maintenance recalc-usage --dry-run",
+            "labfleet import https://github.com/acme/course.git --open lesson1.ipynb",
             "labfleet --db-url sqlite:////srv/labfleet/labfleet.sqlite domain list",
         ),
         version=version,
