@@ -79,14 +79,21 @@ class GitServer:
 
     def publish(self, work: Path, name: str) -> str:
         """Push the work tree's branch to the bare ``<root>/<name>`` and make it servable: its URL."""
-        bare = self.root / name
-        if not bare.exists():
-            bare.parent.mkdir(parents=True, exist_ok=True)
-            git("clone", "--quiet", "--bare", str(work), str(bare))
-        else:
-            git("push", "--quiet", str(bare), "HEAD:main", cwd=work)
-        git("update-server-info", cwd=bare)
+        publish(work, self.root, name)
         return f"{self.url}/{name}"
+
+
+def publish(work: Path, root: Path, name: str) -> Path:
+    """The work tree's branch in the bare repository ``<root>/<name>``, ready for dumb HTTP (any
+    static file server over ``root`` serves it)."""
+    bare = root / name
+    if not bare.exists():
+        bare.parent.mkdir(parents=True, exist_ok=True)
+        git("clone", "--quiet", "--bare", str(work), str(bare))
+    else:
+        git("push", "--quiet", str(bare), "HEAD:main", cwd=work)
+    git("update-server-info", cwd=bare)
+    return bare
 
 
 def make_work_tree(path: Path, files: dict[str, str], message: str = "first") -> Path:

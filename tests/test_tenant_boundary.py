@@ -20,7 +20,8 @@ session's log:
   of its startup CPU boost) it is held to the half core it asked for;
 - a listener it opens is not on the host's loopback, and is on the session's own address;
 - an address the test serves outside the host's loopback (a network namespace the test makes) is
-  reached, as the internet would be.
+  reached, as the internet would be; so an nbgitpuller link (``/hub/user-redirect/git-pull?repo=``)
+  clones a repository served there into bob's running session, as the session's user.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import psutil
 import pytest
 import requests
 
+from tests.gitserver import make_work_tree, publish
 from tests.hubfixture import free_port, outside_network, remove_outside_network, session_address, start_hub
 
 pytestmark = pytest.mark.hub
@@ -274,3 +277,53 @@ def test_a_session_cannot_leave_its_sandbox(env):
     assert out["cpu_share"] <= CPU * 1.2, out["cpu_share"]  # a busy loop gets its quota, no more
     assert out["hog"]["rc"] == -9, out["hog"]  # the kernel's OOM killer, inside the session's group
     assert out["tmp"].startswith("OSError after") and int(out["tmp"].rsplit(" ", 1)[1]) <= TMP, out["tmp"]
+
+
+def test_an_nbgitpuller_link_pulls_into_a_running_session(env, tmp_path):
+    """nbgitpuller's links work unchanged: the Hub's user-redirect keeps the query, and the session's
+    own nbgitpuller clones from a host outside (as the session's user, in its sandbox)."""
+    hub, state, tokens, (netns, outside_ip, _, _) = env
+    bob = {"Authorization": f"token {tokens['bob']}"}
+    if not (hub.hub_api("GET", "/users/bob").json()["servers"].get("b") or {}).get("ready"):
+        assert hub.hub_api("POST", "/users/bob/servers/b", json={"project": "ml"}).status_code in (201, 202)
+        _ready(hub, "bob", "b")
+    lesson = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    publish(make_work_tree(tmp_path / "teacher", {"lesson.ipynb": lesson}), tmp_path / "srv", "course.git")
+    served = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{netns}", "python3", "-m", "http.server", "8081", "--bind", outside_ip,
+         "--directory", str(tmp_path / "srv")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        repo = f"http://{outside_ip}:8081/course.git"
+        query = f"repo={repo}&branch=main&urlpath=lab/tree/course/lesson.ipynb"
+        # Logged out, the link's whole query waits in the login's next (the Hub's page asks for a login).
+        r = requests.get(f"{hub.url}/hub/user-redirect/git-pull?{query}", allow_redirects=False, timeout=30)
+        assert r.status_code == 302, r.text
+        assert unquote(r.headers["Location"]).endswith(f"next=/hub/user-redirect/git-pull?{query}"), r.headers
+        page = requests.get(f"{hub.url}/user/bob/b/git-pull?{query}", headers=bob, timeout=30)
+        assert page.status_code == 200 and "git-pull" in page.text  # nbgitpuller's own page, in the session
+        deadline = time.monotonic() + 60
+        while True:  # the server in the namespace is starting
+            try:
+                socket.create_connection((outside_ip, 8081), timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        events = requests.get(
+            f"{hub.url}/user/bob/b/git-pull/api",
+            # depth 0: a whole clone (git serves no shallow clone over the dumb protocol of this server)
+            params={"repo": repo, "branch": "main", "targetpath": "course", "depth": "0"},
+            headers=bob,
+            timeout=120,
+        ).text
+        phases = [json.loads(line[6:])["phase"] for line in events.splitlines() if line.startswith("data: ")]
+        assert phases and phases[-1] == "finished", events[-2000:]
+        got = requests.get(f"{hub.url}/user/bob/b/api/contents/course/lesson.ipynb", headers=bob, timeout=30)
+        assert got.status_code == 200 and got.json()["type"] == "notebook", got.text[:500]
+        cloned = state / "homes" / "bob" / "course"
+        assert (cloned / ".git").is_dir() and (cloned / "lesson.ipynb").stat().st_uid != 0
+    finally:
+        served.kill()
+        served.wait(10)
