@@ -225,6 +225,20 @@ async def test_refusals_before_anything_is_fetched(world):
         with database.session_scope(factory) as db, pytest.raises(error) as e:
             imports.start(db, alice, body)
         assert words in e.value.message
+    # A domain's own rules (a superadmin's): a denied host, or one off its allow list, is refused.
+    for rules, words in [
+        ({"deny": ["127.0.0.1"]}, "does not import from 127.0.0.1"),
+        ({"allow": ["*.example.org"]}, "imports only from *.example.org"),
+    ]:
+        with database.session_scope(factory) as db:
+            directory.update_domain(db, CLI, "acme", {"import_hosts": rules})
+        with database.session_scope(factory) as db, pytest.raises(Forbidden) as e:
+            imports.start(db, alice, {"url": url})
+        assert words in e.value.message
+    with database.session_scope(factory) as db:
+        directory.update_domain(db, CLI, "acme", {"import_hosts": {"allow": ["127.0.0.1"]}})
+        with pytest.raises(InvalidInput):
+            directory.update_domain(db, CLI, "acme", {"import_hosts": {"allow": ["http://x"]}})
     with database.session_scope(factory) as db:
         monitor = Actor(name="mona", role="monitor")
         with pytest.raises(LabfleetError):

@@ -86,6 +86,8 @@ class Domain(Base):
     # Names of the keypair policies the domain's admins may hand out, set by superadmins
     # (labfleet.tenancy.keypairs; migration 0013).
     allowed_keypair_policies: Mapped[list[str]] = mapped_column(JSON, server_default="[]")
+    # Hosts the domain's imports may or may not fetch from: {"allow": [...], "deny": [...]} (0017).
+    import_hosts: Mapped[dict[str, Any]] = mapped_column(JSON, server_default="{}")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     modified_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 

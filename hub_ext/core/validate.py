@@ -113,6 +113,38 @@ def check_fields(
     return dict(body)
 
 
+HOST_PATTERN_RE = re.compile(
+    r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?)*$"
+)
+MAX_HOST_PATTERNS = 200
+
+
+def check_host_rules(value: Any, field: str = "import_hosts") -> dict[str, list[str]]:
+    """``{"allow": [...], "deny": [...]}`` of host names, ``*.example.org`` for its subdomains (either
+    list may be left out): which hosts a domain's imports may fetch from."""
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f'{field} must be {{"allow": [hosts], "deny": [hosts]}}')
+    extra = set(value) - {"allow", "deny"}
+    if extra:
+        raise InvalidInput(f"{field}: unknown key {sorted(extra)[0]!r} (allow, deny)")
+    out: dict[str, list[str]] = {}
+    for key in ("allow", "deny"):
+        items = value.get(key, [])
+        if not isinstance(items, list) or len(items) > MAX_HOST_PATTERNS:
+            raise InvalidInput(f"{field}.{key} must be a list of at most {MAX_HOST_PATTERNS} host names")
+        hosts = []
+        for item in items:
+            host = item.strip().lower() if isinstance(item, str) else item
+            if not isinstance(host, str) or len(host) > 253 or not HOST_PATTERN_RE.match(host):
+                raise InvalidInput(
+                    f"{field}.{key}: {str(item)[:80]!r} is not a host name (or *.domain for its subdomains)"
+                )
+            hosts.append(host)
+        if hosts:
+            out[key] = list(dict.fromkeys(hosts))
+    return out
+
+
 def parse_project_ref(value: Any, default_domain: str | None = None) -> tuple[str, str]:
     """``DOMAIN/PROJECT`` -> (domain, project); a bare name uses ``default_domain``."""
     if not isinstance(value, str):

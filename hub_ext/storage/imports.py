@@ -51,7 +51,17 @@ from labfleet.core.secretbox import SecretBox
 from labfleet.core.validate import check_fields, check_text, parse_project_ref
 
 from . import gitops, hosts, importcreds, vfolders, vfquota
-from .importsafety import AllowList, Member, Resolver, Source, check_members, check_url, member_path, resolve
+from .importsafety import (
+    AllowList,
+    Member,
+    Resolver,
+    Source,
+    check_domain_hosts,
+    check_members,
+    check_url,
+    member_path,
+    resolve,
+)
 from .store import FolderStore, check_relpath
 
 FIELDS = ("url", "folder", "branch", "open", "project", "image", "gpu", "resource_group")
@@ -204,6 +214,7 @@ def plan(
     if user is None:
         raise Forbidden("an import writes into a user's folder: sign in as a user")
     source = check_url(body["url"], allowed, resolver)
+    check_domain_hosts(source.host, user.domain.import_hosts, user.domain.name)
     branch = gitops.check_branch(body.get("branch"))
     if branch and source.kind != "repository":
         raise InvalidInput("branch is for repositories")

@@ -173,6 +173,24 @@ def check_url(url: Any, allowed: AllowList = AllowList(), resolver: Resolver = r
     )
 
 
+def host_matches(host: str, pattern: str) -> bool:
+    """``pattern`` is a host name (that host) or ``*.example.org`` (its subdomains)."""
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:])
+    return host == pattern
+
+
+def check_domain_hosts(host: str, rules: Any, domain: str) -> None:
+    """A domain's own rules (``{"allow": [...], "deny": [...]}``, set by a superadmin) on the host an
+    import fetches from: a denied host, or one not allowed when there is an allow list, is refused (403)."""
+    rules = rules if isinstance(rules, dict) else {}
+    if any(host_matches(host, p) for p in rules.get("deny", ())):
+        raise Forbidden(f"domain {domain} does not import from {host}")
+    allow = rules.get("allow") or ()
+    if allow and not any(host_matches(host, p) for p in allow):
+        raise Forbidden(f"domain {domain} imports only from {', '.join(allow[:10])}; not from {host}")
+
+
 # ---------------------------------------------------------------- archive members
 
 

@@ -31,6 +31,7 @@ from labfleet.core.validate import (
     check_bool,
     check_choice,
     check_fields,
+    check_host_rules,
     check_name,
     check_slots,
     check_string_list,
@@ -93,6 +94,7 @@ DOMAIN_FIELDS = (
     "total_resource_slots",
     "allowed_vfolder_hosts",
     "allowed_keypair_policies",
+    "import_hosts",
 )
 
 
@@ -132,6 +134,8 @@ def _apply_domain_fields(db: Session, d: Domain, body: dict[str, Any]) -> None:
         d.total_resource_slots = check_slots(body["total_resource_slots"]).to_db()
     if "allowed_vfolder_hosts" in body:
         d.allowed_vfolder_hosts = _host_grants(body["allowed_vfolder_hosts"])
+    if "import_hosts" in body:
+        d.import_hosts = check_host_rules(body["import_hosts"])
 
 
 def create_domain(db: Session, actor: Actor, body: Any) -> Domain:
@@ -142,7 +146,12 @@ def create_domain(db: Session, actor: Actor, body: Any) -> Domain:
     if get_domain(db, name):
         raise Conflict(f"domain {name!r} already exists")
     d = Domain(
-        name=name, description="", is_active=True, total_resource_slots={}, allowed_keypair_policies=[]
+        name=name,
+        description="",
+        is_active=True,
+        total_resource_slots={},
+        allowed_keypair_policies=[],
+        import_hosts={},
     )
     _apply_domain_fields(db, d, body)
     db.add(d)
@@ -537,6 +546,7 @@ def domain_view(
         "total_resource_slots": d.slots.to_json(),
         "allowed_vfolder_hosts": d.allowed_vfolder_hosts or {},
         "allowed_keypair_policies": list(d.allowed_keypair_policies or ()),
+        "import_hosts": dict(d.import_hosts or {}),
         "created_at": d.created_at.isoformat() if d.created_at else None,
     }
     if in_use is not None:

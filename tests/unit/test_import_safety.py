@@ -123,3 +123,35 @@ def test_archive_members_stay_in_the_folder_and_are_files_or_folders():
         with pytest.raises(InvalidInput) as e:
             check_members([Member("ok.txt"), member])
         assert words in e.value.message, member
+
+
+# ---------------------------------------------------------------- a domain's own hosts
+
+
+def test_a_domains_allow_and_deny_lists():
+    from labfleet.core.validate import check_host_rules
+    from labfleet.storage.importsafety import check_domain_hosts, host_matches
+
+    assert host_matches("gitlab.example.org", "*.example.org")
+    assert not host_matches("example.org", "*.example.org")  # the subdomains, not the domain itself
+    assert not host_matches("evil-example.org", "*.example.org")
+    assert host_matches("github.com", "github.com") and not host_matches("github.com.evil", "github.com")
+    rules = check_host_rules({"allow": ["GitHub.com", "*.example.org", "github.com"], "deny": []})
+    assert rules == {"allow": ["github.com", "*.example.org"]}
+    check_domain_hosts("github.com", rules, "acme")
+    check_domain_hosts("git.example.org", rules, "acme")
+    with pytest.raises(Forbidden, match="imports only from github.com"):
+        check_domain_hosts("gitlab.com", rules, "acme")
+    with pytest.raises(Forbidden, match="does not import from gitlab.com"):
+        check_domain_hosts("gitlab.com", {"deny": ["gitlab.com"]}, "acme")
+    check_domain_hosts("anything.org", {}, "acme")  # no rules: the service's own checks alone
+    for bad in (
+        [],
+        {"allow": "x"},
+        {"allow": ["a b"]},
+        {"allow": ["http://x"]},
+        {"other": []},
+        {"deny": ["*"]},
+    ):
+        with pytest.raises(InvalidInput):
+            check_host_rules(bad)

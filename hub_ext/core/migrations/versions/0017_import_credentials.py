@@ -1,4 +1,5 @@
-"""a user's stored token per host for imports (labfleet.storage.imports): import_credentials
+"""imports (labfleet.storage.imports): a user's stored token per host (import_credentials) and a
+domain's hosts to allow or deny (domains.import_hosts)
 
 Revision ID: 0017
 Revises: 0016
@@ -30,8 +31,12 @@ def upgrade() -> None:
         sa.UniqueConstraint("user_id", "host", name="uq_import_credentials_user_host"),
     )
     op.create_index("ix_import_credentials_user_id", "import_credentials", ["user_id"])
+    with op.batch_alter_table("domains") as b:
+        b.add_column(sa.Column("import_hosts", sa.JSON(), nullable=False, server_default="{}"))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("domains") as b:
+        b.drop_column("import_hosts")
     op.drop_index("ix_import_credentials_user_id", "import_credentials")
     op.drop_table("import_credentials")
