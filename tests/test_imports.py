@@ -243,6 +243,9 @@ async def test_refusals_before_anything_is_fetched(world):
         monitor = Actor(name="mona", role="monitor")
         with pytest.raises(LabfleetError):
             imports.start(db, monitor, {"url": url})
+    # Not a repository: said so, nothing made.
+    nothing = await _run(factory, imports, alice, {"url": f"{server.url}/nothing.git"})
+    assert nothing["status"] == "failed" and "no git repository" in nothing["message"], nothing
     # Over the room left (the user's quota scope is 400,000 bytes): stopped, no folder left behind.
     over = await _run(factory, imports, alice, {"url": url})
     assert over["status"] == "failed" and "bytes" in over["message"], over
