@@ -1,7 +1,10 @@
 """The Fleet sidebar in a real browser: Debian's Chromium driven by Playwright, against the real Hub.
 
 alice logs in on the Hub's login page, starts a session with 0.5 of a mock GPU from the spawn form, opens
-the Fleet sidebar in JupyterLab and sees her session's resources and the quota bars, her usage plotted (the
+the Fleet sidebar in JupyterLab, where the Start section's import form shows the service's refusal of a
+file:// URL and follows an import of a repository (from a git server on 127.0.0.1) to its report and "Open",
+and a folder's "Share as a link" dialog writes the Hub's import link and badges; she sees her session's
+resources and the quota bars, her usage plotted (the
 service's own numbers for the session that runs; then a month of sample numbers, a refusal and an empty
 history, answered by the browser in the service's place), opens a mounted folder
 in the file browser, creates a folder, starts a second session from the sidebar (with the new folder, which
@@ -29,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.browserfixture import wait_landed
+from tests.gitserver import GitServer, make_work_tree
 from tests.hubfixture import start_hub
 
 pytestmark = pytest.mark.hub
@@ -44,7 +48,8 @@ WAIT_MS = 60_000
 def hub(tmp_path_factory):
     state = tmp_path_factory.mktemp("browser")
     # The service accrues the sessions' usage every 2 s (15 by default): the Usage section has numbers soon.
-    env = {"LABFLEET_SAMPLE_INTERVAL": "2"}
+    # Imports may fetch from the test's git server on 127.0.0.1.
+    env = {"LABFLEET_SAMPLE_INTERVAL": "2", "LABFLEET_IMPORT_ALLOWED_HOSTS": "127.0.0.1"}
     if APPS_BIN.is_dir():  # the app launchers find TensorBoard on the session's PATH
         env["PATH"] = f"{APPS_BIN}{os.pathsep}{os.environ['PATH']}"
     hub = start_hub(state, env=env)
@@ -257,7 +262,7 @@ def fleet_panel_closed(page):
     page.locator("#labfleet-sidebar").wait_for(state="hidden", timeout=WAIT_MS)
 
 
-def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
+def test_the_fleet_sidebar_in_jupyterlab(hub, browser, tmp_path):
     from playwright.sync_api import expect
 
     expect.set_options(timeout=WAIT_MS)
@@ -284,6 +289,57 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser):
     page.wait_for_url("**/user/alice/work/**", timeout=WAIT_MS)
     open_lab(page, f"{hub.url}/user/alice/work/lab")
     sidebar = open_fleet(page)
+
+    # Start, the first section: importing from a URL the service does not take shows its refusal, in its words.
+    expand(page, "start")
+    start = page.locator(tid("lf-section-start"))
+    expect(start).to_be_visible()
+    page.fill(tid("lf-import-url"), "file:///etc/passwd")
+    page.locator(tid("lf-import-submit")).click()
+    expect(page.locator(tid("lf-import-error"))).to_contain_text("url: file scheme; an import fetches only")
+    expect(page.locator(tid("lf-import-job"))).to_have_count(0)
+    page.locator(f"{tid('lf-import-advanced')} > summary").click()  # branch, path to open
+    assert_fits(page, tid("lf-import-form"))
+    shot(page, "sidebar-start-light", start)
+    # A repository from a git server on 127.0.0.1 into `data`, which this session mounts: the job is asked about
+    # every second; once done, its report, and "Open" opens the file here.
+    with GitServer(tmp_path / "srv") as git_server:
+        url = git_server.publish(
+            make_work_tree(tmp_path / "w", {"intro.md": "# Intro\n", "a.py": "x = 1\n"}), "course.git"
+        )
+        page.fill(tid("lf-import-url"), url)
+        page.locator(tid("lf-import-folder")).select_option(label="data")
+        page.fill(tid("lf-import-open-path"), "intro.md")
+        page.locator(tid("lf-import-submit")).click()
+        expect(page.locator(tid("lf-import-job"))).to_have_attribute("data-status", "done", timeout=WAIT_MS)
+    expect(page.locator(tid("lf-import-status"))).to_have_text("Imported into folder data")
+    expect(page.locator(tid("lf-import-report-counts"))).to_have_text("1 updated, 0 kept, 0 renamed")
+    page.locator(f"{tid('lf-import-report-names')} > summary").click()
+    shot(page, "sidebar-start-done-light", start)
+    page.locator(tid("lf-import-open")).click()
+    current_tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")
+    expect(current_tab).to_contain_text("intro.md")
+    current_tab.locator(".lm-TabBar-tabCloseIcon").click()  # the launcher is in front again
+    # The file browser went to the folder: back to the root, where the Folders step below starts.
+    expect(page.locator(".jp-FileBrowser .jp-BreadCrumbs")).to_contain_text("course")
+    page.locator(".jp-FileBrowser .jp-BreadCrumbs-home").click()
+    expect(page.locator(".jp-FileBrowser .jp-BreadCrumbs")).not_to_contain_text("data")
+    open_fleet(page)
+    page.locator(tid("lf-section-toggle-start")).click()  # out of the way of the next screenshots
+    # "Share as a link" (a folder's action): the Hub's import link and badges in a dialog.
+    page.locator(tid("lf-folder-data")).locator(tid("lf-folder-share-link")).click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.locator(tid("lf-share-link-url")).fill("https://git.example.org/course.git")
+    dialog.locator(tid("lf-share-link-open")).fill("intro.ipynb")
+    link = f"{hub.url}/hub/labfleet/import?url=https%3A%2F%2Fgit.example.org%2Fcourse.git&open=intro.ipynb"
+    expect(dialog.locator(tid("lf-share-link-plain"))).to_have_value(link)
+    badge = f"{hub.url}/services/labfleet/static/badge.svg"
+    expect(dialog.locator(tid("lf-share-link-markdown"))).to_have_value(
+        f"[![Run on labfleet]({badge})]({link})"
+    )
+    shot(page, "dialog-share-link-light", dialog.locator(".jp-Dialog-content"))
+    dialog.locator(".jp-mod-accept").click()
+    expect(dialog).to_have_count(0)
 
     # This session: project, resources and the device share.
     expand(page, "session")

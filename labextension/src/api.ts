@@ -18,6 +18,8 @@ import type {
   IFolder,
   IFolderCreate,
   IIdleInfo,
+  IImportCreate,
+  IImportJob,
   IInvitation,
   ILaunchOptions,
   IMountedFolder,
@@ -224,6 +226,21 @@ export class FleetAPI {
   /** My GPU- and CPU-time, allocated and used: the last 7 and 30 days and day by day. */
   myUsage(): Promise<IMyUsage> {
     return this.request('api/usage/me');
+  }
+
+  // ------------------------------------------------------------ Import & Run
+
+  /**
+   * Import a notebook, a git repository or an archive by URL into a folder: answers the job
+   * (202) as it is now; a refusal (bad URL, host, folder, quota) rejects with the service's words.
+   */
+  startImport(body: IImportCreate): Promise<IImportJob> {
+    return this.request('api/imports', { method: 'POST' }, body);
+  }
+
+  /** An import of mine, where it stands (fetching, writing, done, failed) and its report. */
+  getImport(id: string): Promise<IImportJob> {
+    return this.request(`api/imports/${encodeURIComponent(id)}`);
   }
 
   // ------------------------------------------------------------ model serving

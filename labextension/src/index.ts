@@ -20,6 +20,7 @@ import { FleetAPI } from './api';
 import { chatTab, chatTabId } from './components/Chat';
 import { fleetIcon } from './icons';
 import { IdleWatch } from './idle';
+import { hubLocation } from './imports';
 import { modelStorePlugin } from './modelstore';
 import { endpointChattable } from './serving';
 import { sessionDisplayName } from './sessions';
@@ -69,7 +70,12 @@ function activate(
   const api = new FleetAPI();
   const store = new FleetStore(api, {
     user: PageConfig.getOption('hubUser'),
-    serverName: PageConfig.getOption('hubServerName')
+    serverName: PageConfig.getOption('hubServerName'),
+    hub: hubLocation(
+      PageConfig.getOption('hubHost'),
+      PageConfig.getOption('hubPrefix'),
+      window.location.origin
+    )
   });
   const intervalMs = DEFAULT_INTERVAL_S * 1000;
 
@@ -108,6 +114,13 @@ function activate(
     },
     openApp: service => {
       window.open(service.url, '_blank');
+    },
+    openPath: (path: string) => {
+      // A file opens in its editor (the file browser goes to its folder); a folder is shown.
+      void app.commands.execute('filebrowser:open-path', { path });
+    },
+    openTab: (url: string) => {
+      window.open(url, '_blank', 'noopener');
     },
     openChat: (endpoint: string) => {
       void app.commands.execute(CommandIDs.openChat, { endpoint });
@@ -165,7 +178,7 @@ function activate(
     icon: fleetIcon,
     execute: () => {
       app.shell.activateById(sidebar.id);
-      store.newSessionOpen = true;
+      store.showNewSession();
     }
   });
   commands.addCommand(CommandIDs.stopThis, {

@@ -14,6 +14,7 @@ import { Folders } from './components/Folders';
 import { Quota } from './components/Quota';
 import { Serving } from './components/Serving';
 import { Sessions } from './components/Sessions';
+import { Start } from './components/Start';
 import { ThisSession } from './components/ThisSession';
 import { Usage } from './components/Usage';
 import { fleetIcon } from './icons';
@@ -32,6 +33,10 @@ export interface IFleetActions {
   /** Show a path (relative to the Lab root) in the file browser. */
   openFolder(path: string): void;
   openApp(app: IApp): void;
+  /** Open a file (or show a folder) at a path relative to the Lab root; default: `openFolder`. */
+  openPath?(path: string): void;
+  /** Open a URL in a new browser tab (the Hub's import page); default: `window.open`. */
+  openTab?(url: string): void;
   /** Open the Chat panel of a serving endpoint. */
   openChat?(endpoint: string): void;
   /** Open the Model Store (shared model folders). */
@@ -39,6 +44,7 @@ export interface IFleetActions {
 }
 
 const TITLES: Record<SectionId, string> = {
+  start: 'Start',
   session: 'This session',
   quota: 'Quota',
   usage: 'Usage',
@@ -89,6 +95,17 @@ export function FleetPanel(props: {
       </div>
       <AnnouncementBanner announcement={d.announcement} />
       {section(
+        'start',
+        store.imports.running ? 'importing…' : undefined,
+        <Start
+          store={store}
+          onOpenPath={path => (actions.openPath ?? actions.openFolder)(path)}
+          onOpenTab={url =>
+            actions.openTab ? actions.openTab(url) : window.open(url, '_blank', 'noopener')
+          }
+        />
+      )}
+      {section(
         'session',
         idle ? idle.short : (d.session?.status ?? undefined),
         <ThisSession store={store} onStop={() => void actions.stopThisSession()} />
@@ -133,7 +150,8 @@ export class FleetSidebar extends ReactWidget {
     this.id = 'labfleet-sidebar';
     this.addClass('lf-sidebar');
     this.title.icon = fleetIcon;
-    this.title.caption = 'Fleet: this session, quotas, usage, sessions, folders, apps, serving';
+    this.title.caption =
+      'Fleet: start (import from a URL), this session, quotas, usage, sessions, folders, apps, serving';
     // Focusable (not in the tab order) so that opening the panel from the keyboard (status
     // bar item, command palette) puts focus into it.
     this.node.tabIndex = -1;

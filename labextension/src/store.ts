@@ -14,6 +14,8 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { FleetAPI, LabfleetError } from './api';
 import { instantMs } from './format';
+import { ImportRun } from './importrun';
+import { hubLocation, type IHubLocation } from './imports';
 import type {
   IAnnouncement,
   IAnnouncementAnswer,
@@ -35,9 +37,11 @@ import type {
   IStorageHost
 } from './types';
 
-export type SectionId = 'session' | 'quota' | 'usage' | 'sessions' | 'folders' | 'apps' | 'serving';
+export type SectionId =
+  'start' | 'session' | 'quota' | 'usage' | 'sessions' | 'folders' | 'apps' | 'serving';
 
 export const SECTIONS: SectionId[] = [
+  'start',
   'session',
   'quota',
   'usage',
@@ -61,6 +65,9 @@ export type Resource =
   | 'hosts'
   | 'endpoints';
 
+/** A form the sidebar scrolls to when something (the Start section, a command) opens it. */
+export type RevealTarget = 'new-session' | 'new-folder';
+
 /** The poll asks for my usage statistics at most this often (ms). */
 export const USAGE_MIN_AGE_MS = 60_000;
 
@@ -75,6 +82,9 @@ const MIN_AGE_MS: Partial<Record<Resource, number>> = {
 
 /** What each section shows. */
 const SECTION_RESOURCES: Record<SectionId, Resource[]> = {
+  // Nothing on the clock: the import form asks for my folders once (ImportForm), and whether this
+  // session mounts a folder is in the session info.
+  start: [],
   session: ['session'],
   // Beside the quota, what the fleet can give now (the launch options' `free_now`).
   quota: ['quota', 'launchOptions'],
@@ -108,6 +118,10 @@ export interface IStoreOptions {
   serverName: string;
   /** Clock in ms, for tests. */
   now?: () => number;
+  /** Where the Hub is, for its import links (default: `/hub/` on this page's origin). */
+  hub?: IHubLocation;
+  /** How often a running import is asked about (ms; tests). */
+  importPollMs?: number;
 }
 
 function messageOf(e: unknown): string {
@@ -123,9 +137,22 @@ export class FleetStore {
     this.user = options.user;
     this.serverName = options.serverName;
     this._now = options.now ?? (() => Date.now());
+    this.hub =
+      options.hub ??
+      hubLocation('', '/hub/', typeof window !== 'undefined' ? window.location.origin : '');
+    this.imports = new ImportRun(api, {
+      intervalMs: options.importPollMs,
+      // A new folder (or new files in one) from the import: the Folders section lists it.
+      onFinished: () => void this.fetch('folders')
+    });
+    this.imports.changed.connect(() => this._changed.emit(), this);
   }
 
   readonly api: FleetAPI;
+  /** Where the Hub is: its import links. */
+  readonly hub: IHubLocation;
+  /** The import started from the Start section, followed until it ends. */
+  readonly imports: ImportRun;
   readonly serverName: string;
   /** The Hub user; the session endpoint's answer wins once known. */
   user: string;
@@ -262,6 +289,48 @@ export class FleetStore {
       void this.loadLaunchOptions();
     }
     this._changed.emit();
+  }
+
+  /** Whether the "New folder" form is shown (the Start section opens it). */
+  get newFolderOpen(): boolean {
+    return this._newFolderOpen;
+  }
+  set newFolderOpen(value: boolean) {
+    if (value === this._newFolderOpen) {
+      return;
+    }
+    this._newFolderOpen = value;
+    if (value) {
+      this.toggle('folders', true);
+    }
+    this._changed.emit();
+  }
+
+  /** Open the "New session" form and have the panel scroll to it. */
+  showNewSession(): void {
+    this._reveal = 'new-session';
+    this.toggle('sessions', true);
+    this.newSessionOpen = true;
+    this._changed.emit();
+  }
+
+  /** Open the "New folder" form and have the panel scroll to it. */
+  showNewFolder(): void {
+    this._reveal = 'new-folder';
+    this.newFolderOpen = true;
+    this._changed.emit();
+  }
+
+  /**
+   * Whether the form was asked to be shown since the last call (then the caller scrolls to it);
+   * answers true once.
+   */
+  takeReveal(target: RevealTarget): boolean {
+    if (this._reveal !== target) {
+      return false;
+    }
+    this._reveal = null;
+    return true;
   }
 
   /**
@@ -478,6 +547,8 @@ export class FleetStore {
   private _inFlight: Partial<Record<Resource, number>> = {};
   private _open = new Set<SectionId>(SECTIONS);
   private _newSessionOpen = false;
+  private _newFolderOpen = false;
+  private _reveal: RevealTarget | null = null;
   private _sessionAt = 0;
   private _warnRatio = 0.8;
   private _clockOffset = 0;

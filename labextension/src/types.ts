@@ -80,7 +80,8 @@ export interface ISessionInfo {
   status: string | null;
   slots: Slots;
   devices: IDevice[];
-  mounts: { id: string; name: string; permission: string }[];
+  /** The folders mounted here: `vfolder` is the folder's id (server_ext/fleet.py `session_info`). */
+  mounts: { vfolder?: string; id?: string; name: string; permission: string }[];
   created_at: string | null;
   started_at: string | null;
   uptime: number | null;
@@ -438,4 +439,49 @@ export interface IEndpointToken {
   requests: number;
   latency_ms_avg: number | null;
   token?: string;
+}
+
+// ------------------------------------------------------------ Import & Run (issue 31)
+
+/** Where an import stands (hub_ext/storage/imports.py `STATUSES`). */
+export type ImportStatus = 'fetching' | 'writing' | 'done' | 'failed';
+
+/** What a re-sync did to the files already there (nbgitpuller's rules): paths in the folder. */
+export interface IImportReport {
+  updated: string[];
+  kept: string[];
+  renamed: string[];
+}
+
+/** An import job (`POST /api/imports`, `GET /api/imports/{id}`; openapi.yaml `Import`). */
+export interface IImportJob {
+  id: string;
+  url: string;
+  kind: 'notebook' | 'repository' | 'archive' | string;
+  status: ImportStatus | string;
+  /** What it did, or why it failed, in the service's words. */
+  message: string;
+  folder: { id: string | null; name: string };
+  /** What a session opens, relative to the folder ("": the folder itself). */
+  path: string;
+  resync?: boolean;
+  report: IImportReport;
+  /** The session options the request gave (project, image, gpu, resource_group). */
+  session?: Record<string, unknown>;
+  created_at?: string;
+  finished_at?: string | null;
+}
+
+/** What `POST /api/imports` takes (openapi.yaml `ImportCreate`). */
+export interface IImportCreate {
+  url: string;
+  /** A folder's name or id; absent: a new folder of mine, named after what is imported. */
+  folder?: string;
+  branch?: string;
+  /** A path inside what is imported, for a session to open. */
+  open?: string;
+  project?: string;
+  image?: string;
+  gpu?: number;
+  resource_group?: string;
 }

@@ -152,6 +152,30 @@ describe('FleetAPI requests', () => {
       'GET /user/alice/work/labfleet/api/usage/me '
     ]);
   });
+
+  it('starts an import (202) and asks about it by id', async () => {
+    const job = { id: 'a b', status: 'fetching', folder: { id: null, name: 'repo' } };
+    const { api, calls } = fake(() => json(job, 202));
+    await expect(
+      api.startImport({ url: 'https://example.org/r.git', folder: 'data', open: 'a.ipynb' })
+    ).resolves.toEqual(job);
+    await api.getImport('a b');
+    expect(calls.map(c => `${c.method} ${c.path} ${c.body}`)).toEqual([
+      'POST /user/alice/work/labfleet/api/imports {"url":"https://example.org/r.git","folder":"data","open":"a.ipynb"}',
+      'GET /user/alice/work/labfleet/api/imports/a%20b '
+    ]);
+    expect(calls[0].headers.get('Content-Type')).toBe('application/json');
+  });
+
+  it("carries an import's refusal in the service's words", async () => {
+    const { api } = fake(() =>
+      json({ message: 'url: file scheme; an import fetches only https, http, git URLs' }, 400)
+    );
+    await expect(api.startImport({ url: 'file:///etc/passwd' })).rejects.toMatchObject({
+      status: 400,
+      message: 'url: file scheme; an import fetches only https, http, git URLs'
+    });
+  });
 });
 
 describe('FleetAPI errors', () => {

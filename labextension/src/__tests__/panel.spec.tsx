@@ -6,7 +6,8 @@ import * as React from 'react';
 import { act } from 'react';
 import { createRoot, Root } from 'react-dom/client';
 
-import { FleetAPI } from '../api';
+import { FleetAPI, LabfleetError } from '../api';
+import { hubLocation } from '../imports';
 import { FleetPanel, IFleetActions } from '../sidebar';
 import { FleetStore } from '../store';
 
@@ -191,7 +192,9 @@ const actions: IFleetActions = {
   stopSession: jest.fn(async () => undefined),
   openSession: jest.fn(),
   openFolder: jest.fn(),
-  openApp: jest.fn()
+  openApp: jest.fn(),
+  openPath: jest.fn(),
+  openTab: jest.fn()
 };
 
 let container: HTMLDivElement;
@@ -215,7 +218,12 @@ beforeEach(async () => {
   document.body.appendChild(container);
   root = createRoot(container);
   // A stopped clock: the time left does not count down during the test.
-  store = new FleetStore(fakeApi(), { user: 'alice', serverName: 'work', now: () => 1000 });
+  store = new FleetStore(fakeApi(), {
+    user: 'alice',
+    serverName: 'work',
+    now: () => 1000,
+    hub: hubLocation('', '/hub/', 'https://hub.example.org')
+  });
   await store.refresh();
   store.changed.connect(render);
   render();
@@ -308,5 +316,135 @@ describe('FleetPanel', () => {
     act(() => (byTestId('lf-section-toggle-apps') as HTMLButtonElement).click());
     expect(byTestId('lf-section-toggle-apps')?.getAttribute('aria-expanded')).toBe('false');
     expect(byTestId('lf-apps')).toBeNull();
+  });
+});
+
+/** An import job as the service answers it. */
+function importJob(extra: Record<string, unknown>): Record<string, unknown> {
+  return {
+    id: 'j1',
+    url: 'https://example.org/org/repo.git',
+    kind: 'repository',
+    status: 'done',
+    message: 'cloned 3 files',
+    folder: { id: 'f7', name: 'repo' },
+    path: 'intro.ipynb',
+    resync: false,
+    report: { updated: [], kept: [], renamed: [] },
+    ...extra
+  };
+}
+
+function type(testid: string, value: string): void {
+  const input = byTestId(testid) as HTMLInputElement;
+  act(() => {
+    // React tracks the value: set it through the prototype's setter, then say it changed.
+    Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value')?.set?.call(input, value);
+    input.dispatchEvent(new Event('input', { bubbles: true }));
+  });
+}
+
+async function submitImport(answer: () => Promise<unknown>): Promise<jest.Mock> {
+  const start = jest.fn(answer);
+  (store.api as any).startImport = start;
+  type('lf-import-url', 'https://example.org/org/repo.git');
+  await act(async () => {
+    (byTestId('lf-import-submit') as HTMLButtonElement).click();
+  });
+  return start;
+}
+
+describe('the Start section', () => {
+  it('comes first, open, with the import form and the ways to the other forms', () => {
+    const sections = [...container.querySelectorAll('section.lf-section')].map(s =>
+      s.getAttribute('data-testid')
+    );
+    expect(sections[0]).toBe('lf-section-start');
+    expect(byTestId('lf-section-toggle-start')?.getAttribute('aria-expanded')).toBe('true');
+    expect(byTestId('lf-import-form')).not.toBeNull();
+    expect((byTestId('lf-import-submit') as HTMLButtonElement).disabled).toBe(true);
+    // My writable folders are the choices beside a new one.
+    const options = [...(byTestId('lf-import-folder') as HTMLSelectElement).options].map(
+      o => o.textContent
+    );
+    expect(options).toEqual(['a new folder', 'data']);
+  });
+
+  it("shows a refusal in the service's words", async () => {
+    const start = await submitImport(async () => {
+      throw new LabfleetError(
+        'url: file scheme; an import fetches only https, http, git URLs',
+        400
+      );
+    });
+    expect(start).toHaveBeenCalledWith({ url: 'https://example.org/org/repo.git' });
+    expect(byTestId('lf-import-error')?.textContent).toBe(
+      'url: file scheme; an import fetches only https, http, git URLs'
+    );
+    expect(byTestId('lf-import-job')).toBeNull();
+  });
+
+  it('opens the result here when this session mounts the folder', async () => {
+    type('lf-import-open-path', 'intro.ipynb');
+    await submitImport(async () =>
+      importJob({
+        folder: { id: 'f1', name: 'data' },
+        resync: true,
+        report: { updated: ['a.py'], kept: ['intro.ipynb'], renamed: ['b.py'] }
+      })
+    );
+    expect(byTestId('lf-import-job')?.getAttribute('data-status')).toBe('done');
+    expect(byTestId('lf-import-status')?.textContent).toBe('Re-synced in folder data');
+    expect(byTestId('lf-import-message')?.textContent).toBe('cloned 3 files');
+    expect(byTestId('lf-import-report-counts')?.textContent).toBe('1 updated, 1 kept, 1 renamed');
+    expect(byTestId('lf-import-kept')?.textContent).toContain('intro.ipynb');
+    expect(byTestId('lf-import-open-session')).toBeNull();
+    act(() => (byTestId('lf-import-open') as HTMLButtonElement).click());
+    expect(actions.openPath).toHaveBeenCalledWith('vfolders/data/intro.ipynb');
+  });
+
+  it("else opens the Hub's import page, which finds or starts a session that mounts it", async () => {
+    await submitImport(async () => importJob({}));
+    expect(byTestId('lf-import-status')?.textContent).toBe('Imported into folder repo');
+    expect(byTestId('lf-import-report')).toBeNull();
+    expect(byTestId('lf-import-open')).toBeNull();
+    act(() => (byTestId('lf-import-open-session') as HTMLButtonElement).click());
+    expect(actions.openTab).toHaveBeenCalledWith(
+      'https://hub.example.org/hub/labfleet/import?url=https%3A%2F%2Fexample.org%2Forg%2Frepo.git&folder=repo'
+    );
+  });
+
+  it('shows a running job and keeps the form from a second start', async () => {
+    (store.api as any).getImport = () => new Promise(() => undefined);
+    await submitImport(async () => importJob({ status: 'fetching', message: '' }));
+    expect(byTestId('lf-import-status')?.textContent).toBe('Fetching the repository…');
+    expect(byTestId('lf-section-badge-start')?.textContent).toBe('importing…');
+    expect((byTestId('lf-import-submit') as HTMLButtonElement).disabled).toBe(true);
+    store.imports.dispose();
+  });
+
+  it('opens the new-session and the new-folder forms where they are', async () => {
+    act(() => store.toggle('sessions', false));
+    await act(async () => (byTestId('lf-start-new-session') as HTMLButtonElement).click());
+    expect(store.isOpen('sessions')).toBe(true);
+    expect(byTestId('lf-new-session-form')).not.toBeNull();
+    expect(byTestId('lf-sessions')?.contains(byTestId('lf-new-session-form'))).toBe(true);
+    await act(async () => (byTestId('lf-start-new-folder') as HTMLButtonElement).click());
+    expect(byTestId('lf-folders')?.contains(byTestId('lf-folder-create'))).toBe(true);
+    expect(document.activeElement).toBe(byTestId('lf-folder-create-name'));
+    expect(byTestId('lf-folder-create-toggle')?.textContent).toBe('Cancel');
+  });
+});
+
+describe('Share as a link', () => {
+  it('opens a dialog with the link generator', async () => {
+    const button = byTestId('lf-folder-data')?.querySelector(
+      '[data-testid="lf-folder-share-link"]'
+    ) as HTMLButtonElement;
+    await act(async () => button.click());
+    const dialog = document.querySelector('.jp-Dialog');
+    expect(dialog?.querySelector('[data-testid="lf-share-link"]')).not.toBeNull();
+    expect(dialog?.textContent).toContain('Share as a link: data');
+    await act(async () => (dialog?.querySelector('.jp-mod-accept') as HTMLButtonElement).click());
   });
 });

@@ -27,7 +27,9 @@ function fakeApi(handlers: Record<string, Handler>): { api: FleetAPI; log: strin
     'answerInvitation',
     'storageHosts',
     'stillHere',
-    'endpoints'
+    'endpoints',
+    'startImport',
+    'getImport'
   ];
   for (const name of names) {
     (api as any)[name] = (...args: unknown[]) => {
@@ -278,5 +280,53 @@ describe('FleetStore', () => {
     await store.fetch('session');
     now = 4000;
     expect((store.now() - store.sessionReceivedAt) / 1000).toBe(3);
+  });
+
+  it('opens the new-session and new-folder forms, their sections too, and says once to scroll', () => {
+    const { api } = fakeApi({});
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    store.toggle('sessions', false);
+    store.toggle('folders', false);
+    store.showNewSession();
+    expect(store.isOpen('sessions')).toBe(true);
+    expect(store.newSessionOpen).toBe(true);
+    expect(store.takeReveal('new-folder')).toBe(false);
+    expect(store.takeReveal('new-session')).toBe(true);
+    expect(store.takeReveal('new-session')).toBe(false);
+    store.showNewFolder();
+    expect(store.isOpen('folders')).toBe(true);
+    expect(store.newFolderOpen).toBe(true);
+    expect(store.takeReveal('new-folder')).toBe(true);
+  });
+
+  it("lists my folders again when an import ends, and asks nothing on the Start section's account", async () => {
+    const done = {
+      id: 'j1',
+      status: 'done',
+      folder: { id: 'f7', name: 'repo' },
+      report: { updated: [], kept: [], renamed: [] }
+    };
+    const { api, log } = fakeApi({ session: async () => SESSION, startImport: async () => done });
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    for (const s of [
+      'session',
+      'quota',
+      'usage',
+      'sessions',
+      'folders',
+      'apps',
+      'serving'
+    ] as const) {
+      store.toggle(s, false);
+    }
+    await store.refresh();
+    log.length = 0;
+    await store.refresh();
+    expect(log).toEqual(['announcement']);
+    log.length = 0;
+    await store.imports.start({ url: 'https://example.org/r.git' });
+    await new Promise(resolve => setTimeout(resolve, 0));
+    expect(log).toEqual(['startImport({"url":"https://example.org/r.git"})', 'folders']);
+    expect(store.imports.job?.status).toBe('done');
   });
 });

@@ -10,7 +10,8 @@ import { canInvite, folderUsage, permissionLabel, scopeUsage } from '../folders'
 import { formatBytes, parseMem } from '../format';
 import type { FleetStore } from '../store';
 import { PERMISSIONS, USAGE_MODES, type IFolder, type IInvitation } from '../types';
-import { Bar, Empty, ErrorNote, Field, Select, useAction } from './common';
+import { Bar, Empty, ErrorNote, Field, Select, useAction, useReveal } from './common';
+import { showShareLinkDialog } from './ShareLink';
 
 function ShareForm(props: {
   store: FleetStore;
@@ -72,6 +73,7 @@ function FolderItem(props: {
   folder: IFolder;
   mountedPath: string | null;
   onOpen: (path: string) => void;
+  onShareLink: (folder: IFolder) => void;
 }): JSX.Element {
   const f = props.folder;
   const [sharing, setSharing] = React.useState(false);
@@ -149,6 +151,15 @@ function FolderItem(props: {
             Share…
           </Button>
         ) : null}
+        <Button
+          small
+          minimal
+          data-testid="lf-folder-share-link"
+          title="A link (and README badges) that imports a repository into a folder and opens it in a session"
+          onClick={() => props.onShareLink(f)}
+        >
+          Share as a link…
+        </Button>
       </div>
       {sharing ? (
         <ShareForm
@@ -314,13 +325,26 @@ function Invitation(props: { store: FleetStore; invitation: IInvitation }): JSX.
   );
 }
 
-export function Folders(props: { store: FleetStore; onOpen: (path: string) => void }): JSX.Element {
+export function Folders(props: {
+  store: FleetStore;
+  onOpen: (path: string) => void;
+  /** The "Share as a link" dialog (default: JupyterLab's Dialog with the link generator). */
+  onShareLink?: (folder: IFolder) => void;
+}): JSX.Element {
   const { store } = props;
+  const shareLink =
+    props.onShareLink ?? ((f: IFolder) => void showShareLinkDialog(store.hub, f.name));
   const folders = store.data.folders;
   const invitations = (store.data.invitations ?? []).filter(i => i.state === 'pending');
   const mounted = new Map((store.data.mounted ?? []).map(m => [m.id, m.path]));
-  const [creating, setCreating] = React.useState(false);
+  // In the store: the Start section's "New folder" opens the form too.
+  const creating = store.newFolderOpen;
+  const setCreating = (open: boolean) => {
+    store.newFolderOpen = open;
+  };
   const [created, setCreated] = React.useState<string | null>(null);
+  const formRef = React.useRef<HTMLDivElement>(null);
+  useReveal(formRef, () => store.takeReveal('new-folder'));
   return (
     <div className="lf-folders" data-testid="lf-folders">
       <ErrorNote message={store.errors.folders} testid="lf-error-folders" />
@@ -345,6 +369,7 @@ export function Folders(props: { store: FleetStore; onOpen: (path: string) => vo
               folder={f}
               mountedPath={mounted.get(f.id) ?? null}
               onOpen={props.onOpen}
+              onShareLink={shareLink}
             />
           ))}
         </ul>
@@ -357,13 +382,15 @@ export function Folders(props: { store: FleetStore; onOpen: (path: string) => vo
         </div>
       ) : null}
       {creating ? (
-        <CreateFolderForm
-          store={store}
-          onDone={name => {
-            setCreating(false);
-            setCreated(name);
-          }}
-        />
+        <div ref={formRef} className="lf-reveal">
+          <CreateFolderForm
+            store={store}
+            onDone={name => {
+              setCreating(false);
+              setCreated(name);
+            }}
+          />
+        </div>
       ) : null}
       <div className="lf-actions">
         <Button

@@ -6,7 +6,7 @@ import { sessionDisplayName, sessionStatusLabel } from '../sessions';
 import { formatSlots } from '../slots';
 import type { FleetStore } from '../store';
 import type { ISessionSummary } from '../types';
-import { Empty, ErrorNote } from './common';
+import { Empty, ErrorNote, useReveal } from './common';
 import { NewSessionForm } from './NewSessionForm';
 
 function statusClass(status: string): string {
@@ -93,6 +93,9 @@ export function Sessions(props: {
   const list = store.data.sessions;
   const error = store.errors.sessions;
   const [started, setStarted] = React.useState<string | null>(null);
+  const formRef = React.useRef<HTMLDivElement>(null);
+  // Opened from the Start section (or the command): the form comes into view.
+  useReveal(formRef, () => store.takeReveal('new-session'));
   // The note stays only until the new session is listed: from then on its row says how it stands.
   const listed = started !== null && !!list?.some(s => s.name === started);
   React.useEffect(() => {
@@ -127,16 +130,18 @@ export function Sessions(props: {
         </div>
       ) : null}
       {store.newSessionOpen ? (
-        <NewSessionForm
-          store={store}
-          onDone={name => {
-            setStarted(name);
-            store.newSessionOpen = false;
-          }}
-          onCancel={() => {
-            store.newSessionOpen = false;
-          }}
-        />
+        <div ref={formRef} className="lf-reveal">
+          <NewSessionForm
+            store={store}
+            onDone={name => {
+              setStarted(name);
+              store.newSessionOpen = false;
+            }}
+            onCancel={() => {
+              store.newSessionOpen = false;
+            }}
+          />
+        </div>
       ) : (
         <div className="lf-actions">
           <Button

@@ -202,3 +202,21 @@ export function useAction(): [
   };
   return [busy, error, run, setError];
 }
+
+/**
+ * Scroll to an element (and focus its first field) when `wanted()` says so: a form the Start
+ * section or a command opened somewhere down the panel.  `wanted` is asked after each render
+ * that has the element, and says yes once (`FleetStore.takeReveal`).
+ */
+export function useReveal(ref: React.RefObject<HTMLElement>, wanted: () => boolean): void {
+  React.useEffect(() => {
+    const el = ref.current;
+    if (!el || !wanted()) {
+      return;
+    }
+    el.scrollIntoView?.({ block: 'start' });
+    el.querySelector<HTMLElement>('input:not([type=hidden]):not([type=checkbox])')?.focus({
+      preventScroll: true
+    });
+  });
+}
