@@ -28,8 +28,19 @@ everything. :func:`layer_keys` computes exactly this: layer i's key covers the b
 layers 1..i, nothing else. The Dockerfile follows it: each file is copied into the build right
 before the layer that uses it, and the labels that name the whole recipe come last.
 
-Build settings that are not the user's (the unprivileged user, the package index, an apt proxy)
-are arguments of :func:`dockerfile`, not part of the recipe or of its hash.
+Build settings that are not the user's (the unprivileged user, the package index, an apt proxy,
+``own_env``) are arguments of :func:`dockerfile`, not part of the recipe or of its hash.
+
+A base whose Python environment the unprivileged user cannot write (a venv or conda env owned by
+root, as in an image that installs its venv as root and then switches user) fails at the pip layer.
+``dockerfile(..., own_env=True)`` adds one step as root before the apt layer, of fixed text (the
+base and the user only, nothing of the recipe): when the ``pip`` on PATH belongs to a venv or conda
+env (``pyvenv.cfg`` or ``conda-meta/`` in its prefix, never /usr or /usr/local), the env's
+directories (and conda's records) that are not the user's become theirs. That is enough for pip to
+add, upgrade and remove packages (it unlinks a file before writing or removing it), and costs
+metadata only: no file's data is copied into the layer. The Docker cache keeps the step once per
+base and user, shared by every recipe on that base; where the env already is the user's, it
+changes nothing.
 """
 
 from __future__ import annotations
@@ -453,12 +464,30 @@ def _layers_used(recipe: Recipe) -> dict[str, bool]:
     }
 
 
+def _own_env_step(user: str) -> str:
+    """The root step of ``own_env``: in the env of the ``pip`` on PATH (a venv or conda env, found
+    by its prefix; never /usr or /usr/local, whose prefix has neither mark), every directory and
+    conda's records (``conda-meta/``) not ``user``'s become theirs; nothing otherwise (no pip, a
+    system Python, an env the user owns). Directories suffice for pip: it adds files, and it
+    unlinks a file before it writes or removes it (no file's data is copied into the layer)."""
+    owner = shlex.quote(user.split(":", 1)[0])
+    return (
+        'RUN pip="$(command -v pip || true)" \\\n'
+        ' && prefix="$(if [ -n "$pip" ]; then dirname "$(dirname "$(readlink -f "$pip")")"; fi)" \\\n'
+        ' && if [ -n "$prefix" ] && { [ -f "$prefix/pyvenv.cfg" ] || [ -d "$prefix/conda-meta" ]; }; then \\\n'
+        f'        find "$prefix" ! -user {owner} \\( -type d -o -path "$prefix/conda-meta/*" \\) \\\n'
+        f"            -exec chown {shlex.quote(user)} {{}} +; \\\n"
+        "    fi"
+    )
+
+
 def dockerfile(
     recipe: Recipe,
     *,
     user: str = DEFAULT_USER,
     index_url: str | None = None,
     apt_proxy: str | None = None,
+    own_env: bool = False,
 ) -> str:
     """The Dockerfile that builds ``recipe`` (see the module's notes on layers and the build cache).
 
@@ -466,6 +495,9 @@ def dockerfile(
     as. ``index_url``: pip's package index (``PIP_INDEX_URL``, a build argument, so it stays out of
     the sessions' environment, though ``docker history`` shows it: give one without credentials;
     the host is trusted too when the URL is http); None: pip's default, the public index. ``apt_proxy``: an http(s) proxy for apt (a cache such as apt-cacher-ng).
+    ``own_env``: first give ``user`` the folders of the base's Python environment when it is a venv
+    or conda env the user does not own (see the module's notes), for recipes with a conda, pip or
+    postBuild layer.
     The base, the user and the URLs are checked here again; apt package names are checked when
     read, and every other file is copied, never written into the Dockerfile.
     """
@@ -475,21 +507,26 @@ def dockerfile(
     apt_proxy = _check_url(apt_proxy, "apt proxy") if apt_proxy is not None else None
     used = _layers_used(recipe)
     lines = [f"# labfleet recipe {recipe_hash(recipe)}", f"FROM {base}"]
+    as_user = used["conda"] or used["pip"] or used["postBuild"]
+    if own_env and as_user:
+        # Before apt: the step depends on the base and the user only, so every recipe shares it.
+        lines += ["USER root", _own_env_step(user)]
     if used["apt"]:
+        if not (own_env and as_user):
+            lines.append("USER root")
         apt = "apt-get"
         if apt_proxy:
             proxy = f"Acquire::http::Proxy={apt_proxy}"
             apt = f"apt-get -o {shlex.quote(proxy)}"
         packages = " \\\n        ".join(shlex.quote(p) for p in apt_packages(recipe.files[APT_FILE]))
         lines += [
-            "USER root",
             f"RUN {apt} update \\\n"
             f" && DEBIAN_FRONTEND=noninteractive {apt} install -y --no-install-recommends \\\n"
             f"        {packages} \\\n"
             " && rm -rf /var/lib/apt/lists/*",
         ]
     lines.append(f"USER {user}")
-    if index_url and (used["conda"] or used["pip"] or used["postBuild"]):  # postBuild's pip too
+    if index_url and as_user:  # postBuild's pip too
         lines.append(f'ARG PIP_INDEX_URL="{index_url}"')
         if urlsplit(index_url).scheme == "http":
             lines.append(f'ARG PIP_TRUSTED_HOST="{_host_port(index_url)}"')
@@ -525,10 +562,12 @@ def context_files(
     user: str = DEFAULT_USER,
     index_url: str | None = None,
     apt_proxy: str | None = None,
+    own_env: bool = False,
 ) -> dict[str, bytes]:
     """The build context: ``Dockerfile`` (:func:`dockerfile` with these arguments) and the files it copies."""
     used = _layers_used(recipe)
-    out = {"Dockerfile": dockerfile(recipe, user=user, index_url=index_url, apt_proxy=apt_proxy).encode()}
+    text = dockerfile(recipe, user=user, index_url=index_url, apt_proxy=apt_proxy, own_env=own_env)
+    out = {"Dockerfile": text.encode()}
     for layer, file in LAYERS:
         if used[layer] and layer != "apt":  # apt's packages are in the Dockerfile itself
             out[file] = recipe.files[file].encode("utf-8")
