@@ -486,6 +486,23 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser, tmp_path):
     # The JupyterLab launcher lists the apps too (jupyter-server-proxy's cards).
     expect(page.locator(".jp-LauncherCard", has_text="TensorBoard").first).to_be_visible()
     shot(page, "lab-launcher-light")
+    # A Fleet section in the launcher: the Start section's three ways in. Import from URL opens the Fleet
+    # panel (closed here first) at the Start section, its URL field focused.
+    launcher_fleet = page.locator(
+        ".jp-Launcher-section", has=page.locator(".jp-Launcher-sectionTitle", has_text=re.compile("^Fleet$"))
+    )
+    fleet_cards = launcher_fleet.locator('.jp-LauncherCard[data-category="Fleet"]')
+    expect(fleet_cards.locator(".jp-LauncherCard-label")).to_have_text(
+        ["Import from URL", "New session", "New folder"]
+    )
+    launcher_fleet.scroll_into_view_if_needed()
+    shot(page, "launcher-fleet-light", launcher_fleet)
+    fleet_panel_closed(page)
+    expect(page.locator(tid("lf-section-start"))).not_to_have_class(re.compile(r"\blf-open\b"))
+    fleet_cards.filter(has_text="Import from URL").click()
+    expect(page.locator(f"{tid('lf-section-start')}.lf-open")).to_be_visible()
+    expect(page.locator(tid("lf-import-url"))).to_be_focused()
+    page.locator(tid("lf-section-toggle-start")).click()  # as it was, for the screenshots below
 
     # The status bar shows the session's GPU share and use.
     status = page.locator(tid("lf-statusbar"))

@@ -12,6 +12,7 @@ import {
   showErrorMessage
 } from '@jupyterlab/apputils';
 import { PageConfig, URLExt } from '@jupyterlab/coreutils';
+import { ILauncher } from '@jupyterlab/launcher';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Signal } from '@lumino/signaling';
@@ -35,6 +36,10 @@ export namespace CommandIDs {
   /** Open (activate) the Fleet panel; the status bar item runs it. */
   export const show = 'labfleet:show';
   export const newSession = 'labfleet:new-session';
+  /** The Start section's Import from URL: the section opens, its URL field focused. */
+  export const importURL = 'labfleet:import';
+  /** The Folders section's new-folder form (the Start section's New folder…). */
+  export const newFolder = 'labfleet:new-folder';
   export const stopThis = 'labfleet:stop-this-session';
   export const openFolder = 'labfleet:open-folder';
   export const refresh = 'labfleet:refresh';
@@ -45,6 +50,8 @@ export namespace CommandIDs {
 }
 
 const PALETTE_CATEGORY = 'Fleet';
+/** The launcher's section of Fleet cards (the same name as the palette's category). */
+const LAUNCHER_CATEGORY = 'Fleet';
 const DEFAULT_INTERVAL_S = 5;
 
 /** Ask, then stop a session; a refusal from the service rejects with its message. */
@@ -65,7 +72,8 @@ function activate(
   settingRegistry: ISettingRegistry | null,
   palette: ICommandPalette | null,
   statusBar: IStatusBar | null,
-  restorer: ILayoutRestorer | null
+  restorer: ILayoutRestorer | null,
+  launcher: ILauncher | null
 ): void {
   const api = new FleetAPI();
   const store = new FleetStore(api, {
@@ -172,13 +180,32 @@ function activate(
     label: 'Refresh the Fleet panel',
     execute: () => sidebar.refresh()
   });
+  // A launcher card says what it opens without the ellipsis of a menu or palette item.
+  commands.addCommand(CommandIDs.importURL, {
+    label: args => (args.isLauncher ? 'Import from URL' : 'Import from URL…'),
+    caption: 'Import a notebook, a git repository or an archive by URL into a folder',
+    icon: fleetIcon,
+    execute: () => {
+      app.shell.activateById(sidebar.id);
+      store.showImport();
+    }
+  });
   commands.addCommand(CommandIDs.newSession, {
-    label: 'New session…',
+    label: args => (args.isLauncher ? 'New session' : 'New session…'),
     caption: 'Start another labfleet session (project, image, resources)',
     icon: fleetIcon,
     execute: () => {
       app.shell.activateById(sidebar.id);
       store.showNewSession();
+    }
+  });
+  commands.addCommand(CommandIDs.newFolder, {
+    label: args => (args.isLauncher ? 'New folder' : 'New folder…'),
+    caption: 'Create a virtual folder that sessions can mount',
+    icon: fleetIcon,
+    execute: () => {
+      app.shell.activateById(sidebar.id);
+      store.showNewFolder();
     }
   });
   commands.addCommand(CommandIDs.stopThis, {
@@ -254,7 +281,9 @@ function activate(
   if (palette) {
     for (const command of [
       CommandIDs.show,
+      CommandIDs.importURL,
       CommandIDs.newSession,
+      CommandIDs.newFolder,
       CommandIDs.stopThis,
       CommandIDs.openFolder,
       CommandIDs.refresh,
@@ -262,6 +291,11 @@ function activate(
     ]) {
       palette.addItem({ command, category: PALETTE_CATEGORY });
     }
+  }
+  if (launcher) {
+    [CommandIDs.importURL, CommandIDs.newSession, CommandIDs.newFolder].forEach((command, rank) =>
+      launcher.add({ command, args: { isLauncher: true }, category: LAUNCHER_CATEGORY, rank })
+    );
   }
 
   if (settingRegistry) {
@@ -299,7 +333,7 @@ export const plugin: JupyterFrontEndPlugin<void> = {
   description:
     'labfleet: this session, quotas, usage, sessions, folders and apps; GPU use in the status bar.',
   autoStart: true,
-  optional: [ISettingRegistry, ICommandPalette, IStatusBar, ILayoutRestorer],
+  optional: [ISettingRegistry, ICommandPalette, IStatusBar, ILayoutRestorer, ILauncher],
   activate
 };
 

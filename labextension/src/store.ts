@@ -65,8 +65,11 @@ export type Resource =
   | 'hosts'
   | 'endpoints';
 
-/** A form the sidebar scrolls to when something (the Start section, a command) opens it. */
-export type RevealTarget = 'new-session' | 'new-folder';
+/**
+ * A form the sidebar scrolls to (its first field focused) when something (the Start section, a
+ * command, a launcher card) opens it: `import` is the Start section's Import from URL.
+ */
+export type RevealTarget = 'new-session' | 'new-folder' | 'import';
 
 /** The poll asks for my usage statistics at most this often (ms). */
 export const USAGE_MIN_AGE_MS = 60_000;
@@ -318,6 +321,13 @@ export class FleetStore {
   showNewFolder(): void {
     this._reveal = 'new-folder';
     this.newFolderOpen = true;
+    this._changed.emit();
+  }
+
+  /** Open the Start section and have the panel scroll to its import form (its URL focused). */
+  showImport(): void {
+    this._reveal = 'import';
+    this.toggle('start', true);
     this._changed.emit();
   }
 

@@ -299,6 +299,27 @@ describe('FleetStore', () => {
     expect(store.takeReveal('new-folder')).toBe(true);
   });
 
+  it('opens the Start section for an import and says once to scroll to it', () => {
+    const { api } = fakeApi({});
+    const store = new FleetStore(api, { user: 'alice', serverName: 'work' });
+    store.toggle('start', false);
+    let changes = 0;
+    store.changed.connect(() => changes++);
+    store.showImport();
+    expect(store.isOpen('start')).toBe(true);
+    expect(changes).toBeGreaterThan(0);
+    // Neither form elsewhere opens.
+    expect(store.newSessionOpen).toBe(false);
+    expect(store.newFolderOpen).toBe(false);
+    expect(store.takeReveal('new-session')).toBe(false);
+    expect(store.takeReveal('import')).toBe(true);
+    expect(store.takeReveal('import')).toBe(false);
+    // Asked again while the section is open: it scrolls again.
+    store.showImport();
+    expect(store.isOpen('start')).toBe(true);
+    expect(store.takeReveal('import')).toBe(true);
+  });
+
   it("lists my folders again when an import ends, and asks nothing on the Start section's account", async () => {
     const done = {
       id: 'j1',

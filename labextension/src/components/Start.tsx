@@ -17,7 +17,7 @@ import {
 } from '../imports';
 import type { FleetStore } from '../store';
 import type { IImportJob } from '../types';
-import { ErrorNote, Field, Select } from './common';
+import { ErrorNote, Field, Select, useReveal } from './common';
 
 /** Folders an import may write into: ready, and mine to write (rw, wd). */
 function writableFolders(store: FleetStore): { value: string; label: string }[] {
@@ -233,8 +233,12 @@ export function Start(props: {
   onOpenTab: (url: string) => void;
 }): JSX.Element {
   const { store } = props;
+  const ref = React.useRef<HTMLDivElement>(null);
+  // Opened by its command (a launcher card): the section comes into view, the URL field focused
+  // (the first field in it).
+  useReveal(ref, () => store.takeReveal('import'));
   return (
-    <div className="lf-start" data-testid="lf-start">
+    <div ref={ref} className="lf-start" data-testid="lf-start">
       <div className="lf-subtitle">Import from URL</div>
       <ImportForm store={store} onOpenPath={props.onOpenPath} onOpenTab={props.onOpenTab} />
       <div className="lf-actions lf-start-new">
