@@ -26,7 +26,7 @@ from labfleet.core.validate import check_fields
 from .vfolders import actor_user
 
 HOST_RE = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?)*$"
+    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
 )
 MAX_TOKEN = 4096
 DEFAULT_USERNAME = "oauth2"  # what GitLab wants with a token; GitHub and Gitea take any name
@@ -54,8 +54,8 @@ def _check_token(value: Any) -> str:
         raise InvalidInput("token: give the access token for the host")
     if len(value) > MAX_TOKEN:
         raise InvalidInput(f"token is longer than {MAX_TOKEN} characters")
-    if any(ord(c) < 33 or ord(c) == 127 for c in value):
-        raise InvalidInput("token contains spaces or control characters")
+    if any(not 33 <= ord(c) <= 126 for c in value):
+        raise InvalidInput("token must be printable ASCII, without spaces")
     return value
 
 
