@@ -3,7 +3,9 @@ from the test image (labfleet/singleuser:test, whose /opt/venv is root's) with a
 a package index of the test's own (PEP 503 "simple" pages and a wheel made here, served on
 127.0.0.1); the same recipe found and rebuilt from the cache; a change in postBuild or in
 requirements.txt rebuilding from its layer on; a missing package failing at the pip step; a
-build past its time stopped. Every image and layer the tests make is removed at the end.
+build past its time stopped; and the service's build queue (labfleet.compute.envqueue) taking an
+environment from QUEUED to READY, then a second one of the same recipe READY at once, nothing
+built. Every image and layer the tests make is removed at the end.
 
 The module starts Docker itself (scripts/docker.sh) and builds the test image if missing
 (scripts/build-image.sh), through test_docker_backend's ``engine`` fixture.
@@ -11,9 +13,11 @@ The module starts Docker itself (scripts/docker.sh) and builds the test image if
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import http.server
+import logging
 import re
 import secrets
 import subprocess
@@ -297,3 +301,95 @@ def test_a_build_past_its_time_is_stopped(builder, engine):  # noqa: F811
         time.sleep(0.5)
     assert not engine.api.containers(all=True, filters={"id": running[-1]})
     assert not engine.api.images(name=f"{REPO_NAME}:slow")
+
+
+# --- through the service's build queue ----------------------------------------------------------------
+
+
+async def test_the_service_queue_builds_an_environment_then_reuses_its_image(
+    engine,  # noqa: F811  (the imported fixture)
+    index,
+    tmp_path,
+    monkeypatch,
+):
+    """labfleet.compute.envqueue: QUEUED -> BUILDING -> READY, the build's lines in the log file as it
+    goes; a second environment of the same recipe READY at once from the same image, nothing built;
+    the image leaves the engine with the last environment that has it."""
+    from labfleet.compute import environments, images
+    from labfleet.compute.envqueue import Builds
+    from labfleet.core import database
+    from labfleet.core.authz import Actor
+    from labfleet.core.envmodels import Environment
+    from labfleet.tenancy import directory
+    from labfleet.tenancy.policies import ensure_default_keypair_policy
+    from tests.dbfixture import fresh_db
+
+    db_engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
+    cli = Actor.cli()
+    with database.session_scope(factory) as db:
+        ensure_default_keypair_policy(db)
+        directory.create_domain(db, cli, {"name": "acme"})
+        directory.create_project(db, cli, {"domain": "acme", "name": "ml"})
+        directory.create_user(db, cli, {"username": "ann", "domain": "acme", "projects": ["ml"]})
+        images.register(db, cli, {"name": IMAGE})
+        ann = directory.actor_for(directory.get_user(db, "ann"))
+    builds = Builds(
+        factory,
+        logging.getLogger("test-envqueue"),
+        log_dir=tmp_path / "logs",
+        node="this-node",
+        index_url=index["url"],
+        timeout=300,
+        cpu_limit=CPU_LIMIT,
+        mem_limit=MEM_LIMIT,
+    )
+    body = {"base": IMAGE, "files": {"requirements.txt": f"{BETA}\n"}}
+
+    def status_of(env_id):
+        with database.session_scope(factory) as db:
+            return environments.view(db.get(Environment, env_id))
+
+    with database.session_scope(factory) as db:
+        first = environments.view(builds.create(db, ann, {"name": "beta", **body}))
+    tag = environments.image_tag(first["recipe_hash"])
+    try:
+        assert first["status"] == "QUEUED"
+        assert builds.serve() == [first["id"]]
+        seen, t0 = [], time.monotonic()
+        while builds.running and time.monotonic() - t0 < 300:
+            status = status_of(first["id"])["status"]
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            await asyncio.sleep(0.2)
+        await builds.wait()
+        TIMINGS["queued build"] = time.monotonic() - t0
+        done = status_of(first["id"])
+        assert done["status"] == "READY", done["status_reason"]
+        assert "BUILDING" in seen and done["image"] == tag and done["node"] == "this-node"
+        log = builds.log_path(first["id"]).read_text()
+        assert "RUN pip install --no-cache-dir -r" in log and f"Successfully installed {BETA}-2.0" in log
+        assert f"READY: image {tag}" in log
+        image = engine.api.inspect_image(tag)
+        assert image["Id"] == done["image_id"] and image["Size"] == done["size_bytes"]
+        assert docker_run(tag, f"import {_module(BETA)} as b; print(b.VALUE)") == f"beta-{TOKEN}"
+
+        # The same recipe again: READY at once, the same image, nothing built.
+        with database.session_scope(factory) as db:
+            again = environments.view(builds.create(db, ann, {"name": "beta-again", **body}))
+        assert again["status"] == "READY" and (again["image"], again["image_id"]) == (tag, done["image_id"])
+        assert builds.serve() == []
+        reused = builds.log_path(again["id"]).read_text()
+        assert "nothing built" in reused and "Step " not in reused
+
+        # The image stays while an environment has it.
+        for env_id, left in ((first["id"], True), (again["id"], False)):
+            with database.session_scope(factory) as db:
+                gone = builds.delete(db, ann, env_id)
+            await builds.forget(gone)
+            assert bool(engine.api.images(name=tag)) is left
+    finally:
+        try:
+            engine.api.remove_image(tag)
+        except Exception:
+            pass
+        db_engine.dispose()

@@ -50,6 +50,9 @@ EXCLUDED = {
     # A valid import fetches from the host its URL names: the network rule keeps tests to servers they
     # start.  tests/test_imports.py covers its refusals and its runs against such a server.
     ("POST", "/imports"),
+    # A valid environment starts a build on the node's Docker engine (minutes, and the public package
+    # index). tests/test_environments.py covers its refusals and the queue, test_envbuild_docker.py a build.
+    ("POST", "/environments"),
 }
 
 # Operations whose schema-valid requests may still be refused with 400, with why: what the body names

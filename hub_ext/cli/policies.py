@@ -79,6 +79,18 @@ FOLDER_OPTIONS = (
         metavar="BYTES",
         convert=byte_size,
     ),
+    Option(
+        "--max-environments",
+        "(user, project) Own environment images it may have (0 = unlimited; default 3).",
+        metavar="N",
+        convert=whole_number,
+    ),
+    Option(
+        "--max-environment-bytes",
+        "(user, project) Bytes its environment images may take together, e.g. 20g (0 = unlimited).",
+        metavar="BYTES",
+        convert=byte_size,
+    ),
 )
 
 USER_OPTIONS = (
@@ -171,7 +183,7 @@ class PolicyCreate(Command):
     name = "labfleet policy create"
     summary = "Create a keypair, user or project resource policy."
     description = """Create a resource policy: keypair (slots, sessions, lifetimes, storage hosts),
-    user or project (folder count, storage quota)."""
+    user or project (folder count, storage quota, environments)."""
     examples = (
         "labfleet policy create keypair students --slots cpu=4,mem=16g,gpu.shares=0.5 "
         "--default-for-unspecified LIMITED --max-concurrent-sessions 2 --idle-timeout 30m",

@@ -159,6 +159,27 @@ def find_built(client: Any, recipe_hash: str) -> ImageInfo | None:
     return max(found, key=lambda info: (bool(info.tags), info.created))
 
 
+def tag_image(client: Any, image_id: str, tag: str) -> None:
+    """Give the image ``image_id`` the name ``tag`` (``repository:tag``) too."""
+    check_base_image(tag)
+    repository, _, name = tag.rpartition(":")
+    if not repository or "/" in name or "@" in tag:
+        raise ValueError(f"tag {tag!r} is not repository:tag")
+    _api(client).tag(image_id, repository, name)
+
+
+def remove_image(client: Any, tag: str) -> bool:
+    """Take the name ``tag`` off its image (which the engine deletes with the parents nothing else
+    uses, once it has no other name): True; False when no image has that name."""
+    import docker.errors
+
+    try:
+        _api(client).remove_image(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
 # --- building ----------------------------------------------------------------------------------------
 
 
@@ -425,4 +446,6 @@ __all__ = [
     "describe_steps",
     "find_built",
     "layer_of",
+    "remove_image",
+    "tag_image",
 ]

@@ -446,6 +446,11 @@ def _check_url(value: Any, what: str) -> str:
     return str(value)
 
 
+def check_index_url(value: Any) -> str:
+    """A package index URL as :func:`dockerfile` takes it (http or https; no spaces, quotes or ``$``)."""
+    return _check_url(value, "package index")
+
+
 def _host_port(url: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or ""

@@ -108,6 +108,9 @@ class _FolderPolicy:
     max_quota_scope_size: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes, 0 = unlimited
     # One folder's size limit, bytes; 0 = only the scope's limit.
     max_vfolder_size: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The owner's environments (labfleet.compute.environments; 0 = unlimited) and their images' bytes (0018).
+    max_environments: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
+    max_environment_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -984,3 +987,6 @@ class ServingUsage(Base):
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     errors: Mapped[int] = mapped_column(BigInteger, default=0)
     latency_ms_total: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+from labfleet.core import envmodels  # noqa: E402,F401  (its tables in Base.metadata)

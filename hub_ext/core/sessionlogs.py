@@ -36,3 +36,14 @@ class SessionLogs(HasTraits):
 def log_file(folder: str | Path, session_id: str) -> Path:
     """The log file of session ``session_id`` in ``folder``."""
     return Path(folder) / f"{session_id}.log"
+
+
+def read_tail(path: str | Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of the log file at ``path`` (all of a shorter one); none when it is absent."""
+    path = Path(path)
+    if not path.is_file():
+        return b""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - limit))
+        return f.read(limit)

@@ -1,8 +1,8 @@
 """labfleet's words, defined once for every process that uses them: the service, the Hub's
 spawners, the session extension, the widgets, the console and the CLI.
 
-Session types, session statuses and the named subsets of them, slot names, folder rights and port
-bounds.
+Session types, session statuses and the named subsets of them, environment build statuses, slot
+names, folder rights and port bounds.
 Sizes (their grammar and how bytes read) are in :mod:`labfleet.core.slots`.  Pure: constants only,
 importable anywhere (the Hub and sessions included); a test (tests/unit/test_vocabulary.py) finds
 any of them typed again elsewhere.
@@ -41,6 +41,13 @@ LIVE_STATUSES = (PENDING, *HOLDING_STATUSES)
 ACTIVE_STATUSES = (PENDING, *STARTING_STATUSES, "RUNNING")
 # Ended: nothing changes any more, nothing is held.
 FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
+
+# ---------------------------------------------------------------- environment statuses
+
+# A user's own environment image ("My Environments"), in the order its build goes through them.
+ENVIRONMENT_STATUSES = ("QUEUED", "BUILDING", "READY", "FAILED")
+# Its build waits for a slot or runs: not finished yet.
+BUILD_PENDING_STATUSES = ("QUEUED", "BUILDING")
 
 # ---------------------------------------------------------------- slots
 

@@ -28,7 +28,7 @@ from tornado import web
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Application, catch_config_error
 
-from labfleet.compute import agents, images, nodes, reconcile, sessions
+from labfleet.compute import agents, images, nodes, recipes, reconcile, sessions
 from labfleet.compute.devices import DevicePlugin, describe_node, get_plugin
 from labfleet.compute.devices.mps import (
     CONTROL_BINARY,
@@ -41,6 +41,7 @@ from labfleet.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
+from labfleet.compute.envqueue import Builds
 from labfleet.compute.scheduler.admission import QueueLimits
 from labfleet.core import bootstrap, database, hubmap
 from labfleet.core.authz import Actor
@@ -231,6 +232,55 @@ class LabfleetService(SessionLogs, Application):
         600,
         help="Seconds an import's fetch (a clone, a download) may take before it is stopped.",
     ).tag(config=True, env="LABFLEET_IMPORT_TIMEOUT")
+
+    environment_index_url = Unicode(
+        "",
+        help="""The package index that environment builds ("My Environments") install requirements.txt
+        from, as pip's --index-url (a site's mirror, e.g. http://pypi.example.org/simple/). Empty: pip's
+        default, the public index. It shows in the images' history: give one without credentials.""",
+    ).tag(config=True, env="LABFLEET_ENVIRONMENT_INDEX_URL")
+
+    @validate("environment_index_url")
+    def _check_environment_index_url(self, proposal):
+        if proposal["value"]:
+            try:
+                recipes.check_index_url(proposal["value"])
+            except LabfleetError as e:
+                raise TraitError(e.message) from None
+        return proposal["value"]
+
+    environment_build_timeout = Integer(
+        1800,
+        help="Seconds an environment's build may take before it is stopped (the environment FAILED).",
+    ).tag(config=True, env="LABFLEET_ENVIRONMENT_BUILD_TIMEOUT")
+
+    environment_builds_max = Integer(
+        2,
+        help="""Environment builds this service runs at once on its node's Docker engine; each user has
+        one at a time. The others wait, QUEUED, oldest first.""",
+    ).tag(config=True, env="LABFLEET_ENVIRONMENT_BUILDS_MAX")
+
+    environment_build_cpu = Float(
+        2.0, help="Cores the containers of one environment build may use (a CPU quota)."
+    ).tag(config=True)
+
+    environment_build_mem = Integer(
+        4 * 2**30, help="Bytes of memory the containers of one environment build may use (no swap beyond)."
+    ).tag(config=True)
+
+    @validate("environment_build_timeout", "environment_builds_max", "environment_build_cpu")
+    def _check_positive(self, proposal):
+        if not proposal["value"] > 0:
+            raise TraitError(f"{proposal['trait'].name} must be more than 0, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("environment_build_mem")
+    def _check_build_mem(self, proposal):
+        if proposal["value"] < 64 * 2**20:
+            raise TraitError(
+                f"environment_build_mem must be 64 MiB (67108864) or more, not {proposal['value']}"
+            )
+        return proposal["value"]
 
     vfolder_scan_interval = Integer(
         300,
@@ -466,6 +516,17 @@ class LabfleetService(SessionLogs, Application):
             rescan=self.folder_usage.rescan,
             timeout=self.import_timeout,
         )
+        self.environment_builds = Builds(
+            self.session_factory,
+            self.log,
+            log_dir=self.session_log_dir,
+            node=self.node_name,
+            index_url=self.environment_index_url or None,
+            timeout=self.environment_build_timeout,
+            max_running=self.environment_builds_max,
+            cpu_limit=self.environment_build_cpu,
+            mem_limit=self.environment_build_mem,
+        )
 
     def register_node(self) -> None:
         self.plugins = plugins = [
@@ -682,6 +743,7 @@ class LabfleetService(SessionLogs, Application):
             self.jobs.add("reconcile", max(self.reconcile_interval, 0), self.reconcile_with_hub, first_in=0)
         self.jobs.add("schedule", self.schedule_interval, self.serve_queues)
         self.serving = ServingController.attach(self)  # model serving: replicas, health, the router's table
+        self.environment_builds.resume()  # builds a stopped service left, and those waiting
         self.jobs.add("nodes", self.agent_heartbeat, self.watch_nodes)
         if self.idle_check_interval > 0 and self.hub_sync.enabled:
             self.jobs.add("idle", self.idle_check_interval, self.reclaim_idle)
@@ -700,6 +762,7 @@ class LabfleetService(SessionLogs, Application):
         await self.stopping.wait()
         self.log.info("labfleet service stopping")
         loop_task.cancel()
+        self.environment_builds.stop()
         await self.jobs.stop()
         if self.mps_supervisor is not None:
             await asyncio.to_thread(self.mps_supervisor.stop)

@@ -328,6 +328,16 @@ SECTIONS = (
     ),
     ("sessions", ("session_log_dir", "default_images")),
     (
+        "environments",
+        (
+            "environment_index_url",
+            "environment_build_timeout",
+            "environment_builds_max",
+            "environment_build_cpu",
+            "environment_build_mem",
+        ),
+    ),
+    (
         "the Hub",
         (
             "reconcile_interval",

@@ -1,4 +1,5 @@
-"""Resource policies: keypair (slots, concurrency, lifetimes), user and project (folders, storage)."""
+"""Resource policies: keypair (slots, concurrency, lifetimes), user and project (folders, storage,
+environments)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ _FOLDER_FIELDS = {
     "max_vfolder_count": lambda v: check_int(v, "max_vfolder_count", maximum=1_000_000),
     "max_quota_scope_size": lambda v: check_int(v, "max_quota_scope_size", maximum=MAX_BYTES),
     "max_vfolder_size": lambda v: check_int(v, "max_vfolder_size", maximum=MAX_BYTES),
+    # The owner's own environment images (labfleet.compute.environments): how many, how many bytes.
+    "max_environments": lambda v: check_int(v, "max_environments", maximum=100_000),
+    "max_environment_bytes": lambda v: check_int(v, "max_environment_bytes", maximum=MAX_BYTES),
 }
 # A user policy also limits model serving (labfleet.serving): endpoints, and replicas of one endpoint;
 # and the keypairs its user may hold (labfleet.tenancy.keypairs).
@@ -161,6 +165,8 @@ def policy_view(kind: str, obj) -> dict[str, Any]:
         "max_vfolder_count": obj.max_vfolder_count,
         "max_quota_scope_size": obj.max_quota_scope_size,
         "max_vfolder_size": obj.max_vfolder_size,
+        "max_environments": obj.max_environments,
+        "max_environment_bytes": obj.max_environment_bytes,
     }
     if kind == "user":
         view["max_endpoints"] = obj.max_endpoints

@@ -248,6 +248,8 @@ def test_an_option_falls_back_on_its_variable_and_configuration_wins(option, mon
     names = env_names(trait)
     if option == "mps":
         raw, value = "off", "off"
+    elif option == "environment_index_url":  # a URL, checked
+        raw = value = "http://pypi.example.org/simple/"
     else:
         raw, value = _sample(trait)
     for name in names:
@@ -268,6 +270,8 @@ def test_an_option_falls_back_on_its_variable_and_configuration_wins(option, mon
         ("LABFLEET_MOCK_DEVICES", "[{not json", "not JSON"),
         ("LABFLEET_NODE_LOST_AFTER", "0", "must be more than 0"),
         ("LABFLEET_MPS", "sometimes", "LABFLEET_MPS"),
+        ("LABFLEET_ENVIRONMENT_INDEX_URL", "ftp://mirror/simple", "not an http(s) URL"),
+        ("LABFLEET_ENVIRONMENT_BUILDS_MAX", "0", "must be more than 0"),
     ],
 )
 def test_a_variable_that_cannot_be_read_is_refused_by_name(name, raw, says, monkeypatch):

@@ -33,6 +33,8 @@ WORDS = {
     "LIVE_STATUSES": vocab.LIVE_STATUSES,
     "ACTIVE_STATUSES": vocab.ACTIVE_STATUSES,
     "FINAL_STATUSES": vocab.FINAL_STATUSES,
+    "ENVIRONMENT_STATUSES": vocab.ENVIRONMENT_STATUSES,
+    "BUILD_PENDING_STATUSES": vocab.BUILD_PENDING_STATUSES,
     "FOLDER_PERMISSIONS": vocab.FOLDER_PERMISSIONS,
     "SLOT_NAMES": vocab.SLOT_NAMES,
     "CHARGED_SLOTS": vocab.CHARGED_SLOTS,
@@ -146,6 +148,8 @@ def test_the_named_subsets_are_subsets_and_in_order():
     assert set(vocab.LIVE_STATUSES) | set(vocab.FINAL_STATUSES) == set(statuses)
     assert not set(vocab.LIVE_STATUSES) & set(vocab.FINAL_STATUSES)
     assert set(vocab.COMMAND_SESSION_TYPES) < set(vocab.SESSION_TYPES)
+    pending = vocab.BUILD_PENDING_STATUSES
+    assert list(pending) == list(vocab.ENVIRONMENT_STATUSES[: len(pending)])  # a build's first steps
 
 
 def _ts(path: str) -> str:

@@ -11,7 +11,7 @@ from labfleet.compute import images, nodes, sessionlist, sessions, waiting
 from labfleet.compute.launchoptions import launch_options
 from labfleet.core import authz
 from labfleet.core.errors import Forbidden, InvalidInput, LabfleetError, NotFound
-from labfleet.core.sessionlogs import log_file
+from labfleet.core.sessionlogs import log_file, read_tail
 from labfleet.core.validate import check_bool, check_choice
 from labfleet.core.vocab import HOLDING_STATUSES, SESSION_STATUSES
 from labfleet.reclaim import reclaimer
@@ -208,13 +208,7 @@ class SessionLogsHandler(APIHandler):
 
         with self.db() as db:
             sid = op(db, self.actor)
-        path = log_file(self.lf.session_log_dir, sid)
-        data = b""
-        if path.is_file():
-            with path.open("rb") as f:
-                size = f.seek(0, 2)
-                f.seek(max(0, size - limit))
-                data = f.read(limit)
+        data = read_tail(log_file(self.lf.session_log_dir, sid), limit)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.finish(data)
 

@@ -1,0 +1,477 @@
+"""My Environments in the service, on SQLite (labfleet.compute.environments, labfleet.compute.envqueue):
+who creates, sees and deletes what; the limits of the user's and the project's policies; refusals that
+record nothing; a recipe built before READY at once with its image; and the build queue without a
+Docker engine (one build per user, at most ``max_running``; the build FAILED, saying why, its log
+kept). A real build through the queue is in tests/test_envbuild_docker.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+
+import pytest
+from sqlalchemy import func, select
+
+from labfleet.compute import environments as E
+from labfleet.compute.environments import Built, Facts
+from labfleet.compute.envqueue import BuildLog, Builds, EngineUnavailable
+from labfleet.core import database
+from labfleet.core.authz import Actor
+from labfleet.core.envmodels import Environment
+from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from labfleet.core.models import AuditEntry
+from labfleet.core.sessionlogs import read_tail
+from labfleet.tenancy import directory, policies
+from labfleet.tenancy.policies import ensure_default_keypair_policy
+from tests.dbfixture import fresh_db
+
+CLI = Actor.cli()
+BASE = "labfleet/singleuser:test"
+RESTRICTED = "registry.example.org/team/cuda:12"  # for project acme/other only
+RECIPE = {"requirements.txt": "numpy==2.1.0\n", "apt.txt": "curl\n"}
+PEOPLE = {
+    "alice": {"domain": "acme", "projects": ["ml"]},
+    "bob": {"domain": "acme", "projects": ["ml"]},
+    "carol": {"domain": "acme", "projects": ["other"]},
+    "dan": {"domain": "acme", "role": "admin"},
+    "eve": {"domain": "beta", "role": "admin"},
+    "mo": {"domain": "beta", "role": "monitor"},
+    "root": {"domain": "beta", "role": "superadmin"},
+}
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
+    with database.session_scope(factory) as db:
+        ensure_default_keypair_policy(db)
+        for d in ("acme", "beta"):
+            directory.create_domain(db, CLI, {"name": d})
+        for p in ("ml", "other"):
+            directory.create_project(db, CLI, {"domain": "acme", "name": p})
+        for name, body in PEOPLE.items():
+            directory.create_user(db, CLI, {"username": name, **body})
+        from labfleet.compute import images
+
+        images.register(db, CLI, {"name": BASE})
+        images.register(db, CLI, {"name": RESTRICTED, "projects": ["acme/other"]})
+        actors = {name: directory.actor_for(directory.get_user(db, name)) for name in PEOPLE}
+    yield factory, actors, tmp_path
+    engine.dispose()
+
+
+def create(factory, actor, **body):
+    body.setdefault("base", BASE)
+    with database.session_scope(factory) as db:
+        return E.view(E.create(db, actor, body))
+
+
+def count(factory) -> int:
+    with database.session_scope(factory) as db:
+        return db.scalar(select(func.count()).select_from(Environment))
+
+
+def names_seen(factory, actor) -> list[str]:
+    with database.session_scope(factory) as db:
+        return sorted(e.name for e in E.list_environments(db, actor))
+
+
+def built(factory, env_id, size=1000, image=None) -> None:
+    """The queue's part: the environment BUILDING, then READY with an image of ``size`` bytes."""
+    with database.session_scope(factory) as db:
+        order = E.start_build(db, env_id, "node1")
+        assert order is not None
+        status = E.finish_build(db, env_id, Built(image or order.tag, "sha256:" + "a" * 64, size, False))
+        assert status == "READY"
+
+
+# ---------------------------------------------------------------- pure
+
+
+def test_who_sees_and_deletes_what():
+    personal = Facts("user", "alice", "acme", frozenset(), "alice")
+    shared = Facts("project", "acme/ml", "acme", frozenset({"alice", "bob"}), "alice")
+    people = {
+        "alice": Actor("alice", "user", "acme"),
+        "bob": Actor("bob", "user", "acme"),
+        "dan": Actor("dan", "admin", "acme"),
+        "eve": Actor("eve", "admin", "beta"),
+        "mo": Actor("mo", "monitor", "beta"),
+        "root": Actor("root", "superadmin", "beta"),
+    }
+    sees = {n for n, a in people.items() if E.may_see(a, personal)}
+    assert sees == {"alice", "dan", "mo", "root"}
+    assert {n for n, a in people.items() if E.may_delete(a, personal)} == {"alice", "dan", "root"}
+    assert {n for n, a in people.items() if E.may_see(a, shared)} == {"alice", "bob", "dan", "mo", "root"}
+    assert {n for n, a in people.items() if E.may_delete(a, shared)} == {"alice", "dan", "root"}
+    # A creator who left the project no longer deletes it.
+    left = Facts("project", "acme/ml", "acme", frozenset({"bob"}), "alice")
+    assert not E.may_delete(people["alice"], left) and not E.may_see(people["alice"], left)
+
+
+def test_tags_and_log_files(tmp_path, monkeypatch):
+    assert E.image_tag("ab" * 32) == f"labfleet/env:{'ab' * 32}"
+    assert E.build_log_file(tmp_path, "x") == tmp_path / "environments" / "x.log"
+    monkeypatch.setattr("labfleet.compute.envqueue.MAX_LOG_BYTES", 40)
+    with BuildLog(tmp_path / "logs" / "e.log") as out:
+        for i in range(10):
+            out.write(f"line {i}")
+    text = (tmp_path / "logs" / "e.log").read_text().splitlines()
+    assert text[:3] == ["line 0", "line 1", "line 2"] and "the log is cut here" in text[-1]
+    assert len(text) == len([t for t in text if t.startswith("line")]) + 1
+    # What GET .../logs answers: the last bytes; nothing before the build starts.
+    assert read_tail(tmp_path / "logs" / "e.log", 8) == b"goes on\n"
+    assert read_tail(tmp_path / "logs" / "none.log", 7) == b""
+
+
+# ---------------------------------------------------------------- create, list, delete
+
+
+def test_a_personal_and_a_project_environment_seen_by_whom_they_should(world):
+    factory, who, _ = world
+    mine = create(factory, who["alice"], name="mine", files=RECIPE)
+    assert mine["status"] == "QUEUED" and mine["owner"] == "user:alice" and mine["project"] is None
+    assert mine["files"] == RECIPE and mine["base"] == BASE and mine["image"] is None
+    assert len(mine["recipe_hash"]) == 64 and mine["creator"] == "alice" and mine["domain"] == "acme"
+    shared = create(factory, who["alice"], name="shared", project="ml", files={"postBuild": "echo hi\n"})
+    assert shared["owner"] == "project:acme/ml" and shared["owner_kind"] == "project"
+    create(factory, who["carol"], name="mine")  # a name is unique per owner only
+
+    assert names_seen(factory, who["alice"]) == ["mine", "shared"]
+    assert names_seen(factory, who["bob"]) == ["shared"]
+    assert names_seen(factory, who["carol"]) == ["mine"]
+    assert names_seen(factory, who["dan"]) == ["mine", "mine", "shared"]  # the domain's
+    assert names_seen(factory, who["eve"]) == []  # another domain's admin
+    assert names_seen(factory, who["mo"]) == names_seen(factory, who["root"]) == ["mine", "mine", "shared"]
+    with database.session_scope(factory) as db:
+        with pytest.raises(NotFound):
+            E.readable(db, who["bob"], mine["id"])
+        with pytest.raises(NotFound):
+            E.readable(db, who["eve"], shared["id"])
+        with pytest.raises(NotFound):
+            E.readable(db, who["alice"], "../etc")
+        assert E.readable(db, who["bob"], shared["id"]).name == "shared"
+        actions = [a for (a,) in db.execute(select(AuditEntry.action).order_by(AuditEntry.id))]
+        assert actions.count("environment.create") == 3
+
+    # Deleting: a member who did not create it may not; the creator and the domain's admin may.
+    with database.session_scope(factory) as db:
+        with pytest.raises(Forbidden, match="only its creator"):
+            E.delete(db, who["bob"], shared["id"])
+        with pytest.raises(Forbidden):
+            E.delete(db, who["mo"], mine["id"])
+        with pytest.raises(NotFound):
+            E.delete(db, who["carol"], mine["id"])
+    with database.session_scope(factory) as db:
+        gone = E.delete(db, who["alice"], shared["id"])
+        assert gone.name == "shared" and gone.image is None  # never built
+        E.delete(db, who["dan"], mine["id"])
+    assert names_seen(factory, who["root"]) == ["mine"]
+    with database.session_scope(factory) as db:
+        assert db.scalar(select(func.count()).where(AuditEntry.action == "environment.delete")) == 2
+
+
+@pytest.mark.parametrize(
+    ("who", "body", "error", "message"),
+    [
+        ("alice", {"name": "Bad Name"}, InvalidInput, "name must be"),
+        ("alice", {"name": "x", "project": "nope"}, NotFound, "no project acme/nope of yours"),
+        ("alice", {"name": "x", "project": "other"}, NotFound, "no project acme/other of yours"),
+        ("alice", {"name": "x", "base": "no/such:image"}, InvalidInput, "not a registered image you may use"),
+        ("alice", {"name": "x", "base": RESTRICTED}, InvalidInput, "in any of your projects"),
+        ("alice", {"name": "x", "project": "ml", "base": RESTRICTED}, InvalidInput, "in project acme/ml"),
+        ("alice", {"name": "x", "base": "UPPER:case"}, InvalidInput, "is not an image reference"),
+        ("alice", {"name": "x", "files": {"apt.txt": "curl; rm -rf /\n"}}, InvalidInput, "apt.txt line 1"),
+        ("alice", {"name": "x", "files": {"setup.py": ""}}, InvalidInput, "not a recipe file"),
+        ("alice", {"name": "x", "files": {"environment.yml": "name: x\n"}}, InvalidInput, "needs a base"),
+        ("alice", {"name": "x", "files": {"requirements.txt": "-e .\n"}}, InvalidInput, "requirements.txt"),
+        ("alice", {"name": "x", "files": {"postBuild": "x" * 300_000}}, InvalidInput, "over the limit"),
+        ("alice", {"name": "x", "files": "numpy"}, InvalidInput, "mapping of file name"),
+        ("alice", {"name": "x", "colour": "red"}, InvalidInput, "unknown field"),
+        ("mo", {"name": "x"}, Forbidden, "monitors read"),
+        ("cli", {"name": "x"}, Forbidden, "sign in as a user"),
+    ],
+)
+def test_bad_requests_are_refused_and_record_nothing(world, who, body, error, message):
+    factory, actors, _ = world
+    actor = CLI if who == "cli" else actors[who]
+    body = {"base": BASE, **body}
+    with pytest.raises(error, match=message):
+        with database.session_scope(factory) as db:
+            E.create(db, actor, body)
+    assert count(factory) == 0
+
+
+def test_carol_may_use_her_projects_image_and_names_are_unique_per_owner(world):
+    factory, who, _ = world
+    create(factory, who["carol"], name="cuda", base=RESTRICTED)  # personal: one of her projects may
+    create(factory, who["carol"], name="cuda", project="other", base=RESTRICTED)
+    with pytest.raises(Conflict, match="you already have an environment named cuda"):
+        create(factory, who["carol"], name="cuda")
+    with pytest.raises(Conflict, match="project acme/other already has an environment named cuda"):
+        create(factory, who["carol"], name="cuda", project="other", base=RESTRICTED)
+    assert count(factory) == 2
+
+
+def test_limits_of_the_users_and_the_projects_policies(world):
+    factory, who, _ = world
+    for i in range(3):  # no policy: three, like Backend.AI's default
+        create(factory, who["alice"], name=f"e{i}", files={"postBuild": f"echo {i}\n"})
+    with pytest.raises(Conflict, match="you already have 3 environment"):
+        create(factory, who["alice"], name="e3")
+    assert count(factory) == 3
+    # A project environment counts against the project's limit, not the user's.
+    create(factory, who["alice"], name="p0", project="ml")
+    with database.session_scope(factory) as db:
+        policies.create_policy(db, CLI, "user", {"name": "roomy", "max_environments": 0})
+        policies.create_policy(
+            db, CLI, "project", {"name": "small", "max_environments": 5, "max_environment_bytes": 1500}
+        )
+        view = policies.policy_view("project", policies.get_policy(db, CLI, "project", "small"))
+        assert (view["max_environments"], view["max_environment_bytes"]) == (5, 1500)
+        assert (
+            policies.policy_view("user", policies.get_policy(db, CLI, "user", "roomy"))["max_environments"]
+            == 0
+        )
+        directory.update_user(db, CLI, "alice", {"resource_policy": "roomy"})
+        directory.update_project(db, CLI, "acme", "ml", {"resource_policy": "small"})
+    create(factory, who["alice"], name="e3")  # 0: no limit
+    # Bytes: the images of the project's environments take 1000 of 1500.
+    p1 = create(factory, who["bob"], name="p1", project="ml", files={"postBuild": "echo p1\n"})
+    built(factory, p1["id"], size=1000)
+    p2 = create(factory, who["bob"], name="p2", project="ml", files={"postBuild": "echo p2\n"})
+    # Its image would take the project past its bytes: built, but FAILED, and why.
+    with database.session_scope(factory) as db:
+        E.start_build(db, p2["id"], "node1")
+        assert E.finish_build(db, p2["id"], Built("labfleet/env:x", "sha256:1", 600, False)) == "FAILED"
+        env = db.get(Environment, p2["id"])
+        assert env.image is None and "more than the 1.5 KiB policy small allows" in env.status_reason
+    # The same recipe as p1 again (READY at once) would pass the limit: refused in the request.
+    with pytest.raises(Conflict, match="take 1000 B and this one's 1000 B, and policy small allows 1.5 KiB"):
+        create(factory, who["bob"], name="p3", project="ml", files={"postBuild": "echo p1\n"})
+    with database.session_scope(factory) as db:
+        policies.update_policy(db, CLI, "project", "small", {"max_environment_bytes": 1000})
+    with pytest.raises(Conflict, match="take 1000 B, and policy small allows 1000 B in all"):
+        create(factory, who["bob"], name="p4", project="ml")
+
+
+def test_a_recipe_built_before_is_ready_at_once_with_its_image(world):
+    factory, who, _ = world
+    first = create(factory, who["alice"], name="first", files=RECIPE)
+    built(factory, first["id"], size=4242)
+    # The same files in another order, with CRLF line ends: the same recipe, for another user.
+    crlf = {name: text.replace("\n", "\r\n") for name, text in reversed(RECIPE.items())}
+    again = create(factory, who["carol"], name="again", files=crlf)
+    assert again["status"] == "READY" and again["recipe_hash"] == first["recipe_hash"]
+    assert again["image"] == E.image_tag(first["recipe_hash"]) and again["size_bytes"] == 4242
+    assert "is reused" in again["status_reason"] and again["finished_at"]
+    # Another base: another recipe, built.
+    other = create(factory, who["carol"], name="other", base=RESTRICTED, files=RECIPE)
+    assert other["status"] == "QUEUED" and other["recipe_hash"] != first["recipe_hash"]
+    with database.session_scope(factory) as db:
+        builds = db.scalars(select(AuditEntry).where(AuditEntry.action == "environment.build")).all()
+        assert [(b.actor, b.details["reused"], b.success) for b in builds] == [
+            ("alice", False, True),
+            ("carol", True, True),
+        ]
+        # The image is in use while one of them has it.
+        assert E.image_in_use(db, again["image"])
+        E.delete(db, who["alice"], first["id"])
+        assert E.image_in_use(db, again["image"])
+        E.delete(db, who["carol"], again["id"])
+        assert not E.image_in_use(db, again["image"])
+
+
+# ---------------------------------------------------------------- the queue, without an engine
+
+
+async def test_the_queue_builds_one_per_user_at_most_max_and_says_when_docker_is_missing(world):
+    factory, who, tmp = world
+    gate = threading.Event()
+    asked: list[str] = []
+
+    def no_engine():
+        asked.append(threading.current_thread().name)
+        gate.wait(10)
+        raise EngineUnavailable("the Docker engine is not reachable: connection refused")
+
+    builds = Builds(
+        factory, logging.getLogger("test-env"), log_dir=tmp / "logs", node="node1", max_running=2,
+        client_factory=no_engine,
+    )  # fmt: skip
+
+    def make(actor, name):
+        with database.session_scope(factory) as db:
+            return builds.create(
+                db, actor, {"name": name, "base": BASE, "files": {"postBuild": f"echo {name}\n"}}
+            ).id
+
+    a1, a2 = make(who["alice"], "a1"), make(who["alice"], "a2")
+    b1, c1 = make(who["bob"], "b1"), make(who["carol"], "c1")
+    assert builds.serve() == [a1, b1]  # one per user, two at most: a2 and c1 wait
+    assert builds.serve() == []
+
+    def statuses():
+        with database.session_scope(factory) as db:
+            return {e.name: e.status for e in db.scalars(select(Environment))}
+
+    for _ in range(100):
+        if len(asked) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert statuses() == {"a1": "BUILDING", "a2": "QUEUED", "b1": "BUILDING", "c1": "QUEUED"}
+    with database.session_scope(factory) as db:
+        assert db.get(Environment, a1).node == "node1" and db.get(Environment, a1).started_at
+    # Delete a waiting one: it never builds.
+    with database.session_scope(factory) as db:
+        gone = builds.delete(db, who["carol"], c1)
+    await builds.forget(gone)
+    gate.set()
+    await builds.wait()
+    assert statuses() == {"a1": "FAILED", "a2": "FAILED", "b1": "FAILED"}
+    assert len(asked) == 3
+    with database.session_scope(factory) as db:
+        env = db.get(Environment, a2)
+        assert env.status_reason == "the Docker engine is not reachable: connection refused"
+        assert env.finished_at and env.image is None
+        failed = db.scalars(select(AuditEntry).where(AuditEntry.action == "environment.build")).all()
+        assert len(failed) == 3 and not any(f.success for f in failed)
+    log = builds.log_path(a2).read_text()
+    assert "building environment a2 on node node1" in log
+    assert "FAILED: the Docker engine is not reachable" in log
+    assert not builds.log_path(c1).exists()
+
+    # Deleting a failed one removes its log.
+    with database.session_scope(factory) as db:
+        gone = builds.delete(db, who["alice"], a2)
+    await builds.forget(gone)
+    assert not builds.log_path(a2).exists()
+
+
+async def test_builds_a_stopped_service_left_are_queued_again(world):
+    factory, who, tmp = world
+    env = create(factory, who["alice"], name="left")
+    with database.session_scope(factory) as db:
+        E.start_build(db, env["id"], "node1")
+        assert E.start_build(db, env["id"], "node1") is None  # not waiting any more
+    with database.session_scope(factory) as db:
+        assert E.requeue_interrupted(db) == [env["id"]]
+        assert db.get(Environment, env["id"]).status == "QUEUED"
+    gate = threading.Event()
+
+    def no_engine():
+        gate.wait(10)
+        raise EngineUnavailable("no engine")
+
+    builds = Builds(factory, logging.getLogger("t"), log_dir=tmp, node="n", client_factory=no_engine)
+    builds.resume()
+    assert set(builds.running) == {env["id"]}
+    builds.stop()
+    assert builds.serve() == []
+    gate.set()
+    await builds.wait()
+
+
+def test_a_build_of_a_deleted_environment_records_nothing(world):
+    factory, who, _ = world
+    env = create(factory, who["alice"], name="gone")
+    with database.session_scope(factory) as db:
+        E.start_build(db, env["id"], "node1")
+        E.delete(db, who["alice"], env["id"])
+    with database.session_scope(factory) as db:
+        assert E.finish_build(db, env["id"], Built("labfleet/env:x", "sha256:1", 1, False)) is None
+        assert E.fail_build(db, env["id"], "why") is False
+
+
+# ---------------------------------------------------------------- the REST API (no Hub: signed requests)
+
+
+async def test_the_rest_api(tmp_path, monkeypatch):
+    """POST answers 202 with the environment and its Location; GET, the logs as text, DELETE; a bad
+    recipe is a 400 that records nothing. The service's queue has no engine here: the build FAILS,
+    saying why."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    from labfleet.core import signing
+    from labfleet.core.secretbox import ensure_key_file
+    from labfleet.service.app import LabfleetService
+    from labfleet.tenancy import keypairs
+    from tests.hubfixture import free_port
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LABFLEET_SECRET_KEY_FILE", str(tmp_path / "key"))
+    ensure_key_file(tmp_path / "key")
+    for name in ("JUPYTERHUB_SERVICE_NAME", "JUPYTERHUB_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "svc-token-environments")
+    monkeypatch.setenv("LABFLEET_DB_URL", f"sqlite:///{tmp_path / 'lf.sqlite'}")
+    port = free_port()
+    app = LabfleetService()
+    app.initialize(
+        [
+            "--LabfleetService.register_local_node=False",
+            f"--LabfleetService.session_log_dir={tmp_path / 'logs'}",
+            f"--LabfleetService.service_url=http://127.0.0.1:{port}",
+        ]
+    )
+
+    def no_engine():
+        raise EngineUnavailable("the Docker engine is not reachable: no socket here")
+
+    app.environment_builds.client_factory = no_engine
+    with database.session_scope(app.session_factory) as db:
+        directory.create_domain(db, CLI, {"name": "acme"})
+        directory.create_project(db, CLI, {"domain": "acme", "name": "ml"})
+        user = directory.create_user(db, CLI, {"username": "alice", "domain": "acme", "projects": ["ml"]})
+        ak = user.main_keypair.access_key
+        sk = keypairs.secret_of(user.main_keypair, app.secretbox)
+        from labfleet.compute import images
+
+        images.register(db, CLI, {"name": BASE})
+    server = app.make_app().listen(port, address="127.0.0.1")
+    http = AsyncHTTPClient()
+    api = "/services/labfleet/api"
+
+    async def call(method, path, body=None):
+        data = b"" if body is None else json.dumps(body).encode()
+        headers = signing.signed_headers(ak, sk, method, api + path, data)
+        r = await http.fetch(
+            f"http://127.0.0.1:{port}{api}{path}",
+            method=method,
+            headers=headers,
+            body=data if method == "POST" else None,
+            raise_error=False,
+        )
+        return r.code, r.headers, r.body
+
+    try:
+        code, headers, body = await call(
+            "POST", "/environments", {"name": "np", "project": "ml", "base": BASE, "files": RECIPE}
+        )
+        env = json.loads(body)
+        assert code == 202 and env["status"] == "QUEUED" and env["project"] == "acme/ml"
+        assert headers["Location"] == f"{api}/environments/{env['id']}"
+        await app.environment_builds.wait()
+        code, _, body = await call("GET", f"/environments/{env['id']}")
+        assert code == 200 and json.loads(body)["status"] == "FAILED"
+        assert json.loads(body)["status_reason"] == "the Docker engine is not reachable: no socket here"
+        code, headers, body = await call("GET", f"/environments/{env['id']}/logs")
+        assert code == 200 and headers["Content-Type"].startswith("text/plain")
+        assert b"FAILED: the Docker engine is not reachable" in body
+        code, _, body = await call("GET", f"/environments/{env['id']}/logs?tail=9")
+        assert body == b"no socket here\n"[-9:]
+        code, _, body = await call(
+            "POST", "/environments", {"name": "bad", "base": BASE, "files": {"apt.txt": "$(id)\n"}}
+        )
+        assert code == 400 and "apt.txt line 1" in json.loads(body)["message"]
+        code, _, body = await call("GET", "/environments")
+        assert code == 200 and [e["name"] for e in json.loads(body)["items"]] == ["np"]
+        code, _, body = await call("DELETE", f"/environments/{env['id']}")
+        assert code == 200 and json.loads(body) == {"deleted": env["id"], "name": "np"}
+        code, _, body = await call("GET", f"/environments/{env['id']}")
+        assert code == 404 and json.loads(body)["status"] == 404
+    finally:
+        server.stop()
+        app.engine.dispose()
