@@ -989,4 +989,8 @@ class ServingUsage(Base):
     latency_ms_total: Mapped[float] = mapped_column(Float, default=0.0)
 
 
-from labfleet.core import envmodels  # noqa: E402,F401  (its tables in Base.metadata)
+# Models kept in modules of their own (this one is near its size limit): imported here, so their tables
+# are in Base.metadata wherever the models are (safe in either import order: only the module is taken).
+from labfleet.core import envmodels  # noqa: E402
+
+MODEL_MODULES = (envmodels,)
