@@ -87,6 +87,15 @@ class JSONDict(Dict):
         return value
 
 
+def _checked_option(check, value):
+    """``value`` once ``check`` (a labfleet input check) passed it; its refusal as a TraitError."""
+    try:
+        check(value)
+    except LabfleetError as e:
+        raise TraitError(e.message) from None
+    return value
+
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -222,11 +231,7 @@ class LabfleetService(SessionLogs, Application):
 
     @validate("import_allowed_hosts")
     def _check_import_allowed_hosts(self, proposal):
-        try:
-            parse_allowed(proposal["value"])
-        except LabfleetError as e:
-            raise TraitError(e.message) from None
-        return proposal["value"]
+        return _checked_option(parse_allowed, proposal["value"])
 
     import_timeout = Integer(
         600,
@@ -242,12 +247,7 @@ class LabfleetService(SessionLogs, Application):
 
     @validate("environment_index_url")
     def _check_environment_index_url(self, proposal):
-        if proposal["value"]:
-            try:
-                recipes.check_index_url(proposal["value"])
-            except LabfleetError as e:
-                raise TraitError(e.message) from None
-        return proposal["value"]
+        return _checked_option(recipes.check_index_url, proposal["value"]) if proposal["value"] else ""
 
     environment_build_timeout = Integer(
         1800,

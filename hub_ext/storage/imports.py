@@ -254,7 +254,7 @@ def plan(
         rel = check_relpath(check_text(opened, "open", 1000))
         open_path = posixpath.join(target, rel) if target else rel
     credential = importcreds.for_host(db, user, source.host, box)
-    owner = vfolders.store_of(v).owner if v is not None else _owner_of(host)
+    owner = vfolders.host_owner(host)
     return Plan(
         source=source,
         username=user.username,
@@ -271,14 +271,6 @@ def plan(
         room=room,
         session=session,
         credential=credential,
-    )
-
-
-def _owner_of(h) -> tuple[int, int] | None:
-    return (
-        (h.owner_uid, h.owner_gid if h.owner_gid is not None else h.owner_uid)
-        if h.owner_uid is not None
-        else None
     )
 
 

@@ -160,9 +160,13 @@ def check_url(url: Any, allowed: AllowList = AllowList(), resolver: Resolver = r
     for text in found:
         address = ipaddress.ip_address(text)
         if not is_public(address) and not allowed.allows(host, address):
+            where = (
+                f"{host} is not a public address"
+                if literal is not None
+                else f"{host} is at {address}, which is not a public address"
+            )
             raise Forbidden(
-                f"{host} is at {address}, which is not a public address: an import fetches from there "
-                f"only if a superadmin allows it ({ALLOWED_HOSTS_ENV})"
+                f"{where}: an import fetches from there only if a superadmin allows it ({ALLOWED_HOSTS_ENV})"
             )
     return Source(
         url=url,

@@ -152,14 +152,16 @@ def host_rights(db: Session, actor: Actor, v: VFolder) -> frozenset[str]:
     return hosts.rights_for(actor, actor_user(db, actor), v.host, v.project)
 
 
+def host_owner(h: StorageHost) -> tuple[int, int] | None:
+    """(uid, gid) that what the service writes on host ``h`` is given to (None: the service's own)."""
+    if h.owner_uid is None:
+        return None
+    return (h.owner_uid, h.owner_gid if h.owner_gid is not None else h.owner_uid)
+
+
 def store_of(v: VFolder) -> FolderStore:
     h = v.host
-    owner = (
-        (h.owner_uid, h.owner_gid if h.owner_gid is not None else h.owner_uid)
-        if h.owner_uid is not None
-        else None
-    )
-    return FolderStore(f"{h.path.rstrip('/')}/{v.id}", owner=owner)  # type: ignore[arg-type]
+    return FolderStore(f"{h.path.rstrip('/')}/{v.id}", owner=host_owner(h))
 
 
 def need_ready(v: VFolder) -> None:
