@@ -329,8 +329,8 @@ def domain_editor(
             client.post("/domains", new_domain_body(new_name.value, new_cap.value))
 
         if _attempt(say, send):
+            done()  # built anew first: the message shows once the new page is there
             say(f"Created domain {new_name.value.strip()}.", False)
-            done()
 
     pick.observe(load, "value")
     save.on_click(do_save)
@@ -368,8 +368,8 @@ def members_box(
         def on_remove(user: str = user) -> bool:
             if not _attempt(say, lambda: client.delete(member_path(domain, name, user))):
                 return False
+            done()  # built anew first: the message shows once the new page is there
             say(f"Removed {user} from {full}.", False)
-            done()
             return True
 
         confirm_first(
@@ -399,8 +399,8 @@ def members_box(
             client.post(member_path(domain, name), {"username": added[0]})
 
         if _attempt(say, send):
+            done()  # built anew first: the message shows once the new page is there
             say(f"Added {added[0]} to {full}.", False)
-            done()
 
     add.on_click(on_add)
     rows.append(W.HBox([who, add]))
@@ -458,15 +458,15 @@ def project_editor(
                     say(f"Nothing to save: {domain}/{name} already has that cap.", False)
                     return
                 text = fmt_slots_text(sent["total_resource_slots"]) or NO_CAP
+                done()  # built anew first: the message shows once the new page is there
                 say(f"Saved project {domain}/{name}: cap {text}.", False)
-                done()
 
         def do_delete() -> bool:
             if not _attempt(say, lambda: client.delete(project_path(domain, name))):
                 return False
             state["project"] = None
+            done()  # built anew first: the message shows once the new page is there
             say(f"Deleted project {domain}/{name}.", False)
-            done()
             return True
 
         save.on_click(do_save)
@@ -507,8 +507,8 @@ def project_creator(client: Any, domains: Sequence[str], say: Say, done: Callabl
             client.post("/projects", new_project_body(str(where.value or ""), name.value, cap.value))
 
         if _attempt(say, send):
+            done()  # built anew first: the message shows once the new page is there
             say(f"Created project {where.value}/{name.value.strip()}.", False)
-            done()
 
     create.on_click(do_create)
     return _tag(

@@ -242,8 +242,8 @@ def endpoint_actions(
             say(f"The labfleet service said: {err.message}", True)
             return
         n = (answer or {}).get("replicas", body["replicas"])
+        done()  # built anew first: the message shows once the new page is there
         say(f"Endpoint {name} scaled to {n} replica{'' if n == 1 else 's'}.", False)
-        done()
 
     def on_delete() -> bool:
         try:
@@ -252,8 +252,8 @@ def endpoint_actions(
             say(f"The labfleet service said: {err.message}", True)
             return False
         status = (answer or {}).get("status", "DESTROYING")
+        done()  # built anew first: the message shows once the new page is there
         say(f"Endpoint {name} is {status}: its replicas are being stopped.", False)
-        done()
         return True
 
     scale.on_click(on_scale)

@@ -320,8 +320,9 @@ def test_a_superadmin_registers_and_removes_an_image_through_the_page(hub, brows
     field(form, "Minimum").fill("cpu=1, mem=1g")
     form.get_by_text("cuda", exact=True).click()
     field(form, "Apps").fill("web:http:8080")
-    field(form, "Projects").fill("acme/ml")
-    # A slip the service catches: a project that does not exist
+    # A slip the service catches: a project that does not exist. Each field is typed into once before
+    # a click: ipywidgets holds a second change to a widget until the kernel has taken the first, and
+    # a click is not held, so under load it could reach the kernel first.
     field(form, "Domains").fill("")
     field(form, "Projects").fill("acme/nope")
     form.get_by_role("button", name="Register image").click()

@@ -367,6 +367,8 @@ def test_a_domain_admin_sets_a_cap_that_admission_holds_and_edits_members(hub, b
         whole_page_shot(page, ARTIFACTS / "projects-carol-confirm.png")
         page.click('button[title="Remove gina from acme/ml"]')
         page.wait_for_selector("text=Removed gina from acme/ml.", timeout=WAIT_MS)
+        # The members box is built anew after a change: type into the new one, not the old one
+        page.locator('button[title="Remove gina from acme/ml"]').wait_for(state="detached", timeout=WAIT_MS)
         assert members(hub, "acme/ml") == before
         # A user of another domain: the service does not even say there is one
         page.fill(".lf-member-name input", "erin")

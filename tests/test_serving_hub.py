@@ -552,7 +552,7 @@ def test_a_killed_replica_is_replaced_while_calls_keep_succeeding(env, deployed)
     assert pids, victim
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    # Calls keep succeeding: a refused connection goes to the other replica.
+    # Calls keep succeeding: a refused connection, or one closed unanswered, goes to the other replica.
     for _ in range(10):
         r = _call(hub, ep["url"], token)
         assert r.status_code == 200, r.text

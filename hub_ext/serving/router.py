@@ -31,6 +31,8 @@ from typing import Any
 from tornado import httputil, web, websocket
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.ioloop import IOLoop
+from tornado.iostream import StreamClosedError
+from tornado.simple_httpclient import HTTPStreamClosedError
 
 from labfleet.core import passwords
 from labfleet.core.database import session_scope
@@ -99,6 +101,16 @@ def _refused(error: BaseException | None) -> bool:
     return isinstance(real, ConnectionRefusedError) or (
         isinstance(real, OSError) and real.errno == errno.ECONNREFUSED
     )
+
+
+# RFC 9110 9.2.2: a client may repeat these when the connection fails before any answer came back.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+
+
+def _unanswered(error: BaseException | None) -> bool:
+    """Whether the replica closed the connection before a byte of answer (it died while taking it)."""
+    real = getattr(error, "real_error", None) or error
+    return isinstance(real, (HTTPStreamClosedError, StreamClosedError, ConnectionResetError))
 
 
 def _front_refused(headers: Any, status: int) -> bool:
@@ -451,6 +463,12 @@ class ServeHandler(websocket.WebSocketHandler):
             ):
                 engine.refused(replica)
                 last_error = f"replica {replica.route_id} refused the connection"
+                continue
+            if error is not None and method in IDEMPOTENT and _unanswered(error):
+                # Nginx's proxy_next_upstream does the same for idempotent requests; a POST may have
+                # reached the model, so it is not sent twice.
+                engine.refused(replica)
+                last_error = f"replica {replica.route_id} closed the connection without an answer"
                 continue
             if error is not None:
                 self._answer(502, f"replica {replica.route_id} of {name} did not answer: {error}")

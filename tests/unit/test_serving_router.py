@@ -156,3 +156,47 @@ async def test_the_router_sends_each_replica_its_credential_and_fails_over_when_
         for f in fronts:
             f.close()
         model.close()
+
+
+async def _dies_on_the_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A model killed while it takes a request: it reads the head and closes without a byte."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+
+
+async def test_a_replica_that_dies_on_a_request_is_skipped_for_idempotent_methods_only():
+    engine = ServingController(None, None, logging.getLogger("test"), secret_key=b"router test")  # type: ignore[arg-type]
+    dying = await asyncio.start_server(_dies_on_the_request, "127.0.0.1", 0)
+    model = await asyncio.start_server(_model, "127.0.0.1", 0)
+    lf = SimpleNamespace(
+        serving=engine,
+        log=logging.getLogger("test"),
+        prefix="/services/labfleet/",
+        metrics=SimpleNamespace(observe_serving=lambda *a: None),
+    )
+    app = web.Application([(r"/services/labfleet/serve/([^/]+)/(.*)", ServeHandler)], labfleet=lf)
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(app)
+    server.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/services/labfleet/serve/e/x"
+    client = AsyncHTTPClient()
+
+    def table() -> list[Replica]:
+        reps = [Replica(1, "127.0.0.1", _port(dying)), Replica(2, "127.0.0.1", _port(model))]
+        engine.table["e"] = Entry("ep", "e", True, reps, {}, 2, "READY")
+        return reps
+
+    try:
+        reps = table()
+        r = await client.fetch(url, raise_error=False)  # round robin starts at replica 1
+        assert r.code == 200 and json.loads(r.body)["head"].startswith("GET /x"), r.body
+        assert reps[0].down and not reps[1].down
+        # A POST may have reached the model before it died: it is not sent twice.
+        reps = table()
+        r = await client.fetch(url, method="POST", body=b"{}", raise_error=False)
+        assert r.code == 502 and "replica 1 of e did not answer" in json.loads(r.body)["message"], r.body
+        assert not reps[0].down
+    finally:
+        server.stop()
+        dying.close()
+        model.close()
