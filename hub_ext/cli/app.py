@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from labfleet.cli.base import CliError, Group, dispatch
 from labfleet.cli.compute import IMAGE
+from labfleet.cli.environments import ENV
 from labfleet.cli.imports import IMPORT_CREDENTIAL, Import
 from labfleet.cli.init import Demo, Init
 from labfleet.cli.keypairs import KEYPAIR
@@ -50,6 +51,7 @@ def root() -> Group:
             "storage-host": STORAGE_HOST,
             "import": Import,
             "import-credential": IMPORT_CREDENTIAL,
+            "env": ENV,
             "idle-checker": IDLE_CHECKER,
             "maintenance": MAINTENANCE,
             "demo": Demo,
@@ -64,6 +66,7 @@ def root() -> Group:
             "labfleet node token create --node gpu-02",
             "labfleet maintenance recalc-usage --dry-run",
             "labfleet import https://github.com/acme/course.git --open lesson1.ipynb",
+            "labfleet env build torch --base labfleet/singleuser:test --from-dir ./binder --wait",
             "labfleet --db-url sqlite:////srv/labfleet/labfleet.sqlite domain list",
         ),
         version=version,
