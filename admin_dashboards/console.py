@@ -29,7 +29,7 @@ PAGES = (
     ("resources", "Resources", "nodes, resource groups, GPU occupancy"),
     ("serving", "Serving", "model endpoints, their replicas and requests"),
     ("policies", "Resource policies", "keypair, user and project policies"),
-    ("environments", "Environments", "images and their labels"),
+    ("environments", "Environments", "images, users' environments and their sizes"),
     ("storage", "Storage", "hosts, folders, quotas"),
     ("statistics", "Statistics", "GPU- and CPU-hours, allocated against used"),
     ("configurations", "Configurations", "the settings in force"),

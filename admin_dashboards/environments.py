@@ -12,6 +12,10 @@ them, read only (the service refuses their changes anyway). The forms take text 
 and the pure helpers below turn it into the API's body, leaving the values' rules to the service:
 a wrong amount or port is refused with the service's own message and nothing changes.
 
+Below the images, the page lists the users' environments (their own images, built from a base
+and a recipe: "My Environments") with their owners, build status and sizes, and lets an admin
+delete one (:mod:`labfleet.console.userenvs`).
+
 The top half is pure and unit-tested without a kernel; :func:`page` builds the widgets.
 """
 
@@ -24,6 +28,7 @@ from urllib.parse import quote
 
 import ipywidgets as W
 
+from labfleet.console import userenvs
 from labfleet.console.console import ServiceError, guarded, message
 from labfleet.console.policies import (
     DESC,
@@ -469,10 +474,12 @@ def image_editor(
 
 
 def page(client: Any) -> W.VBox:
-    """The whole Environments page below its header: it rebuilds itself after a change."""
+    """The whole Environments page below its header: the registered images and their editor, then
+    the users' environments (:mod:`labfleet.console.userenvs`); it rebuilds itself after a change."""
     out = W.VBox()
     refresh_button = W.Button(description="Refresh", icon="refresh", layout=W.Layout(width="110px"))
     state: dict[str, Any] = {"name": None, "said": ""}
+    env_note = W.HTML()  # the users' environments' message line, kept across rebuilds
 
     def build() -> W.VBox:
         images = client.get(image_path())
@@ -491,12 +498,16 @@ def page(client: Any) -> W.VBox:
             parts.append(section("Register or edit an image"))
         elif images:
             parts.append(section("An image in detail"))
-        else:
-            return W.VBox(parts)  # a read-only form of no image would show nothing
-        parts.append(image_editor(images, client, saved, state["name"], said))
+        if client.role == "superadmin" or images:  # a read-only form of no image would show nothing
+            parts.append(image_editor(images, client, saved, state["name"], said))
+        parts.append(userenvs.section(client, section, env_note, say, refresh))
         return W.VBox(parts)
 
+    def say(text: str, error: bool) -> None:
+        env_note.value = message(text, error=error).value
+
     def refresh(*_: Any) -> None:
+        env_note.value = ""
         out.children = [guarded(build)]
 
     def saved(text: str, name: str) -> None:

@@ -6,8 +6,10 @@ Policies are the limits the scheduler and the folder store enforce (``hub_ext/te
   a slot it does not name is forbidden or free), how many sessions run and wait at once, how long a
   session may idle or live, and the rights on storage hosts it grants;
 - a **user policy** and a **project policy** cap folders: how many, how large one may be, and how
-  much all of the owner's folders may hold together (the quota scope); a user policy also caps the
-  keypairs its user may hold and their model serving endpoints.
+  much all of the owner's folders may hold together (the quota scope); and the owner's environments
+  (their own images built from a recipe, "My Environments"): how many, and how many bytes their
+  images may take together. A user policy also caps the keypairs its user may hold and their model
+  serving endpoints.
 
 Below them, each domain's list of the keypair policies its admins may give (:mod:`labfleet.console.domains`;
 a superadmin edits it).
@@ -46,8 +48,9 @@ NOTES = {
     "keypair": "What a keypair's sessions may hold and for how long. Every user's main keypair (the one "
     "their browser sessions use) has one; new users get the policy named default.",
     "user": "How many folders a user may own, how large one may be, and what all of them may hold together; "
-    "how many keypairs they may hold; how many model serving endpoints, of how many replicas.",
-    "project": "The same limits for the folders a project owns.",
+    "how many environments (own images) they may have and what their images may take; how many keypairs "
+    "they may hold; how many model serving endpoints, of how many replicas.",
+    "project": "The same limits for the folders and the environments a project owns.",
 }
 CHOICES = ("LIMITED", "UNLIMITED")
 RIGHTS = (
@@ -123,6 +126,22 @@ FOLDER_FIELDS = (
         "bytes",
     ),
 )
+# The owner's environments (labfleet.compute.environments): user and project policies alike.
+ENVIRONMENT_FIELDS = (
+    Field(
+        "max_environments",
+        "Max environments",
+        "environments (own images built from a recipe) the owner may have, failed ones included; "
+        "0 = no limit (3 for an owner with no policy)",
+        "count",
+    ),
+    Field(
+        "max_environment_bytes",
+        "Environment quota",
+        "what all the owner's environment images may take together (500m, 10g or bytes); 0 = no limit",
+        "bytes",
+    ),
+)
 KEYPAIRS_FIELD = Field(
     "max_keypairs",
     "Max keypairs",
@@ -142,8 +161,8 @@ SERVING_FIELDS = (
 )
 FIELDS: dict[str, tuple[Field, ...]] = {
     "keypair": KEYPAIR_FIELDS,
-    "user": (*FOLDER_FIELDS, KEYPAIRS_FIELD, *SERVING_FIELDS),
-    "project": FOLDER_FIELDS,
+    "user": (*FOLDER_FIELDS, *ENVIRONMENT_FIELDS, KEYPAIRS_FIELD, *SERVING_FIELDS),
+    "project": (*FOLDER_FIELDS, *ENVIRONMENT_FIELDS),
 }
 # What a new policy's form starts with: the service's own defaults.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -160,11 +179,19 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "max_vfolder_count": 0,
         "max_quota_scope_size": 0,
         "max_vfolder_size": 0,
+        "max_environments": 3,
+        "max_environment_bytes": 0,
         "max_keypairs": 10,
         "max_endpoints": 0,
         "max_replicas_per_endpoint": 0,
     },
-    "project": {"max_vfolder_count": 0, "max_quota_scope_size": 0, "max_vfolder_size": 0},
+    "project": {
+        "max_vfolder_count": 0,
+        "max_quota_scope_size": 0,
+        "max_vfolder_size": 0,
+        "max_environments": 3,
+        "max_environment_bytes": 0,
+    },
 }
 
 # ---------------------------------------------------------------- reading the form (pure)
@@ -402,7 +429,7 @@ def policy_body(
         if f.key not in form:
             continue
         value = read_field(f, form[f.key])
-        if before is None or not _same(f, value, before.get(f.key)):
+        if before is None or not _same(f, value, before.get(f.key, DEFAULTS[kind].get(f.key))):
             body[f.key] = value
     return body
 
@@ -498,12 +525,22 @@ COLUMNS = {
         "folders",
         "storage quota",
         "folder size",
+        "environments",
+        "env. quota",
         "keypairs",
         "endpoints",
         "replicas",
         "used by",
     ),
-    "project": ("policy", "folders", "storage quota", "folder size", "used by"),
+    "project": (
+        "policy",
+        "folders",
+        "storage quota",
+        "folder size",
+        "environments",
+        "env. quota",
+        "used by",
+    ),
 }
 
 
@@ -546,6 +583,8 @@ def policy_rows(
                     fmt_count(p.get("max_vfolder_count")),
                     fmt_size(p.get("max_quota_scope_size")),
                     fmt_size(p.get("max_vfolder_size")),
+                    fmt_count(p.get("max_environments", DEFAULTS[kind]["max_environments"])),
+                    fmt_size(p.get("max_environment_bytes")),
                     *per_user,
                     used_by,
                 ]

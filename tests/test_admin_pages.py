@@ -2,17 +2,24 @@
 
 - a superadmin changes a keypair policy through the page: the service has the new values and the
   audit log has the change with the superadmin as its actor; a user policy is created and deleted
-  through the page too; a domain's keypair policies are chosen there (a domain admin's form is
+  through the page too, and a project policy's environment limits (max_environments,
+  max_environment_bytes) set; a domain's keypair policies are chosen there (a domain admin's form is
   disabled);
 - ``mem=12zz`` in the form shows the service's message and changes nothing;
 - a superadmin registers an image through the page, and removes it (with its labels read from
   Docker too, where a Docker engine answers);
+- the Environments page lists the users' environments (made through the service's API by alice:
+  hers and her project's) with their owners; a monitor gets no Delete, a superadmin deletes one
+  (asked twice): the service no longer has it and the audit log says who deleted it;
 - the Storage page shows the local storage host, alice's folder with its usage, and her quota scope
   as a bar; a domain admin's shows only their domain's folders;
 - a domain admin's policies page is read only, and every button of the monitor's policies and
   environments pages that changes something is disabled.
 
 Screenshots go to test-artifacts/admin/ (policies-*.png, environments-*.png, storage-*.png).
+
+The users' environments stay QUEUED or go FAILED: their base is a registry nobody answers at
+(127.0.0.1:9), so no engine builds them, and the test needs none.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ PEOPLE = [
     ("erin", "beta", "user", ["web"]),
 ]
 ALICE_FILE = b"x" * 1536  # 1.5 KiB in alice's folder
+ENV_BASE = "127.0.0.1:9/labfleet-test/envbase:1"  # registered; a pull of it is refused at once
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +96,16 @@ def hub(tmp_path_factory):
             r = h.api("PUT", f"/vfolders/{fid}/files/{quote('notes.txt')}", token, data=data)
             assert r.status_code in (200, 201), r.text
             h.folders[folder] = fid
+        # alice's own environment and her project's (My Environments), through the service's API
+        ok("POST", "/images", {"name": ENV_BASE, "display_name": "Env base"})
+        alice = h.wait_token("alice")
+        h.envs = {
+            name: ok("POST", "/environments", {"base": ENV_BASE, "name": name, **more}, token=alice, code=202)
+            for name, more in (
+                ("numpy", {"files": {"requirements.txt": "numpy\n"}}),
+                ("team-tools", {"project": "ml"}),
+            )
+        }
         h.root_token = root
         h.ok = ok
         yield h
@@ -199,12 +217,23 @@ def test_a_superadmin_creates_and_deletes_a_user_policy_through_the_page(hub, br
     field(form, "Max folders").fill("2")
     field(form, "Storage quota").fill("500m")
     field(form, "Max folder size").fill("100m")
+    field(form, "Max environments").fill("2")
     field(form, "Max keypairs").fill("4")
     field(form, "Max endpoints").fill("1")
     form.get_by_role("button", name="Create user policy").click()
     page.wait_for_selector("text=Created user policy tiny:", timeout=WAIT_MS)
     row = page.locator('tr[data-kind="user"][data-policy="tiny"]')
-    assert row.inner_text().split("\t")[1:] == ["2", "500 MiB", "100 MiB", "4", "1", "no limit", "nobody"]
+    assert row.inner_text().split("\t")[1:] == [
+        "2",
+        "500 MiB",
+        "100 MiB",
+        "2",
+        "no limit",
+        "4",
+        "1",
+        "no limit",
+        "nobody",
+    ]
     tiny = hub.ok("GET", "/policies/user/tiny")
     assert (tiny["max_vfolder_count"], tiny["max_quota_scope_size"], tiny["max_vfolder_size"]) == (
         2,
@@ -212,6 +241,7 @@ def test_a_superadmin_creates_and_deletes_a_user_policy_through_the_page(hub, br
         100 * 2**20,
     )
     assert (tiny["max_endpoints"], tiny["max_replicas_per_endpoint"], tiny["max_keypairs"]) == (1, 0, 4)
+    assert (tiny["max_environments"], tiny["max_environment_bytes"]) == (2, 0)
     # The policy alice uses cannot go: the service says so
     form = page.locator(".lf-policy-user")
     choose(form, "Policy", "small", "Max folders", "5")
@@ -224,7 +254,21 @@ def test_a_superadmin_creates_and_deletes_a_user_policy_through_the_page(hub, br
     form.get_by_role("button", name="Really delete tiny?").click()
     page.wait_for_selector("text=Deleted user policy tiny.", timeout=WAIT_MS)
     page.locator('tr[data-kind="user"][data-policy="tiny"]').wait_for(state="detached", timeout=WAIT_MS)
+    # A project policy's environment limits (the project acme/ml's)
+    form = page.locator(".lf-policy-project")
+    choose(form, "Policy", "team", "Max environments", "3")
+    field(form, "Max environments").fill("5")
+    field(form, "Environment quota").fill("20g")
+    form.get_by_role("button", name="Save changes").click()
+    page.wait_for_selector(
+        "text=Saved project policy team: max_environment_bytes, max_environments.", timeout=WAIT_MS
+    )
+    row = page.locator('tr[data-kind="project"][data-policy="team"]')
+    assert row.inner_text().split("\t")[4:6] == ["5", "20 GiB"]
+    shot(page, "policies-root-environment-limits")
     page.close()
+    team = hub.ok("GET", "/policies/project/team")
+    assert (team["max_environments"], team["max_environment_bytes"]) == (5, 20 * GIB)
     assert hub.api("GET", "/policies/user/tiny", hub.root_token).status_code == 404
     assert hub.api("GET", "/policies/user/small", hub.root_token).status_code == 200
     for action in ("policy.user.create", "policy.user.delete"):
@@ -303,6 +347,13 @@ def test_the_monitors_buttons_are_disabled(hub, browser):
     form = page.locator(".lf-image-form")
     buttons = form.locator("button")
     assert buttons.count() >= 2 and all(buttons.nth(i).is_disabled() for i in range(buttons.count()))
+    # Every user's environment, with its owner, and no Delete for a monitor
+    envs = page.locator(".lf-user-envs")
+    owner = envs.locator(f'.lf-env-owner[data-environment="{hub.envs["team-tools"]["id"]}"]')
+    owner.wait_for(timeout=WAIT_MS)
+    assert owner.inner_text() == "project:acme/ml"
+    assert "Read only: a monitor changes nothing." in envs.inner_text()
+    assert envs.locator("button").count() == 0
     shot(page, "environments-mona")
     page.close()
 
@@ -350,6 +401,34 @@ def test_a_superadmin_registers_and_removes_an_image_through_the_page(hub, brows
     assert hub.api("GET", f"/images/{quote(name, safe='')}", hub.root_token).status_code == 404
     for action in ("image.register", "image.remove"):
         assert [a["actor"] for a in audit(hub, action, name)] == ["root"]
+
+
+def test_a_superadmin_sees_the_users_environments_and_deletes_one(hub, browser):
+    numpy, team = hub.envs["numpy"], hub.envs["team-tools"]
+    page = open_page(browser, hub, "root", "environments", f'.lf-env-owner[data-environment="{numpy["id"]}"]')
+    envs = page.locator(".lf-user-envs")
+    for env, owner in ((numpy, "user:alice"), (team, "project:acme/ml")):
+        assert envs.locator(f'.lf-env-owner[data-environment="{env["id"]}"]').inner_text() == owner
+        status = envs.locator(f'.lf-env-status[data-environment="{env["id"]}"]').inner_text()
+        assert status in ("QUEUED", "BUILDING", "FAILED"), status  # nothing builds it here
+        assert envs.locator(f'.lf-env-size[data-environment="{env["id"]}"]').inner_text() == "—"
+    assert "2 environments in the fleet" in envs.inner_text()
+    bar = envs.locator('svg.lf-env-sizes g.lf-env-owner[data-owner="user:alice"]')
+    assert (bar.get_attribute("data-bytes"), bar.get_attribute("data-count")) == ("0", "1")
+    shot(page, "environments-users-root")
+    # Delete asks first; the second click deletes, and the page is built anew without it
+    envs.locator('button[title="Delete environment user:alice/numpy"]').click()
+    page.wait_for_selector("text=Delete environment user:alice/numpy? New sessions", timeout=WAIT_MS)
+    assert hub.api("GET", f"/environments/{numpy['id']}", hub.root_token).status_code == 200
+    envs.get_by_role("button", name="Really delete?").click()
+    page.wait_for_selector("text=Deleted environment user:alice/numpy.", timeout=WAIT_MS)
+    page.locator(f'.lf-env[data-environment="{numpy["id"]}"]').wait_for(state="detached", timeout=WAIT_MS)
+    assert envs.locator(f'.lf-env[data-environment="{team["id"]}"]').count() == 1
+    shot(page, "environments-users-root-deleted")
+    page.close()
+    assert hub.api("GET", f"/environments/{numpy['id']}", hub.root_token).status_code == 404
+    assert hub.api("GET", f"/environments/{team['id']}", hub.root_token).status_code == 200
+    assert [a["actor"] for a in audit(hub, "environment.delete", "user:alice/numpy")] == ["root"]
 
 
 @pytest.mark.docker

@@ -15,6 +15,7 @@ from labfleet.console import domains as D
 from labfleet.console import environments as E
 from labfleet.console import policies as P
 from labfleet.console import storage as S
+from labfleet.console import userenvs as U
 from labfleet.console.console import ServiceError
 
 GIB = 2**30
@@ -112,11 +113,15 @@ def test_the_form_round_trips_a_policy_and_an_edit_sends_only_what_changed():
         "max_vfolder_count": 0,
         "max_quota_scope_size": 0,
         "max_vfolder_size": 0,
+        "max_environments": 3,
+        "max_environment_bytes": 0,
         "max_keypairs": 10,
         "max_endpoints": 0,
         "max_replicas_per_endpoint": 0,
     }
-    # A project policy has no serving nor keypair limits
+    # A project policy has no serving nor keypair limits, and the same environment limits
+    project = P.policy_body("project", P.form_values("project", P.DEFAULTS["project"]))
+    assert (project["max_environments"], project["max_environment_bytes"]) == (3, 0)
     assert "max_keypairs" not in P.policy_body("project", P.form_values("project", P.DEFAULTS["project"]))
     assert "max_endpoints" not in P.policy_body("project", P.form_values("project", P.DEFAULTS["project"]))
     folder = P.form_values("user", USER_POLICY)
@@ -124,11 +129,18 @@ def test_the_form_round_trips_a_policy_and_an_edit_sends_only_what_changed():
     folder["max_vfolder_size"] = "200m"
     folder["max_endpoints"] = "3"
     folder["max_keypairs"] = "0"
+    assert (folder["max_environments"], folder["max_environment_bytes"]) == ("3", "0")  # the defaults
+    folder["max_environment_bytes"] = "20g"
     assert P.policy_body("user", folder, USER_POLICY) == {
         "max_vfolder_size": 200 * 2**20,
+        "max_environment_bytes": 20 * GIB,
         "max_endpoints": 3,
         "max_keypairs": 0,
     }
+    folder["max_environments"] = "three"
+    with pytest.raises(P.FormError, match="max_environments: 'three' is not a whole number"):
+        P.policy_body("user", folder, USER_POLICY)
+    folder["max_environments"] = "3"
     folder["max_vfolder_count"] = "many"
     with pytest.raises(P.FormError, match="max_vfolder_count: 'many' is not a whole number"):
         P.policy_body("user", folder, USER_POLICY)
@@ -156,11 +168,14 @@ def test_the_policy_tables_rows():
     (row,) = P.policy_rows("keypair", [limited], None)
     assert row[1].endswith("others: none") and row[4] == "never" and row[5] == "1 h 30 min"
     assert row[6] == "nfs (mount-in-session, download-file)" and row[7] == "—"
-    assert P.policy_rows("project", [FOLDER_POLICY], {}) == [["small", "10", "1 GiB", "no limit", "nobody"]]
-    assert P.policy_rows("user", [{**USER_POLICY, "max_keypairs": 3}], {"small": 1}) == [
-        ["small", "10", "1 GiB", "no limit", "3", "no limit", "no limit", "1 user"]
+    # No environment limits given (an older service's answer): the defaults
+    (row,) = P.policy_rows("project", [FOLDER_POLICY], {})
+    assert row == ["small", "10", "1 GiB", "no limit", "3", "no limit", "nobody"]
+    envs = {"max_environments": 0, "max_environment_bytes": 50 * GIB}
+    assert P.policy_rows("user", [{**USER_POLICY, **envs, "max_keypairs": 3}], {"small": 1}) == [
+        ["small", "10", "1 GiB", "no limit", "no limit", "50 GiB", "3", "no limit", "no limit", "1 user"]
     ]
-    assert len(P.COLUMNS["user"]) == 8
+    assert len(P.COLUMNS["user"]) == 10 and len(P.COLUMNS["project"]) == 7
     assert P.usage_counts(
         [{"resource_policy": "a"}, {"resource_policy": "a"}, {"resource_policy": None}]
     ) == {"a": 2}
@@ -367,6 +382,55 @@ def test_quota_scopes_as_bars():
     assert "No quota scope." in S.scopes_svg([])
 
 
+# ---------------------------------------------------------------- users' environments
+
+ENVS = [
+    {"id": "e-1", "name": "numpy", "owner": "user:alice", "base": "labfleet/pytorch:2.5", "status": "READY",
+     "status_reason": "", "size_bytes": 3 * GIB, "created_at": "2026-11-24T10:00:00+00:00"},
+    {"id": "e-2", "name": "<b>", "owner": "project:acme/ml", "base": "labfleet/pytorch:2.5", "status": "FAILED",
+     "status_reason": "step 2 failed: " + "x" * 300, "size_bytes": 0, "created_at": None},
+    {"id": "e-3", "name": "web", "owner": "user:alice", "base": "labfleet/pytorch:2.5", "status": "QUEUED",
+     "status_reason": "", "size_bytes": 0, "created_at": "2026-11-25T10:00:00+00:00"},
+]  # fmt: skip
+
+
+def test_users_environments_rows_summary_and_bars():
+    rows = U.env_rows(U.items_of({"items": ENVS}))
+    assert [(r.label, r.status, r.size, r.created) for r in rows] == [
+        ("user:alice/numpy", "READY", "3 GiB", "2026-11-24 10:00"),
+        ("project:acme/ml/<b>", "FAILED", "—", "—"),
+        ("user:alice/web", "QUEUED", "—", "2026-11-25 10:00"),
+    ]
+    assert U.items_of(ENVS) == ENVS and U.items_of({"items": None}) == []
+    failed = U.status_html(rows[1])
+    assert "lf-badge-bad" in failed and "&lt;b&gt;" not in failed  # the reason, not the name
+    # cut in the cell, whole in the tooltip
+    assert failed.count("x" * 300) == 1 and failed.endswith("x…</div>")
+    assert "lf-badge-wait" in U.status_html(rows[2]) and "lf-env-reason" not in U.status_html(rows[2])
+    assert U.summary(rows, "superadmin") == (
+        "3 environments in the fleet: 1 ready, 1 queued or building, 1 failed; their images take 3 GiB."
+    )
+    assert U.summary(rows[:1], "admin").startswith("1 environment of your domain: 1 ready")
+    assert U.summary([], "monitor").startswith("No environment in the fleet yet")
+    owners = U.owner_sizes(rows)
+    assert [(o.owner, o.bytes, o.count, o.text) for o in owners] == [
+        ("user:alice", 3 * GIB, 2, "3 GiB, 2 environments (1 not built)"),
+        ("project:acme/ml", 0, 1, "0 B, 1 environment (1 not built)"),
+    ]
+    root = ET.fromstring(U.sizes_svg(owners))
+    groups = list(root.iter("{http://www.w3.org/2000/svg}g"))
+    assert [(g.get("data-owner"), g.get("data-bytes"), g.get("data-count")) for g in groups] == [
+        ("user:alice", str(3 * GIB), "2"),
+        ("project:acme/ml", "0", "1"),
+    ]
+    many = [U.OwnerSize(f"user:u{i}", i, 1, 1) for i in range(20, 0, -1)]
+    svg = U.sizes_svg(many, most=15)
+    assert svg.count('class="lf-env-owner"') == 15 and "and 5 more owners: 15 B" in svg
+    assert "No environment." in U.sizes_svg([])
+    assert U.env_path("a/b") == "/environments/a%2Fb"
+    assert U.read_only_reason("admin") == "" and "monitor" in U.read_only_reason("monitor")
+
+
 # ---------------------------------------------------------------- the pages against a stand-in service
 
 
@@ -383,6 +447,7 @@ class FakeService:
             "project": [],
         }
         self.images = [dict(IMAGE)]
+        self.environments = [dict(e) for e in ENVS]
         self.domains = [dict(d) for d in DOMAINS]
         self.sent: list[tuple[str, str, Any]] = []
 
@@ -399,6 +464,7 @@ class FakeService:
             "/idle-checkers": [],
             "/projects": [],
             "/images": self.images,
+            "/environments": {"items": self.environments},
             "/storage-hosts": [HOST],
             "/domains": self.domains,
         }[path]
@@ -432,6 +498,11 @@ class FakeService:
         if path.startswith("/domains/"):
             (domain,) = [d for d in self.domains if d["name"] == path.split("/")[2]]
             domain.update(body)
+        if method == "DELETE" and path.startswith("/environments/"):
+            env_id = path.split("/")[2]
+            if env_id == "e-3":
+                raise ServiceError("environment web is being deleted already", 409)
+            self.environments = [e for e in self.environments if e["id"] != env_id]
         return body
 
     def post(self, path: str, body: Any = None) -> Any:
@@ -498,7 +569,14 @@ def test_the_policies_page_creates_and_deletes_with_a_second_click():
     assert fake.sent[-1] == (
         "POST",
         "/policies/project",
-        {"name": "team", "max_vfolder_count": 0, "max_quota_scope_size": 100 * GIB, "max_vfolder_size": 0},
+        {
+            "name": "team",
+            "max_vfolder_count": 0,
+            "max_quota_scope_size": 100 * GIB,
+            "max_vfolder_size": 0,
+            "max_environments": 3,
+            "max_environment_bytes": 0,
+        },
     )
     form = editor(page, "user")
     delete = find(form, P.W.Button, "Delete")
@@ -593,6 +671,42 @@ def test_the_environments_page_is_read_only_for_a_monitor():
     assert "An image in detail" in text_of(page)
     buttons = [w for w in widgets(form) if isinstance(w, E.W.Button)]
     assert buttons and all(b.disabled for b in buttons)
+    # Every user's environment, and no Delete for a monitor
+    text = text_of(page)
+    assert "3 environments in the fleet" in text and "Read only: a monitor changes nothing." in text
+    assert 'data-environment="e-1"' in text_of(page)
+    assert not [w for w in widgets(page) if isinstance(w, E.W.Button) and w.description == "Delete"]
+
+
+def env_delete(page: Any, label: str) -> Any:
+    tip = f"Delete environment {label}"
+    (b,) = [w for w in widgets(page) if isinstance(w, U.W.Button) and w.tooltip == tip]
+    return b
+
+
+def test_the_environments_page_deletes_a_users_environment_with_a_second_click():
+    fake = FakeService()
+    page = E.page(fake)
+    assert "user:alice" in text_of(page) and "project:acme/ml" in text_of(page)
+    delete = env_delete(page, "user:alice/numpy")
+    delete.click()
+    assert delete.description == "Really delete?" and "Delete environment user:alice/numpy?" in text_of(page)
+    assert fake.sent == []
+    delete.click()
+    assert fake.sent == [("DELETE", "/environments/e-1", None)]
+    assert "Deleted environment user:alice/numpy." in text_of(page)
+    assert 'data-environment="e-1"' not in text_of(page)  # the page was built anew
+    assert "2 environments in the fleet" in text_of(page)
+    # A refusal: the service's words, the button asks again
+    delete = env_delete(page, "user:alice/web")
+    delete.click()
+    assert "Its build stops." in text_of(page)
+    delete.click()
+    assert "The labfleet service said: environment web is being deleted already" in text_of(page)
+    assert delete.description == "Delete" and 'data-environment="e-3"' in text_of(page)
+    # Refresh clears the message
+    find(page, E.W.Button, "Refresh").click()
+    assert "The labfleet service said" not in text_of(page)
 
 
 def test_the_storage_page_pages_folders_and_shows_quotas():
