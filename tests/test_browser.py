@@ -8,9 +8,10 @@ resources and the quota bars, her usage plotted (the
 service's own numbers for the session that runs; then a month of sample numbers, a refusal and an empty
 history, answered by the browser in the service's place), opens a mounted folder
 in the file browser, creates a folder, starts a second session from the sidebar (with the new folder, which
-its own file browser then shows) and stops it, opens TensorBoard from the Apps list, and reads the status
-bar, which opens the Fleet panel when clicked (or with Enter or Space). The new-session and new-folder
-forms fit the panel at its default width (no input or select runs past it, no text under a select's
+its own file browser then shows) and stops it, builds an environment in My Environments (no Docker engine
+here: it FAILS saying why, its log readable) and deletes it, opens TensorBoard from the Apps list, and reads
+the status bar, which opens the Fleet panel when clicked (or with Enter or Space). The new-session,
+new-folder and new-environment forms fit the panel at its default width (no input or select runs past it, no text under a select's
 arrow). Screenshots of the sidebar and the forms (light and dark themes) go to test-artifacts/browser/.
 
 "Warn first": an idle checker with a short timeout, bound to a project of its own, brings a session's
@@ -50,6 +51,8 @@ def hub(tmp_path_factory):
     # The service accrues the sessions' usage every 2 s (15 by default): the Usage section has numbers soon.
     # Imports may fetch from the test's git server on 127.0.0.1.
     env = {"LABFLEET_SAMPLE_INTERVAL": "2", "LABFLEET_IMPORT_ALLOWED_HOSTS": "127.0.0.1"}
+    # No Docker engine for environment builds, whatever runs on this machine: a build FAILS at once, saying so.
+    env["DOCKER_HOST"] = f"unix://{state}/no-docker-engine.sock"
     if APPS_BIN.is_dir():  # the app launchers find TensorBoard on the session's PATH
         env["PATH"] = f"{APPS_BIN}{os.pathsep}{os.environ['PATH']}"
     hub = start_hub(state, env=env)
@@ -470,6 +473,47 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser, tmp_path):
     if dialog.count():
         dialog.locator(".jp-mod-accept").click()
     expect(page.locator(tid("lf-session-second"))).to_have_count(0, timeout=90_000)
+
+    # My Environments: a refusal in the service's words, then a build of a requirements.txt on the registered
+    # base (the launch options' images less `env:...`). With no Docker engine it FAILS saying why, its log
+    # stays to read; then it is deleted (with a confirmation).
+    expand(page, "environments")
+    envs = page.locator(tid("lf-section-environments"))
+    expect(page.locator(tid("lf-environments-empty"))).to_be_visible()
+    page.locator(tid("lf-env-build-toggle")).click()
+    expect(page.locator(f'{tid("lf-env-base")} option[value="local/host"]')).to_have_count(1)
+    expect(page.locator(f'{tid("lf-env-base")} option[value^="env:"]')).to_have_count(0)
+    page.fill(tid("lf-env-name"), "Bad Name")
+    page.locator(tid("lf-env-submit")).click()
+    expect(page.locator(tid("lf-env-form-error"))).to_contain_text("name must be 1-64 lower-case letters")
+    expect(page.locator(tid("lf-environments-empty"))).to_be_visible()  # nothing recorded
+    page.fill(tid("lf-env-name"), "my-env")
+    page.select_option(tid("lf-env-project"), "acme/ml")
+    page.fill(tid("lf-env-requirements"), "numpy\n")
+    page.locator(f"{tid('lf-env-more')} > summary").click()
+    page.fill(tid("lf-env-apt"), "less\n")
+    assert_fits(page, tid("lf-env-form"))
+    envs.scroll_into_view_if_needed()
+    shot(page, "sidebar-environments-form-light", envs)
+    page.locator(tid("lf-env-submit")).click()
+    row = page.locator(tid("lf-env-my-env"))
+    expect(row).to_have_attribute("data-status", re.compile("^(QUEUED|BUILDING|FAILED)$"))
+    expect(row.locator(tid("lf-env-meta"))).to_have_text("project acme/ml · local/host")
+    row.locator(tid("lf-env-log-toggle")).click()
+    expect(row).to_have_attribute("data-status", "FAILED")
+    expect(row.locator(tid("lf-env-reason"))).to_contain_text("Docker engine")
+    expect(row.locator(tid("lf-env-log-text"))).to_contain_text("labfleet: FAILED")
+    expect(row.locator(tid("lf-env-log"))).to_have_attribute("data-live", "false")
+    expect(page.locator(tid("lf-section-badge-environments"))).to_have_text("1")
+    envs.scroll_into_view_if_needed()
+    shot(page, "sidebar-environments-light", envs)
+    row.locator(tid("lf-env-delete")).click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("Delete environment my-env?")
+    dialog.locator(".jp-mod-accept").click()
+    expect(row).to_have_count(0)
+    expect(page.locator(tid("lf-environments-empty"))).to_be_visible()
+    page.locator(tid("lf-section-toggle-environments")).click()  # collapsed, as at first
 
     # Apps: TensorBoard opens in a new tab through the proxy.
     expand(page, "apps")

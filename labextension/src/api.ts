@@ -15,6 +15,8 @@ import type {
   IEndpoint,
   IEndpointCreate,
   IEndpointToken,
+  IEnvironment,
+  IEnvironmentCreate,
   IFolder,
   IFolderCreate,
   IIdleInfo,
@@ -76,6 +78,18 @@ export function serverNamePath(name: string): string {
   return name === '' ? '~' : encodeURIComponent(name);
 }
 
+/** An answer's body: its JSON, else its text (null when empty). */
+function parseBody(text: string): unknown {
+  if (!text) {
+    return null;
+  }
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
 export class FleetAPI {
   /**
    * @param settings the server connection; tests pass one with their own `fetch`.
@@ -95,6 +109,34 @@ export class FleetAPI {
 
   /** One request; resolves to the parsed JSON answer (null for an empty body). */
   async request<T>(path: string, init: RequestInit = {}, body?: unknown): Promise<T> {
+    const { response, text } = await this._send(path, init, body);
+    const data = parseBody(text);
+    if (!response.ok) {
+      throw new LabfleetError(
+        errorMessage(response.status, response.statusText, data),
+        response.status
+      );
+    }
+    return data as T;
+  }
+
+  /** One request whose answer is text (a log): resolves to it as it came, never parsed. */
+  async requestText(path: string, init: RequestInit = {}): Promise<string> {
+    const { response, text } = await this._send(path, init);
+    if (!response.ok) {
+      throw new LabfleetError(
+        errorMessage(response.status, response.statusText, parseBody(text)),
+        response.status
+      );
+    }
+    return text;
+  }
+
+  private async _send(
+    path: string,
+    init: RequestInit,
+    body?: unknown
+  ): Promise<{ response: Response; text: string }> {
     const req: RequestInit = { ...init };
     if (body !== undefined) {
       req.body = JSON.stringify(body);
@@ -113,21 +155,7 @@ export class FleetAPI {
     } catch {
       text = '';
     }
-    let data: unknown = null;
-    if (text) {
-      try {
-        data = JSON.parse(text);
-      } catch {
-        data = text;
-      }
-    }
-    if (!response.ok) {
-      throw new LabfleetError(
-        errorMessage(response.status, response.statusText, data),
-        response.status
-      );
-    }
-    return data as T;
+    return { response, text };
   }
 
   // ------------------------------------------------------------ this session (server extension)
@@ -297,6 +325,29 @@ export class FleetAPI {
     return this.request(
       `api/endpoints/${encodeURIComponent(name)}/tokens/${encodeURIComponent(String(id))}`,
       { method: 'DELETE' }
+    );
+  }
+
+  // ------------------------------------------------------------ My Environments
+
+  /** The environments I see (mine, my projects'; an admin's: their domain's), newest first. */
+  environments(): Promise<IEnvironment[]> {
+    return this.request<{ items: IEnvironment[] }>('api/environments').then(a => a?.items ?? []);
+  }
+
+  /** Ask for a build (202: QUEUED, or READY at once with an image of the same recipe). */
+  createEnvironment(body: IEnvironmentCreate): Promise<IEnvironment> {
+    return this.request('api/environments', { method: 'POST' }, body);
+  }
+
+  deleteEnvironment(id: string): Promise<{ deleted: string; name: string }> {
+    return this.request(`api/environments/${encodeURIComponent(id)}`, { method: 'DELETE' });
+  }
+
+  /** The end of an environment's build log (`tail` bytes at most), as far as the build got. */
+  environmentLog(id: string, tail: number): Promise<string> {
+    return this.requestText(
+      `api/environments/${encodeURIComponent(id)}/logs?tail=${encodeURIComponent(String(tail))}`
     );
   }
 

@@ -10,6 +10,7 @@ import * as React from 'react';
 import { AnnouncementBanner } from './components/Announcement';
 import { Apps } from './components/Apps';
 import { Section } from './components/common';
+import { Environments } from './components/Environments';
 import { Folders } from './components/Folders';
 import { Quota } from './components/Quota';
 import { Serving } from './components/Serving';
@@ -49,6 +50,7 @@ const TITLES: Record<SectionId, string> = {
   quota: 'Quota',
   usage: 'Usage',
   sessions: 'Sessions',
+  environments: 'My Environments',
   folders: 'Folders',
   apps: 'Apps',
   serving: 'Serving'
@@ -117,6 +119,7 @@ export function FleetPanel(props: {
         count(d.sessions),
         <Sessions store={store} onOpen={actions.openSession} onStop={actions.stopSession} />
       )}
+      {section('environments', count(d.environments), <Environments store={store} />)}
       {section(
         'folders',
         pending
@@ -151,7 +154,7 @@ export class FleetSidebar extends ReactWidget {
     this.addClass('lf-sidebar');
     this.title.icon = fleetIcon;
     this.title.caption =
-      'Fleet: start (import from a URL), this session, quotas, usage, sessions, folders, apps, serving';
+      'Fleet: start (import from a URL), this session, quotas, usage, sessions, my environments, folders, apps, serving';
     // Focusable (not in the tab order) so that opening the panel from the keyboard (status
     // bar item, command palette) puts focus into it.
     this.node.tabIndex = -1;

@@ -9,6 +9,8 @@
  * and opening the section ask at once.  The launch options (the Quota section shows their
  * `free_now` per resource group; the new-session form its choices) cost more than a quota too:
  * at most every `LAUNCH_OPTIONS_MIN_AGE_MS`, and at the next tick after a start or a stop.
+ * Sections in `CLOSED_AT_FIRST` (My Environments) start collapsed: nothing is asked for them
+ * until they are opened.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
@@ -23,6 +25,8 @@ import type {
   IEndpoint,
   IEndpointCreate,
   IEndpointToken,
+  IEnvironment,
+  IEnvironmentCreate,
   IFolder,
   IFolderCreate,
   IIdleInfo,
@@ -38,7 +42,15 @@ import type {
 } from './types';
 
 export type SectionId =
-  'start' | 'session' | 'quota' | 'usage' | 'sessions' | 'folders' | 'apps' | 'serving';
+  | 'start'
+  | 'session'
+  | 'quota'
+  | 'usage'
+  | 'sessions'
+  | 'environments'
+  | 'folders'
+  | 'apps'
+  | 'serving';
 
 export const SECTIONS: SectionId[] = [
   'start',
@@ -46,10 +58,14 @@ export const SECTIONS: SectionId[] = [
   'quota',
   'usage',
   'sessions',
+  'environments',
   'folders',
   'apps',
   'serving'
 ];
+
+/** Sections that start collapsed (nothing asked for them until they are opened). */
+export const CLOSED_AT_FIRST: SectionId[] = ['environments'];
 
 export type Resource =
   | 'announcement'
@@ -63,7 +79,8 @@ export type Resource =
   | 'invitations'
   | 'launchOptions'
   | 'hosts'
-  | 'endpoints';
+  | 'endpoints'
+  | 'environments';
 
 /**
  * A form the sidebar scrolls to (its first field focused) when something (the Start section, a
@@ -93,6 +110,8 @@ const SECTION_RESOURCES: Record<SectionId, Resource[]> = {
   quota: ['quota', 'launchOptions'],
   usage: ['usage'],
   sessions: ['sessions'],
+  // The build log of an environment has its own 2-s refresh while it is shown (Environments.tsx).
+  environments: ['environments'],
   folders: ['folders', 'invitations', 'mounted'],
   apps: ['apps'],
   serving: ['endpoints']
@@ -112,6 +131,7 @@ export interface IFleetData {
   launchOptions: ILaunchOptions | null;
   hosts: IStorageHost[] | null;
   endpoints: IEndpoint[] | null;
+  environments: IEnvironment[] | null;
 }
 
 export interface IStoreOptions {
@@ -474,6 +494,24 @@ export class FleetStore {
     return this.api.createEndpointToken(name, expiresIn);
   }
 
+  /**
+   * Ask for a build of a new environment; throws LabfleetError with the service's message (a
+   * refusal records nothing).  A READY one is offered for new sessions: the launch options again.
+   */
+  async createEnvironment(body: IEnvironmentCreate): Promise<IEnvironment> {
+    const env = await this.api.createEnvironment(body);
+    this.invalidate(['launchOptions']);
+    await this.fetch('environments');
+    return env;
+  }
+
+  /** Delete an environment (a build that runs stops); throws LabfleetError with the service's message. */
+  async deleteEnvironment(id: string): Promise<void> {
+    await this.api.deleteEnvironment(id);
+    this.invalidate(['launchOptions']);
+    await this.fetch('environments');
+  }
+
   /** What the fleet has free moved: the poll's next tick asks the launch options again. */
   private _capacityChanged(): void {
     this.invalidate(['launchOptions']);
@@ -535,6 +573,8 @@ export class FleetStore {
         return api.storageHosts();
       case 'endpoints':
         return api.endpoints();
+      case 'environments':
+        return api.environments();
     }
   }
 
@@ -550,12 +590,13 @@ export class FleetStore {
     invitations: null,
     launchOptions: null,
     hosts: null,
-    endpoints: null
+    endpoints: null,
+    environments: null
   };
   private _errors: Partial<Record<Resource, string>> = {};
   private _fetchedAt: Partial<Record<Resource, number>> = {};
   private _inFlight: Partial<Record<Resource, number>> = {};
-  private _open = new Set<SectionId>(SECTIONS);
+  private _open = new Set<SectionId>(SECTIONS.filter(s => !CLOSED_AT_FIRST.includes(s)));
   private _newSessionOpen = false;
   private _newFolderOpen = false;
   private _reveal: RevealTarget | null = null;

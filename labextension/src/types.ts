@@ -485,3 +485,42 @@ export interface IImportCreate {
   gpu?: number;
   resource_group?: string;
 }
+
+// ------------------------------------------------------------ My Environments (issue "My Environments")
+
+/** Where an environment's build stands (hub_ext/core/vocab.py ENVIRONMENT_STATUSES). */
+export type EnvironmentStatus = 'QUEUED' | 'BUILDING' | 'READY' | 'FAILED';
+
+/** An environment (hub_ext/compute/environments.py `view()`): a registered base plus a recipe. */
+export interface IEnvironment {
+  id: string;
+  name: string;
+  owner_kind: 'user' | 'project' | string;
+  /** `user:<name>` or `project:<domain>/<project>`. */
+  owner: string;
+  /** A project environment's project (`domain/project`); null: a personal one. */
+  project: string | null;
+  domain?: string;
+  creator?: string;
+  /** The registered image it is built on. */
+  base: string;
+  /** The recipe's files (`requirements.txt`, `apt.txt`, ...) and their text. */
+  files?: Record<string, string>;
+  status: EnvironmentStatus | string;
+  /** Why it is FAILED (or how it got READY at once); "" when there is nothing to say. */
+  status_reason: string;
+  image: string | null;
+  size_bytes: number;
+  created_at: string | null;
+  started_at?: string | null;
+  finished_at?: string | null;
+}
+
+/** What `POST /api/environments` takes. */
+export interface IEnvironmentCreate {
+  name: string;
+  base: string;
+  /** `domain/project`; absent: a personal environment. */
+  project?: string;
+  files: Record<string, string>;
+}

@@ -223,6 +223,45 @@ describe('FleetAPI errors', () => {
     await expect(api.usage()).rejects.toMatchObject({ status: 0 });
     await expect(api.usage()).rejects.toThrow(/cannot reach this session's server/);
   });
+
+  it('asks for my environments through the proxy: list, create, delete, the log as text', async () => {
+    const made = { id: 'e1', name: 'torch', status: 'QUEUED' };
+    const { api, calls } = fake(call => {
+      if (call.path.endsWith('/logs')) {
+        // A log line that happens to be JSON stays text.
+        return new Response('42\n', { headers: { 'Content-Type': 'text/plain' } });
+      }
+      return call.method === 'GET' ? json({ items: [made] }) : json(made, 202);
+    });
+    await expect(api.environments()).resolves.toEqual([made]);
+    const body = { name: 'torch', base: 'local/host', files: { 'requirements.txt': 'numpy\n' } };
+    await api.createEnvironment(body);
+    await api.deleteEnvironment('e1');
+    await expect(api.environmentLog('e1', 65536)).resolves.toBe('42\n');
+    expect(calls.map(c => `${c.method} ${c.path}`)).toEqual([
+      'GET /user/alice/work/labfleet/api/environments',
+      'POST /user/alice/work/labfleet/api/environments',
+      'DELETE /user/alice/work/labfleet/api/environments/e1',
+      'GET /user/alice/work/labfleet/api/environments/e1/logs'
+    ]);
+    expect(JSON.parse(calls[1].body)).toEqual(body);
+  });
+
+  it("asks for the log's tail, and carries a refusal's words", async () => {
+    const urls: string[] = [];
+    const fetchFn = async (input: RequestInfo | URL, init?: RequestInit) => {
+      urls.push(new Request(input as string, init).url);
+      return json({ message: "no environment 'e9'" }, 404);
+    };
+    const api = new FleetAPI(
+      ServerConnection.makeSettings({ baseUrl: BASE, token: '', fetch: fetchFn as typeof fetch })
+    );
+    await expect(api.environmentLog('e9', 1024)).rejects.toMatchObject({
+      status: 404,
+      message: "no environment 'e9'"
+    });
+    expect(new URL(urls[0]).searchParams.get('tail')).toBe('1024');
+  });
 });
 
 describe('errorMessage', () => {

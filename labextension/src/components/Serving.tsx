@@ -4,7 +4,7 @@
  * token (shown once with a curl line that calls the endpoint), list its tokens and revoke one
  * (`labfleet/api/endpoints...` through the session's proxy to the labfleet service).
  */
-import { Clipboard, Dialog, showDialog } from '@jupyterlab/apputils';
+import { Clipboard } from '@jupyterlab/apputils';
 import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
@@ -27,7 +27,7 @@ import {
 } from '../serving';
 import type { FleetStore } from '../store';
 import type { IEndpoint, IEndpointRoute, IEndpointToken } from '../types';
-import { Empty, ErrorNote, Field, Select, useAction } from './common';
+import { type Confirm, confirmDialog, Empty, ErrorNote, Field, Select, useAction } from './common';
 
 /** The existing status pill colours (base.css) for an endpoint's or a route's state. */
 function statusClass(status: string | null | undefined): string {
@@ -113,17 +113,7 @@ function NewToken(props: { token: string; url: string; onClose: () => void }): J
   );
 }
 
-/** Ask before something that cannot be undone; true when the person agreed. */
-export type Confirm = (title: string, body: string, label: string) => Promise<boolean>;
-
-const confirmDialog: Confirm = async (title, body, label) =>
-  (
-    await showDialog({
-      title,
-      body,
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label })]
-    })
-  ).button.accept;
+export type { Confirm };
 
 /**
  * An endpoint's tokens in force (id, note, created, expires, last used, requests), each with

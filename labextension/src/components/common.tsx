@@ -1,4 +1,5 @@
 /** Small building blocks of the sidebar: collapsible sections, usage bars, error notes. */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import {
   caretDownIcon,
   caretRightIcon,
@@ -220,3 +221,16 @@ export function useReveal(ref: React.RefObject<HTMLElement>, wanted: () => boole
     });
   });
 }
+
+/** Ask before something that cannot be undone; true when the person agreed. */
+export type Confirm = (title: string, body: string, label: string) => Promise<boolean>;
+
+/** JupyterLab's dialog: Cancel, and a warning button with `label`. */
+export const confirmDialog: Confirm = async (title, body, label) =>
+  (
+    await showDialog({
+      title,
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label })]
+    })
+  ).button.accept;
