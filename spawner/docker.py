@@ -49,6 +49,8 @@ from jupyterhub.spawner import SpawnException
 from jupyterhub.utils import random_port
 from traitlets import Float, List, Unicode, default
 
+from labfleet.core.hubmap import DEFAULT_DOCKER_NETWORK, DOCKER_NETWORK_ENV
+
 from . import sessionnet
 from .docker_config import (
     HOST_NETWORK,
@@ -65,7 +67,7 @@ from .launch import LaunchSpec, Mount, mps_withheld_for, with_caps
 from .mixin import LabfleetSpawnerMixin
 
 MOCK_UUID_PREFIX = "GPU-mock-"
-DEFAULT_NETWORK = "labfleet-sessions"
+DEFAULT_NETWORK = DEFAULT_DOCKER_NETWORK
 DEFAULT_BRIDGE = "lfdock0"  # sessionnet: 1 to 9 characters
 DEFAULT_SUBNET = "10.214.0.0/16"  # beside the local sessions' 10.213.0.0/16
 # Session networks this Hub process has guarded: (nftables table, Docker network id, bridge ifindex).
@@ -151,7 +153,7 @@ class LabfleetDockerSpawner(LabfleetSpawnerMixin, DockerSpawner):
 
     @default("network_name")
     def _network_name_default(self) -> str:
-        return os.environ.get("LABFLEET_DOCKER_NETWORK") or DEFAULT_NETWORK
+        return os.environ.get(DOCKER_NETWORK_ENV) or DEFAULT_NETWORK
 
     session_bridge = Unicode(
         help="""The Linux bridge of the sessions' network when the spawner makes it (1 to 9 lowercase

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from labfleet.core.hubmap import SESSION_ID_LABEL as LABEL_SESSION_ID
+
 from .launch import LaunchSpec, mps_withheld_for, with_caps
 
-LABEL_SESSION_ID = "ai.labfleet.session-id"
 LABEL_USER = "ai.labfleet.user"
 LABEL_PROJECT = "ai.labfleet.project"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"

@@ -405,7 +405,9 @@ class LabfleetSpawnerMixin(SessionLogs, LabfleetServiceClient):
             t_admitted = time.perf_counter()
             session = await self._lf_wait_for_placement(session)
             t_placed = time.perf_counter()
-            if options.image is None and session.get("image"):
+            # What admission settled on runs: the default image, or an environment's built image
+            # for ``env:<id>``.
+            if session.get("image") and session["image"] != options.image:
                 options = SessionOptions(**{**options.__dict__, "image": session["image"]})
                 self.lf_options = options
             mounts = self.lf_session_mounts(session, options)

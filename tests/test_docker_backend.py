@@ -43,6 +43,7 @@ from tests.hubfixture import (
     remove_outside_network,
     start_hub,
 )
+from tests.pyindex import module_name, write_index
 
 pytestmark = pytest.mark.docker
 
@@ -85,10 +86,19 @@ def engine():
     client.close()
 
 
+# The service's settings of this module's Hubs beyond the backend's (the environments' index).
+SERVICE_ENV: dict[str, str] = {}
+# An environment's package, from the test's own index outside the host (see the ``env`` fixture).
+ENV_PACKAGE, ENV_VALUE = f"lfenvpkg-{secrets.token_hex(3)}", secrets.token_hex(8)
+ADDED_PACKAGE, ADDED_VALUE = f"lfaddpkg-{secrets.token_hex(3)}", secrets.token_hex(8)  # in a session
+INDEX_PORT = 8081
+
+
 def _start_docker_hub(state, extra, **kw):
     """The Hub with the Docker backend (LABFLEET_BACKEND=docker, as a deployment sets it)."""
-    saved = {k: os.environ.get(k) for k in ("LABFLEET_BACKEND", "LABFLEET_DOCKER_IMAGE")}
-    os.environ.update(LABFLEET_BACKEND="docker", LABFLEET_DOCKER_IMAGE=IMAGE)
+    settings = {"LABFLEET_BACKEND": "docker", "LABFLEET_DOCKER_IMAGE": IMAGE, **SERVICE_ENV}
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
     try:
         return start_hub(state, extra_config=extra, **kw)
     finally:
@@ -148,11 +158,22 @@ def _mps_servers(spawner):
         spawner.extra_mounts = []
 c.Spawner.pre_spawn_hook = _mps_servers
 """
-    hub = _start_docker_hub(state, extra)
-    box = {"hub": hub, "extra": extra, "state": state, "hub_port": hub_port}
-    outside = None
+    # Outside the host (as the internet): a package index for environment builds, which run on the
+    # sessions' network and reach what a session reaches.
+    outside = outside_network("lfdout")
+    index_dir = state / "index"
+    write_index(index_dir, {ENV_PACKAGE: ("1.0", ENV_VALUE), ADDED_PACKAGE: ("2.0", ADDED_VALUE)})
+    index = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{outside[0]}", "python3", "-m", "http.server", str(INDEX_PORT)]
+        + ["--bind", outside[1], "--directory", str(index_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    SERVICE_ENV["LABFLEET_ENVIRONMENT_INDEX_URL"] = f"http://{outside[1]}:{INDEX_PORT}/simple/"
+    box: dict = {"extra": extra, "state": state, "hub_port": hub_port}
     try:
-        outside = outside_network("lfdout")
+        box["hub"] = _start_docker_hub(state, extra)
+        hub = box["hub"]
         box["outside"], box["outside_near"] = outside[1], outside[3]
         root = hub.wait_token("root")
         for method, path, body in [
@@ -165,16 +186,21 @@ c.Spawner.pre_spawn_hook = _mps_servers
         box.update(root=root, alice=hub.wait_token("alice"), ro=ro, rw=rw, prefix=prefix, mps_pipe=mps_pipe)
         yield box
     finally:
-        hub = box["hub"]  # a test may have restarted it
-        for server in ("a", "b", "r", "m", "n", "v", "w"):
-            hub.hub_api("DELETE", f"/users/alice/servers/{server}")
-        hub.stop()
+        hub = box.get("hub")  # a test may have restarted it
+        if hub is not None:
+            for server in ("a", "b", "r", "m", "n", "v", "w", "e", "s"):
+                hub.hub_api("DELETE", f"/users/alice/servers/{server}")
+            hub.stop()
+        index.kill()
+        index.wait(10)
         for c in engine.containers.list(all=True, filters={"name": prefix}):
             c.remove(force=True)
         for v in engine.volumes.list(filters={"name": prefix}):
             v.remove(force=True)
-        if outside is not None:
-            remove_outside_network(outside[0], outside[2])
+        for tag in box.get("env_images", []):  # what a failed test left (the test removes its own)
+            if engine.images.list(name=tag):
+                engine.images.remove(tag, force=True)
+        remove_outside_network(outside[0], outside[2])
         remove_docker_session_network(NETWORK, BRIDGE)
 
 
@@ -805,3 +831,119 @@ def test_vfolders_in_containers_ro_rw_shared_and_never_split_in_a_shared_home(en
         " find /h -path '/h/vfolders-moved-aside-*' -prune -o -user root -print",
     )
     assert out.split() == ["/vfolders", "vfolders", aside, "work.txt", "root-owned:"], out
+
+
+def _wait_environment(hub, token, env_id, timeout=300) -> dict:
+    deadline = time.monotonic() + timeout
+    e = {}
+    while time.monotonic() < deadline:
+        e = hub.api("GET", f"/environments/{env_id}", token).json()
+        if e["status"] in ("READY", "FAILED"):
+            return e
+        time.sleep(0.5)
+    raise AssertionError(f"environment {env_id} still {e.get('status')} after {timeout}s")
+
+
+def test_an_environment_is_built_run_saved_from_its_session_and_run_again_by_its_owner_only(env, engine):
+    """My Environments end to end: the service builds a recipe on the node's engine, its package from
+    an index outside the host (the build is on the sessions' network); the launch options offer it;
+    a session started from ``env:<id>`` runs its image and imports the package. In that session the
+    user adds a package (the environment's venv is theirs) and a file, and saves the session as an
+    environment: its recipe names the package, its image has none of the session's secrets, and a
+    new session from it has both. Another member of the project can neither start nor save them;
+    deleting them takes their images off the engine."""
+    hub, root, alice = env["hub"], env["root"], env["alice"]
+    _register_image(env)
+    if not engine.networks.list(names=[NETWORK]):
+        # Builds join the sessions' network, which the spawner makes at the first session (this
+        # module's earlier tests start some; this one alone, -k, starts one).
+        r = _spawn(hub, "e", {"project": "ml", "image": IMAGE, "cpu": 0.5, "mem": "512m"})
+        assert r.status_code in (201, 202), r.text
+        _wait_ready(hub, "e")
+        hub.hub_api("DELETE", "/users/alice/servers/e")
+        wait_until_gone = time.monotonic() + 60
+        while (
+            hub.hub_api("GET", "/users/alice").json()["servers"].get("e")
+            and time.monotonic() < wait_until_gone
+        ):
+            time.sleep(0.3)
+    body = {"name": "with-pkg", "base": IMAGE, "files": {"requirements.txt": f"{ENV_PACKAGE}\n"}}
+    r = hub.api("POST", "/environments", alice, json=body)
+    assert r.status_code == 202, r.text
+    created = r.json()
+    env.setdefault("env_images", []).append(f"labfleet/env:{created['recipe_hash']}")
+    done = _wait_environment(hub, alice, created["id"])
+    log = hub.api("GET", f"/environments/{created['id']}/logs", alice).text
+    assert done["status"] == "READY", (done["status_reason"], log[-3000:])
+    assert f"Successfully installed {ENV_PACKAGE}-1.0" in log
+    ref = f"env:{created['id']}"
+    offered = hub.api("GET", "/users/alice/launch-options", alice).json()["images"]
+    assert [i["projects"] for i in offered if i["name"] == ref] == [["acme/ml"]]
+
+    r = _spawn(hub, "e", {"project": "ml", "image": ref, "cpu": 0.5, "mem": "512m"})
+    assert r.status_code in (201, 202), r.text
+    _wait_ready(hub, "e", timeout=120)
+    s = _session(hub, alice, "e")
+    assert s["image"] == done["image"], s
+    c = _container(engine, s["id"])
+    assert c.image.id == done["image_id"]
+    code, out = _exec(c, f"python -c 'import {module_name(ENV_PACKAGE)} as m; print(m.VALUE)'")
+    assert (code, out.strip()) == (0, ENV_VALUE), out
+
+    # Save as environment: a package and a file added in the session.
+    index_url = SERVICE_ENV["LABFLEET_ENVIRONMENT_INDEX_URL"]
+    code, out = _exec(
+        c,
+        f"PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install -q --index-url {index_url}"
+        f" --trusted-host {env['outside']} {ADDED_PACKAGE}"
+        " && echo kept > ~/saved.txt",
+    )
+    assert code == 0, out
+    bert = hub.api("POST", "/users", root, json={"username": "bert", "domain": "acme", "projects": ["ml"]})
+    assert bert.status_code == 201, bert.text
+    bert_token = hub.wait_token("bert")
+    r = hub.api("POST", "/environments", bert_token, json={"name": "stolen", "session": s["id"]})
+    assert r.status_code == 404, r.text
+    r = hub.api("POST", "/environments", alice, json={"name": "saved", "session": s["id"]})
+    assert r.status_code == 202, r.text
+    saved = _wait_environment(hub, alice, r.json()["id"])
+    env["env_images"].append(saved["image"] or "")
+    saved_log = hub.api("GET", f"/environments/{saved['id']}/logs", alice).text
+    assert saved["status"] == "READY", (saved["status_reason"], saved_log[-3000:])
+    assert saved["base"] == IMAGE and saved["source_session"] == s["id"]
+    assert f"{ADDED_PACKAGE}==2.0" in saved["files"]["requirements.txt"], saved["files"]
+    # None of the session's settings (its token) in the image: its own variables are there, emptied.
+    config = engine.api.inspect_image(saved["image"])["Config"]
+    session_env = dict(e.partition("=")[::2] for e in engine.api.inspect_container(c.id)["Config"]["Env"])
+    assert session_env["JUPYTERHUB_API_TOKEN"] and session_env["JUPYTERHUB_API_TOKEN"] not in json.dumps(
+        config
+    )
+    assert [
+        e for e in config["Env"] if e.startswith(("JUPYTERHUB_", "LABFLEET_")) and not e.endswith("=")
+    ] == []
+    hub.hub_api("DELETE", "/users/alice/servers/e")
+
+    r = _spawn(hub, "s", {"project": "ml", "image": f"env:{saved['id']}", "cpu": 0.5, "mem": "512m"})
+    assert r.status_code in (201, 202), r.text
+    _wait_ready(hub, "s", timeout=120)
+    again = _container(engine, _session(hub, alice, "s")["id"])
+    assert again.image.id == saved["image_id"]
+    code, out = _exec(
+        again, f"python -c 'import {module_name(ADDED_PACKAGE)} as m; print(m.VALUE)'; cat ~/saved.txt"
+    )
+    assert (code, out.split()) == (0, [ADDED_VALUE, "kept"]), out
+    hub.hub_api("DELETE", "/users/alice/servers/s")
+
+    # Another member of acme/ml: as if they did not exist; nothing starts.
+    r = hub.hub_api("POST", "/users/bert/servers/e", json={"project": "ml", "image": ref})
+    assert r.status_code == 404 and "no environment" in r.json()["message"], r.text
+    assert hub.api("GET", f"/environments/{created['id']}", bert_token).status_code == 404
+    assert [x for x in hub.api("GET", "/sessions", root).json() if x["user"] == "bert"] == []
+
+    for env_id, image in ((created["id"], done["image"]), (saved["id"], saved["image"])):
+        r = hub.api("DELETE", f"/environments/{env_id}", alice)
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 60
+        while engine.images.list(name=image) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not engine.images.list(name=image)

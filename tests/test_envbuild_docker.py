@@ -14,8 +14,6 @@ The module starts Docker itself (scripts/docker.sh) and builds the test image if
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import http.server
 import logging
 import re
@@ -23,15 +21,14 @@ import secrets
 import subprocess
 import threading
 import time
-import zipfile
 from functools import partial
-from pathlib import Path
 
 import pytest
 
 from labfleet.compute import envbuild
 from labfleet.compute.envbuild import BuildFailed, BuildResult, BuildTimeout, build, find_built
 from labfleet.compute.recipes import LABEL_RECIPE_HASH, parse_recipe, recipe_hash
+from tests.pyindex import module_name, write_index
 from tests.test_docker_backend import IMAGE, engine  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.docker
@@ -54,34 +51,7 @@ TIMINGS: dict[str, float] = {}
 # --- a package index on 127.0.0.1 -----------------------------------------------------------------
 
 
-def _module(name: str) -> str:
-    return name.replace("-", "_")
-
-
-def _b64(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def make_wheel(folder: Path, name: str, version: str, value: str) -> Path:
-    """A pure-Python wheel of one module, ``<name with _>.VALUE = value``, written by hand."""
-    dist = _module(name)
-    info = f"{dist}-{version}.dist-info"
-    files = {
-        f"{dist}.py": f"VALUE = {value!r}\n".encode(),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": (
-            b"Wheel-Version: 1.0\nGenerator: labfleet-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ),
-    }
-    record = "".join(
-        f"{path},sha256={_b64(hashlib.sha256(data).digest())},{len(data)}\n" for path, data in files.items()
-    )
-    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
-    path = folder / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for member, data in files.items():
-            z.writestr(member, data)
-    return path
+_module = module_name
 
 
 class _IndexHandler(http.server.SimpleHTTPRequestHandler):
@@ -95,21 +65,15 @@ class _IndexHandler(http.server.SimpleHTTPRequestHandler):
 def index(tmp_path_factory):
     """A PEP 503 index at http://127.0.0.1:<port>/simple/ with ALPHA, BETA, UPGRADED (not MISSING)."""
     root = tmp_path_factory.mktemp("index")
-    (root / "files").mkdir()
-    projects = {ALPHA: make_wheel(root / "files", ALPHA, "1.0", f"alpha-{TOKEN}")}
-    projects[BETA] = make_wheel(root / "files", BETA, "2.0", f"beta-{TOKEN}")
     # A newer version of a package the test image has (root's files in /opt/venv): an upgrade.
-    projects[UPGRADED] = make_wheel(root / "files", UPGRADED, "99.0", f"upgraded-{TOKEN}")
-    for name, wheel in projects.items():
-        page = root / "simple" / name
-        page.mkdir(parents=True)
-        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        (page / "index.html").write_text(
-            f'<!DOCTYPE html><html><body><a href="../../files/{wheel.name}#sha256={sha}">{wheel.name}</a>'
-            "</body></html>\n"
-        )
-    links = "".join(f'<a href="{name}/">{name}</a>' for name in projects)
-    (root / "simple" / "index.html").write_text(f"<!DOCTYPE html><html><body>{links}</body></html>\n")
+    write_index(
+        root,
+        {
+            ALPHA: ("1.0", f"alpha-{TOKEN}"),
+            BETA: ("2.0", f"beta-{TOKEN}"),
+            UPGRADED: ("99.0", f"upgraded-{TOKEN}"),
+        },
+    )
     requested: list[str] = []
     handler = type("Handler", (_IndexHandler,), {"requested": requested})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(root)))
@@ -339,6 +303,7 @@ async def test_the_service_queue_builds_an_environment_then_reuses_its_image(
         log_dir=tmp_path / "logs",
         node="this-node",
         index_url=index["url"],
+        network="host",  # the test's index is on the host's loopback (the service refuses host)
         timeout=300,
         cpu_limit=CPU_LIMIT,
         mem_limit=MEM_LIMIT,

@@ -284,6 +284,106 @@ def test_a_recipe_built_before_is_ready_at_once_with_its_image(world):
         assert not E.image_in_use(db, again["image"])
 
 
+def test_sessions_start_from_an_environment_only_for_whom_it_is(world):
+    """``env:<id>`` as a session's image: admission's base and the image run, or a refusal; and the
+    launch options offer exactly what admission accepts."""
+    from labfleet.compute.launchoptions import environment_rows
+
+    factory, who, _ = world
+    mine = create(factory, who["alice"], name="mine", files=RECIPE)
+    team = create(factory, who["bob"], name="team", project="ml", files={"apt.txt": "git\n"})
+    other = create(factory, who["carol"], name="other", base=RESTRICTED, project="other", files=RECIPE)
+
+    def image_for(user, project, env_id):
+        with database.session_scope(factory) as db:
+            return E.session_image(db, user, project, f"env:{env_id}")
+
+    # Not built yet: a conflict that says so.
+    with pytest.raises(Conflict, match="mine is QUEUED: sessions start from it once it is READY"):
+        image_for("alice", "ml", mine["id"])
+    for env in (mine, team, other):
+        built(factory, env["id"], image=f"{E.IMAGE_REPOSITORY}:{env['name']}")
+    tags = {name: f"{E.IMAGE_REPOSITORY}:{name}" for name in ("mine", "team")}
+    assert image_for("alice", "ml", _id(factory, "mine")) == (BASE, tags["mine"])
+    assert image_for("bob", "acme/ml", _id(factory, "team")) == (BASE, tags["team"])
+    assert image_for("alice", "ml", _id(factory, "team")) == (BASE, tags["team"])  # a member
+    # Anyone else's, or a project environment in another project: as if it did not exist.
+    for user, project, name in (
+        ("bob", "ml", "mine"),  # alice's own
+        ("carol", "other", "team"),  # not her project's
+        ("dan", "ml", "mine"),  # an admin sees it; sessions are its owner's
+        ("alice", "ml", "other"),  # carol's project's
+    ):
+        with pytest.raises(NotFound, match="no environment"):
+            image_for(user, project, _id(factory, name))
+    with pytest.raises(NotFound):
+        image_for("alice", "ml", "not-a-uuid")
+    # The launch options offer each to its users, in the projects where admission takes it.
+    with database.session_scope(factory) as db:
+        alice = directory.get_user(db, "alice")
+        rows = {r["environment"]["name"]: r for r in environment_rows(db, alice, ["acme/ml"])}
+        carol = directory.get_user(db, "carol")
+        carols = {
+            r["environment"]["name"]: r["projects"] for r in environment_rows(db, carol, ["acme/other"])
+        }
+    assert sorted(rows) == ["mine", "team"] and rows["team"]["projects"] == ["acme/ml"]
+    assert (
+        rows["mine"]["name"] == f"env:{_id(factory, 'mine')}"
+        and "my environment" in rows["mine"]["display_name"]
+    )
+    assert carols == {"other": ["acme/other"]}
+
+
+def test_save_as_environment_refuses_what_is_not_a_running_session_of_the_callers(world):
+    factory, who, _ = world
+    import uuid
+
+    cases = [
+        ({"name": "x", "session": str(uuid.uuid4())}, NotFound, "no session"),
+        ({"name": "x", "session": "../etc"}, NotFound, "no session"),
+        ({"name": "x", "session": str(uuid.uuid4()), "base": BASE}, InvalidInput, "base"),
+        ({"session": str(uuid.uuid4())}, InvalidInput, "name"),
+    ]
+    for body, error, words in cases:
+        with database.session_scope(factory) as db, pytest.raises(error, match=words):
+            E.create(db, who["alice"], body)
+    with database.session_scope(factory) as db, pytest.raises(Forbidden):
+        E.create(db, who["mo"], {"name": "x", "session": str(uuid.uuid4())})
+    assert count(factory) == 0
+
+
+def test_a_build_takes_its_cpu_and_memory_from_what_the_quota_has_left(world):
+    factory, who, tmp = world
+    from labfleet.compute import envbuild
+
+    builds = Builds(
+        factory, logging.getLogger("t"), log_dir=tmp / "logs", node="n1", cpu_limit=2.0, mem_limit=4 * 2**30
+    )
+    env = create(factory, who["alice"], name="quota", files=RECIPE)
+    with database.session_scope(factory) as db:
+        order = E.start_build(db, env["id"], "n1")
+        policies.update_policy(
+            db, CLI, "keypair", "default", {"total_resource_slots": {"cpu": 1, "mem": "1g"}}
+        )
+    assert builds._limits(order) == (1.0, 2**30)  # the quota's, under the service's
+    with database.session_scope(factory) as db:
+        policies.update_policy(
+            db, CLI, "keypair", "default", {"total_resource_slots": {"cpu": 8, "mem": "64g"}}
+        )
+    assert builds._limits(order) == (2.0, 4 * 2**30)  # the service's, under the quota's
+    with database.session_scope(factory) as db:
+        policies.update_policy(
+            db, CLI, "keypair", "default", {"total_resource_slots": {"cpu": 0, "mem": "1g"}}
+        )
+    with pytest.raises(envbuild.BuildFailed, match="your quota has 0 core"):
+        builds._limits(order)
+
+
+def _id(factory, name: str) -> str:
+    with database.session_scope(factory) as db:
+        return db.scalar(select(Environment.id).where(Environment.name == name))
+
+
 # ---------------------------------------------------------------- the queue, without an engine
 
 

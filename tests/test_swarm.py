@@ -32,7 +32,7 @@ import pytest
 import requests
 
 from labfleet.spawner.swarm_config import published_port
-from tests.hubfixture import free_port
+from tests.hubfixture import REPO, free_port
 from tests.swarmfixture import (
     IMAGE,
     SERVICE_PREFIX,
@@ -74,7 +74,21 @@ def engines(nodes):
 
 
 @pytest.fixture(scope="module")
-def env(nodes, engines, tmp_path_factory):
+def registry(nodes, tmp_path_factory):
+    """The fleet's registry (scripts/registry.sh) at node 1's address, which node 2 reaches."""
+    state = tmp_path_factory.mktemp("registry")
+    script = ["bash", str(REPO / "scripts" / "registry.sh"), "--addr", nodes.addr1]
+    script += ["--port", str(free_port()), "--state", str(state)]
+    r = subprocess.run(script, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        yield r.stdout.strip().rpartition("=")[2]
+    finally:
+        subprocess.run([*script, "--stop"], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def env(nodes, engines, registry, tmp_path_factory):
     state = tmp_path_factory.mktemp("swarm-hub")
     base = tmp_path_factory.getbasetemp()
     for p in (state, base, base.parent):
@@ -88,6 +102,9 @@ def env(nodes, engines, tmp_path_factory):
             "LABFLEET_AGENT_HEARTBEAT": "1",
             "LABFLEET_NODE_LOST_AFTER": "3",
             "LABFLEET_SERVING_INTERVAL": "1",
+            # Environments are pushed to the fleet's registry; their builds need no network here.
+            "LABFLEET_ENVIRONMENT_REGISTRY": registry,
+            "LABFLEET_ENVIRONMENT_BUILD_NETWORK": "none",
         },
     )
     box = {"hub": hub, "state": state, "nodes": nodes, "servers": set()}
@@ -438,6 +455,73 @@ def test_batch_session_on_node_2_ends_with_its_exit_code_and_logs(env, nodes, en
     )
     env["servers"].discard("job")
     _stop(env, "a")
+
+
+def test_an_environment_built_on_node_1_runs_on_node_2_pulled_from_the_registry(
+    env, nodes, engines, registry
+):
+    """My Environments on two nodes: the service builds on node 1's engine and pushes to the fleet's
+    registry; a session of the environment placed on node 2, which never had the image, pulls it
+    from there and runs it."""
+    hub, alice = env["hub"], env["alice"]
+    one, two = engines
+    marker = os.urandom(8).hex()
+    post_build = f"#!/bin/sh\nset -e\necho {marker} > /opt/venv/marker.txt\n"
+    r = hub.api(
+        "POST",
+        "/environments",
+        alice,
+        json={"name": "marked", "base": IMAGE, "files": {"postBuild": post_build}},
+    )
+    assert r.status_code == 202, r.text
+    env_id = r.json()["id"]
+
+    def built():
+        e = hub.api("GET", f"/environments/{env_id}", alice).json()
+        return e if e["status"] in ("READY", "FAILED") else None
+
+    done = wait_until("the environment built", built, 300, interval=0.5)
+    log = hub.api("GET", f"/environments/{env_id}/logs", alice).text
+    assert done["status"] == "READY", (done["status_reason"], log[-3000:])
+    assert (
+        done["image"] == f"{registry}/labfleet/env:{done['recipe_hash']}" and f"pushed {done['image']}" in log
+    )
+    assert one.images.get(done["image"]).id == done["image_id"]
+    assert not two.images.list(name=done["image"])  # node 2 has it only from the registry
+
+    register_node(hub.db_url, "swarm-1", {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, gpus=1)
+    register_node(hub.db_url, "swarm-2", {"swarm.node_id": nodes.node2_id, "address": nodes.addr2}, gpus=1)
+    _spawn(env, "a")  # node 1's GPU: the environment's session goes to node 2
+    _wait_ready(env, "a")
+    assert _session(env, "a")["node"] == "swarm-1"
+    command = "cat /opt/venv/marker.txt"
+    _spawn(env, "envjob", {**OPTIONS, "image": f"env:{env_id}", "type": "batch", "command": command})
+
+    def ended():
+        found = [s for s in hub.api("GET", "/sessions", alice).json() if s["name"] == "envjob"]
+        return found[0] if found and found[0]["status"] in ("TERMINATED", "ERROR") else None
+
+    job = wait_until("the session ended", ended, 240, interval=0.5, detail=lambda: hub.log_text()[-5000:])
+    assert (job["node"], job["status"], job["exit_code"], job["image"]) == (
+        "swarm-2",
+        "TERMINATED",
+        0,
+        done["image"],
+    ), job
+    logs = hub.api("GET", f"/sessions/{job['id']}/logs", alice)
+    assert marker in logs.text, logs.text[-3000:]
+    assert two.images.get(done["image"]).id == done["image_id"]  # pulled from the registry
+    env["servers"].discard("envjob")
+    _stop(env, "a")
+    # Deleted: both its names leave node 1 (the service's part); node 2's pulled copy is the test's.
+    assert hub.api("DELETE", f"/environments/{env_id}", alice).status_code == 200
+    two.images.remove(done["image"], force=True)
+    local = done["image"].removeprefix(f"{registry}/")
+    wait_until(
+        "node 1's names of the image removed",
+        lambda: not one.images.list(name=done["image"]) and not one.images.list(name=local),
+        60,
+    )
 
 
 def test_a_replica_on_node_2_answers_through_the_endpoints_url(env, nodes, engines):

@@ -168,6 +168,27 @@ def tag_image(client: Any, image_id: str, tag: str) -> None:
     _api(client).tag(image_id, repository, name)
 
 
+def network_exists(client: Any, name: str) -> bool:
+    return any(n.get("Name") == name for n in _api(client).networks(names=[name]))
+
+
+def push_image(client: Any, ref: str, *, log: Callable[[str], None]) -> None:
+    """Push ``ref`` (``registry/repository:tag``) to its registry; each layer's outcome to ``log``
+    (not the progress lines). :class:`BuildFailed` with the registry's words when it refuses."""
+    repository, _, tag = ref.rpartition(":")
+    log(f"labfleet: pushing {ref}")
+    for item in _api(client).push(repository, tag=tag, stream=True, decode=True):
+        if item.get("error"):
+            message = str(item.get("errorDetail", {}).get("message") or item["error"])
+            raise BuildFailed(
+                f"the push to the fleet's registry failed: {message[:500]}", None, error=message
+            )
+        status = str(item.get("status") or "")
+        if status and not item.get("progressDetail") and item.get("id") and status != "Preparing":
+            log(f"  {item['id']}: {status}")
+    log(f"labfleet: pushed {ref}")
+
+
 def remove_image(client: Any, tag: str) -> bool:
     """Take the name ``tag`` off its image (which the engine deletes with the parents nothing else
     uses, once it has no other name): True; False when no image has that name."""

@@ -38,15 +38,16 @@ from labfleet.core.authz import Actor
 from labfleet.core.display import fmt_bytes
 from labfleet.core.envmodels import Environment
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from labfleet.core.models import Domain, Image, Project, ProjectMember, User
+from labfleet.core.models import ComputeSession, Domain, Image, Project, ProjectMember, User
 from labfleet.core.sessionlogs import log_file
 from labfleet.core.validate import check_fields, check_name, parse_project_ref
-from labfleet.core.vocab import BUILD_PENDING_STATUSES, ENVIRONMENT_STATUSES
+from labfleet.core.vocab import BUILD_PENDING_STATUSES, ENVIRONMENT_IMAGE_PREFIX, ENVIRONMENT_STATUSES
 from labfleet.storage.vfolders import UUID_RE
 from labfleet.tenancy.directory import actor_for
 
 QUEUED, BUILDING, READY, FAILED = ENVIRONMENT_STATUSES
-FIELDS = ("name", "base", "project", "files")
+FIELDS = ("name", "base", "project", "files", "session")
+RUNNING = "RUNNING"  # labfleet.core.vocab.ACTIVE_STATUSES: the only session saved as an environment
 # An owner with no policy may have this many (a new policy's own default is the same).
 DEFAULT_MAX_ENVIRONMENTS = 3
 # Built images are tagged <repository>:<recipe hash>: environments with the same recipe share one.
@@ -168,10 +169,39 @@ def view(env: Environment) -> dict[str, Any]:
         "status": env.status,
         "status_reason": env.status_reason,
         "node": env.node,
+        "source_session": env.source_session,
         "created_at": iso(env.created_at),
         "started_at": iso(env.started_at),
         "finished_at": iso(env.finished_at),
     }
+
+
+def session_image(db: Session, username: str, project_ref: Any, ref: str) -> tuple[str, str]:
+    """(the base image admission checks, the image the session runs) of ``env:<id>``, a session's
+    image request for an environment.
+
+    A personal environment starts sessions of its owner (in any project that may use its base); a
+    project environment, sessions of that project (its members). Anyone else's: *not found*, as if
+    it did not exist. One that is not READY: a conflict that says its status."""
+    env_id = ref[len(ENVIRONMENT_IMAGE_PREFIX) :]
+    env = db.get(Environment, env_id) if UUID_RE.match(env_id) else None
+    user = db.scalar(select(User).where(User.username == username))
+    usable = False
+    if env is not None and user is not None:
+        if env.owner_kind == "user":
+            usable = env.user_id == user.id
+        else:
+            dname, pname = parse_project_ref(project_ref, user.domain.name)
+            usable = (
+                env.project is not None
+                and env.project.full_name == f"{dname}/{pname}"
+                and user in env.project.members
+            )
+    if env is None or not usable:
+        raise NotFound(f"no environment {env_id[:64]!r} of yours for this session's project")
+    if env.status != READY or not env.image:
+        raise Conflict(f"environment {env.name} is {env.status}: sessions start from it once it is READY")
+    return env.base, env.image
 
 
 # ---------------------------------------------------------------- creating
@@ -244,10 +274,7 @@ def check_limits(db: Session, user: User, project: Project | None, adding: int =
         )
 
 
-def create(db: Session, actor: Actor, body: Any, *, max_recipe_bytes: int = MAX_RECIPE_BYTES) -> Environment:
-    """Check a request for a new environment (untrusted) and record it: READY at once when an
-    environment of the same recipe was built already (its image is shared), else QUEUED."""
-    body = check_fields(body, required=["name", "base"], optional=FIELDS)
+def _creator(db: Session, actor: Actor) -> User:
     if actor.role == "monitor":
         raise Forbidden("monitors read; they create no environments")
     user = db.get(User, actor.user_id) if actor.kind == "user" and actor.user_id is not None else None
@@ -255,6 +282,52 @@ def create(db: Session, actor: Actor, body: Any, *, max_recipe_bytes: int = MAX_
         raise Forbidden(
             "an environment is a user's or a project's own image: sign in as a user to create one"
         )
+    return user
+
+
+def _check_name_free(db: Session, user: User, project: Project | None, name: str) -> None:
+    if db.scalar(select(Environment.id).where(_owned_by(user, project), Environment.name == name)):
+        raise Conflict(
+            f"{'project ' + project.full_name + ' already has' if project else 'you already have'} "
+            f"an environment named {name}"
+        )
+
+
+def _new(
+    user: User,
+    project: Project | None,
+    name: str,
+    base: str,
+    recipe: dict[str, str],
+    hash_: str,
+    source_session: str | None = None,
+) -> Environment:
+    """A new environment of ``project`` (None: of ``user``), QUEUED, created by ``user``."""
+    return Environment(
+        id=str(uuid.uuid4()),
+        name=name,
+        owner_kind="project" if project else "user",
+        user=None if project else user,
+        project=project,
+        domain=project.domain if project else user.domain,
+        creator=user.username,
+        base=base,
+        recipe=recipe,
+        recipe_hash=hash_,
+        status=QUEUED,
+        status_reason="",
+        size_bytes=0,
+        source_session=source_session,
+    )
+
+
+def create(db: Session, actor: Actor, body: Any, *, max_recipe_bytes: int = MAX_RECIPE_BYTES) -> Environment:
+    """Check a request for a new environment (untrusted) and record it: READY at once when an
+    environment of the same recipe was built already (its image is shared), else QUEUED."""
+    if isinstance(body, Mapping) and "session" in body:
+        return create_from_session(db, actor, body)
+    body = check_fields(body, required=["name", "base"], optional=FIELDS)
+    user = _creator(db, actor)
     name = check_name(body["name"], "name")
     project = _project_of(db, user, body.get("project"))
     base = _base_of(db, user, project, body["base"])
@@ -262,11 +335,7 @@ def create(db: Session, actor: Actor, body: Any, *, max_recipe_bytes: int = MAX_
     recipe = parse_recipe(
         base.name, {} if files is None else files, conda=_has_conda(base), max_bytes=max_recipe_bytes
     )
-    if db.scalar(select(Environment.id).where(_owned_by(user, project), Environment.name == name)):
-        raise Conflict(
-            f"{'project ' + project.full_name + ' already has' if project else 'you already have'} "
-            f"an environment named {name}"
-        )
+    _check_name_free(db, user, project, name)
     hash_ = recipe_hash(recipe)
     twin = db.scalar(
         select(Environment)
@@ -275,21 +344,7 @@ def create(db: Session, actor: Actor, body: Any, *, max_recipe_bytes: int = MAX_
         .limit(1)
     )
     check_limits(db, user, project, twin.size_bytes if twin is not None else 0)
-    env = Environment(
-        id=str(uuid.uuid4()),
-        name=name,
-        owner_kind="project" if project else "user",
-        user=None if project else user,
-        project=project,
-        domain=project.domain if project else user.domain,
-        creator=user.username,
-        base=base.name,
-        recipe=dict(recipe.files),
-        recipe_hash=hash_,
-        status=QUEUED,
-        status_reason="",
-        size_bytes=0,
-    )
+    env = _new(user, project, name, base.name, dict(recipe.files), hash_)
     if twin is not None:
         now = datetime.now(timezone.utc)
         env.status, env.started_at, env.finished_at = READY, now, now
@@ -309,6 +364,43 @@ def create(db: Session, actor: Actor, body: Any, *, max_recipe_bytes: int = MAX_
     audit.record(db, actor, "environment.create", target, target_domain=env.domain.name, details=details)
     if twin is not None:
         _audit_build(db, env, reused=True)
+    return env
+
+
+def create_from_session(db: Session, actor: Actor, body: Any) -> Environment:
+    """Save as environment: ``{"name", "session", "project"?}``, a running session of the caller's
+    made into an environment (QUEUED: the queue commits its container, records what was installed in
+    it as the recipe, and takes its image). Its base is the session's registered image (or that
+    image's base, for a session of an environment); the caller must be allowed it in ``project``."""
+    body = check_fields(body, required=["name", "session"], optional=("name", "session", "project"))
+    user = _creator(db, actor)
+    name = check_name(body["name"], "name")
+    project = _project_of(db, user, body.get("project"))
+    sid = body["session"]
+    session = db.get(ComputeSession, sid) if isinstance(sid, str) and UUID_RE.match(sid) else None
+    if session is None or session.user_id != user.id:
+        raise NotFound(f"no session {str(sid)[:64]!r} of yours")
+    if session.status != RUNNING:
+        raise Conflict(
+            f"session {session.name or session.id} is {session.status}: only a running one is saved"
+        )
+    image = session.image or ""
+    base_name = image if images.find(db, image) is not None else base_of_image(db, image)
+    if base_name is None:
+        raise Conflict(
+            f"session {session.name or session.id} runs no registered image (its image: {image or 'none'})"
+        )
+    base = _base_of(db, user, project, base_name)
+    _check_name_free(db, user, project, name)
+    check_limits(db, user, project)
+    # Its own hash: a commit is no build of a recipe, and no recipe build may take its image.
+    hash_ = "commit-" + uuid.uuid4().hex
+    env = _new(user, project, name, base.name, {}, hash_, source_session=session.id)
+    db.add(env)
+    db.flush()
+    target = f"{owner_label(env)}/{name}"
+    details = {"id": env.id, "base": env.base, "session": session.id}
+    audit.record(db, actor, "environment.create", target, target_domain=env.domain.name, details=details)
     return env
 
 
@@ -346,6 +438,12 @@ def delete(db: Session, actor: Actor, env_id: Any) -> Deleted:
     return gone
 
 
+def base_of_image(db: Session, tag: str) -> str | None:
+    """The registered base of the environment image ``tag`` (the base is part of the recipe hash, so
+    one tag has one base); None when no environment has that image."""
+    return db.scalar(select(Environment.base).where(Environment.image == tag).limit(1))
+
+
 def image_in_use(db: Session, tag: str) -> bool:
     """Does an environment have the image ``tag``, or wait for a build that will find it?"""
     hash_ = tag.rsplit(":", 1)[-1]
@@ -368,6 +466,7 @@ class BuildOrder:
     recipe_hash: str
     tag: str
     creator: str
+    source_session: str | None = None  # Save as environment: commit this session's container
 
 
 @dataclass(frozen=True)
@@ -376,6 +475,7 @@ class Built:
     image_id: str
     size: int
     reused: bool  # an image of the same recipe was on the engine already: nothing was built
+    recorded: Mapping[str, str] | None = None  # a commit's recipe: what was installed in the session
 
 
 def queued(db: Session) -> list[tuple[str, str]]:
@@ -401,6 +501,9 @@ def start_build(db: Session, env_id: str, node: str) -> BuildOrder | None:
     env.started_at = datetime.now(timezone.utc)
     files: Mapping[str, str] = env.recipe or {}
     recipe = Recipe(base=env.base, files=dict(files))
+    if env.source_session is not None:
+        hash_ = env.recipe_hash
+        return BuildOrder(env.id, env.name, recipe, hash_, image_tag(hash_), env.creator, env.source_session)
     hash_ = recipe_hash(recipe)  # what the image's label will say
     return BuildOrder(env.id, env.name, recipe, hash_, image_tag(hash_), env.creator)
 
@@ -417,6 +520,8 @@ def finish_build(db: Session, env_id: str, built: Built) -> str | None:
         env.status, env.status_reason = FAILED, f"the image is built, but {over}"
     else:
         env.status, env.image, env.image_id, env.size_bytes = READY, built.image, built.image_id, built.size
+        if built.recorded is not None:
+            env.recipe = dict(built.recorded)
         env.status_reason = (
             "an image of the same recipe was on the engine: reused, nothing built" if built.reused else ""
         )

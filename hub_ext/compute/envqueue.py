@@ -11,8 +11,13 @@ environment (:mod:`labfleet.compute.environments`) on this node's Docker engine
   reads it while the build runs); a failed build says which step failed, and keeps its log.
 * An image of the same recipe on the engine (by its label) is reused: READY, nothing built.
   (An environment of the same recipe already READY in the DB makes a new one READY in the request.)
-* The build's containers get ``cpu_limit`` cores and ``mem_limit`` bytes (the service's settings);
-  packages come from ``index_url`` (None: the public index).
+* The build's containers get ``cpu_limit`` cores and ``mem_limit`` bytes (the service's settings),
+  or less: what the creator's quota has left when the build starts (:meth:`Builds._limits`);
+  packages come from ``index_url`` (None: the public index). They join the Docker network
+  ``network`` (the service's: the sessions' guarded one), never the host's: a recipe's postBuild is
+  the user's code, and reaches only what the user's sessions reach.
+* With a fleet registry (``registry``, ``host:port``), a READY image is pushed there and its name
+  there is the environment's image: every node pulls it (Swarm node 2 runs what node 1 built).
 * No engine (no docker package, the daemon down): the build fails, saying so.
 * Deleting an environment stops its build at its next line of output, and takes its image's name
   off the engine when no other environment has that image.
@@ -23,20 +28,27 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labfleet.compute import envbuild, environments
+from labfleet.compute import envbuild, envcommit, environments, launchoptions
 from labfleet.compute.environments import READY, BuildOrder, Built, Deleted
 from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.display import fmt_bytes
 from labfleet.core.envmodels import Environment
+from labfleet.core.models import User
 
 # A build log is cut at this size (a line says so); the build goes on.
 MAX_LOG_BYTES = 16 << 20
+# Docker's own network modes of a build's containers (any other name is a network that must exist).
+STANDARD_NETWORKS = ("none", "bridge", "default")
+# The least memory a build runs with (the service's own limit may not be set lower either).
+MIN_BUILD_MEM = 64 * 2**20
 
 
 class EngineUnavailable(Exception):
@@ -105,6 +117,8 @@ class Builds:
         log_dir: str | Path,
         node: str,
         index_url: str | None = None,
+        network: str = "none",
+        registry: str | None = None,
         timeout: float = 1800,
         max_running: int = 2,
         cpu_limit: float | None = None,
@@ -116,6 +130,8 @@ class Builds:
         self.log_dir = log_dir
         self.node = node
         self.index_url = index_url or None
+        self.network = network
+        self.registry = registry or None
         self.timeout = timeout
         self.max_running = max(1, max_running)
         self.cpu_limit = cpu_limit
@@ -285,6 +301,27 @@ class Builds:
                 environments.fail_build(db, env_id, reason)
 
     def _image(self, order: BuildOrder, out: BuildLog) -> Built:
+        """:meth:`_local_image`, pushed to the fleet's registry when there is one (then its name there is
+        the environment's image, which every node pulls)."""
+        built = self._local_image(order, out)
+        if not self.registry:
+            return built
+
+        def line(text: str) -> None:
+            if order.id in self.cancelled:
+                raise Cancelled(order.id)
+            out.write(text)
+
+        ref = f"{self.registry}/{order.tag}"
+        client = self.client_factory()
+        try:
+            envbuild.tag_image(client, built.image_id, ref)
+            envbuild.push_image(client, ref, log=line)
+        finally:
+            client.close()
+        return replace(built, image=ref)
+
+    def _local_image(self, order: BuildOrder, out: BuildLog) -> Built:
         """The image of ``order``'s recipe: one of the same recipe on the engine, named, or a build."""
 
         def line(text: str) -> None:
@@ -293,6 +330,14 @@ class Builds:
             out.write(text)
 
         client = self.client_factory()
+        if order.source_session is not None:
+            try:
+                done = envcommit.commit_session(
+                    client, order.source_session, tag=order.tag, base=order.recipe.base, log=line
+                )
+            finally:
+                client.close()
+            return Built(order.tag, done.image_id, done.size, reused=False, recorded=done.recorded)
         try:
             found = envbuild.find_built(client, order.recipe_hash)
             if found is not None:
@@ -300,25 +345,68 @@ class Builds:
                     envbuild.tag_image(client, found.id, order.tag)
                 out.write(f"labfleet: an image of the same recipe is on the engine ({found.id[:19]}): reused")
                 return Built(order.tag, found.id, found.size, reused=True)
+            if self.network not in STANDARD_NETWORKS and not envbuild.network_exists(client, self.network):
+                raise envbuild.BuildFailed(
+                    f"the Docker network {self.network}, which builds join, does not exist yet: the Docker "
+                    "spawner makes the sessions' network at their first session (or set the service's "
+                    "environment_build_network)",
+                    None,
+                )
+            cpu_limit, mem_limit = self._limits(order)
+            out.write(
+                f"labfleet: the build may use {cpu_limit or 'any number of'} core(s) and "
+                f"{fmt_bytes(mem_limit) if mem_limit else 'any memory'} (within what your quota has left)"
+            )
             result = envbuild.build(
                 client,
                 order.recipe,
                 tag=order.tag,
                 index_url=self.index_url,
+                network_mode=self.network,
                 log=line,
                 timeout=self.timeout,
-                cpu_limit=self.cpu_limit,
-                mem_limit=self.mem_limit,
+                cpu_limit=cpu_limit,
+                mem_limit=mem_limit,
             )
             return Built(order.tag, result.image_id, result.size, reused=False)
         finally:
             client.close()
 
-    def _remove_unused_image(self, tag: str) -> None:
-        """Take ``tag`` off the engine unless an environment has (or builds) that image; best effort."""
+    def _limits(self, order: BuildOrder) -> tuple[float | None, int | None]:
+        """The build's cores and bytes: the service's limits, cut to what the creator's quota has left
+        now (their keypair's policy, their domain's cap, and the project's for a project's
+        environment). None left at all: :class:`envbuild.BuildFailed`, saying so."""
         with database.session_scope(self.session_factory) as db:
-            if environments.image_in_use(db, tag):
+            env = db.get(Environment, order.id)
+            user = db.scalar(select(User).where(User.username == order.creator))
+            if env is None or user is None:
+                return self.cpu_limit, self.mem_limit
+            left = launchoptions.quota_left(db, user, env.project)
+        cpu, mem = self.cpu_limit, self.mem_limit
+        if left.get("cpu") is not None:
+            cpu = min(cpu, float(left["cpu"])) if cpu else float(left["cpu"])
+        if left.get("mem") is not None:
+            mem = min(mem, int(left["mem"])) if mem else int(left["mem"])
+        if (cpu is not None and cpu <= 0) or (mem is not None and mem < MIN_BUILD_MEM):
+            raise envbuild.BuildFailed(
+                f"your quota has {left.get('cpu') or 0} core(s) and {fmt_bytes(int(left.get('mem') or 0))} "
+                f"left, and a build needs some CPU and {fmt_bytes(MIN_BUILD_MEM)} of memory: stop a "
+                "session, then create the environment again",
+                None,
+            )
+        return cpu, mem
+
+    def _remove_unused_image(self, tag: str) -> None:
+        """Take ``tag`` off the engine unless an environment has (or builds) that image; best effort.
+        An image of the registry goes by both its names here (the registry keeps its copy)."""
+        local = tag.removeprefix(f"{self.registry}/") if self.registry else tag
+        with database.session_scope(self.session_factory) as db:
+            if any(environments.image_in_use(db, t) for t in {tag, local}):
                 return
+        for name in dict.fromkeys((tag, local)):
+            self._remove_image_name(name)
+
+    def _remove_image_name(self, tag: str) -> None:
         try:
             client = self.client_factory()
         except EngineUnavailable:

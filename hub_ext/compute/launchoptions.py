@@ -9,14 +9,16 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from labfleet.compute import images, nodes, waiting
+from labfleet.compute.environments import READY
 from labfleet.compute.quota import allocated
+from labfleet.core.envmodels import Environment
 from labfleet.core.models import Image, User, UserStatus
 from labfleet.core.slots import ResourceSlots
-from labfleet.core.vocab import DEFAULT_SESSION_SLOTS, SESSION_TYPES, SLOT_NAMES
+from labfleet.core.vocab import DEFAULT_SESSION_SLOTS, ENVIRONMENT_IMAGE_PREFIX, SESSION_TYPES, SLOT_NAMES
 from labfleet.storage import vfolders
 
 
@@ -57,14 +59,61 @@ def project_admins(db: Session, user: User) -> list[str]:
     return sorted(names)
 
 
-def launch_options(db: Session, user: User) -> dict[str, Any]:
+def environment_rows(db: Session, user: User, project_names: list[str]) -> list[dict[str, Any]]:
+    """The user's READY environments as images to launch (``env:<id>``), each with the projects it
+    may start in: a personal one wherever its base may run, a project one in its project (as
+    admission decides, :func:`labfleet.compute.environments.session_image`)."""
+    mine = [p for p in user.projects if p.full_name in project_names]
+    envs = db.scalars(
+        select(Environment)
+        .where(
+            Environment.status == READY,
+            or_(Environment.user_id == user.id, Environment.project_id.in_([p.id for p in mine])),
+        )
+        .order_by(Environment.name)
+    )
+    rows = []
+    for env in envs:
+        base = images.find(db, env.base)
+        if base is None:
+            continue
+        where = [env.project.full_name] if env.project is not None else project_names
+        usable = [n for n in where if n in project_names and images.allowed_for(base, n)]
+        if usable:
+            whose = "my environment" if env.project is None else f"environment of {env.project.full_name}"
+            rows.append(
+                {
+                    "name": ENVIRONMENT_IMAGE_PREFIX + env.id,
+                    "display_name": f"{env.name} ({whose}, on {base.display_name or base.name})",
+                    "min_slots": base.min_slots.to_json(),
+                    "accelerators": list(base.accelerators or []),
+                    "projects": usable,
+                    "environment": {"id": env.id, "name": env.name, "base": env.base},
+                }
+            )
+    return rows
+
+
+def _keypair_left(db: Session, user: User) -> dict[str, Decimal | None]:
     kp = user.main_keypair
     policy = kp.resource_policy if kp else None
-    kp_left: dict[str, Decimal | None] = (
-        _left(policy.slots, allocated(db, keypair=kp.id), policy.default_for_unspecified == "UNLIMITED")
-        if kp and policy
-        else dict.fromkeys(SLOT_NAMES, Decimal(0))
-    )
+    if not (kp and policy):
+        return dict.fromkeys(SLOT_NAMES, Decimal(0))
+    return _left(policy.slots, allocated(db, keypair=kp.id), policy.default_for_unspecified == "UNLIMITED")
+
+
+def quota_left(db: Session, user: User, project: Any = None) -> dict[str, Any]:
+    """Slot by slot, what ``user`` may still take now (their keypair's policy and their domain's cap,
+    and ``project``'s when given); None: nothing limits it. An environment's build takes its CPU
+    and memory from this."""
+    lefts = [_keypair_left(db, user), _left(user.domain.slots, allocated(db, domain=user.domain_id), True)]
+    if project is not None:
+        lefts.append(_left(project.slots, allocated(db, project=project.id), True))
+    return _tightest(*lefts)
+
+
+def launch_options(db: Session, user: User) -> dict[str, Any]:
+    kp_left = _keypair_left(db, user)
     domain_left = _left(user.domain.slots, allocated(db, domain=user.domain_id), True)
     projects = [
         {
@@ -88,6 +137,7 @@ def launch_options(db: Session, user: User) -> dict[str, Any]:
                     "projects": usable,
                 }
             )
+    image_rows += environment_rows(db, user, names)
     my_groups = nodes.usable_groups(db, user)
     free = waiting.free_in(db, my_groups)
     groups = [

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
-from labfleet.compute import admitrows, clustercache, shapes, tenants
+from labfleet.compute import admitrows, clustercache, environments, images, shapes, tenants
 from labfleet.compute.nodes import DEFAULT_GROUP, mps_view
 from labfleet.compute.scheduler import admission, queueing
 from labfleet.compute.scheduler.placement import Placement, PlacementError, Request
@@ -52,6 +52,7 @@ from labfleet.core.validate import (
 from labfleet.core.vocab import (
     CHARGED_SLOTS,
     COMMAND_PORT_RANGE,
+    ENVIRONMENT_IMAGE_PREFIX,
     FINAL_STATUSES,
     HOLDING_STATUSES,
     LIVE_STATUSES,
@@ -250,6 +251,10 @@ def admit(
     if req["id"] is not None and actor.kind != "hub":
         raise InvalidInput("id: labfleet names the session (only the Hub's spawner proposes an id)")
     access_key = launch.keypair if launch is not None else None
+    # An environment's image: admission checks its base; the session runs the environment's image.
+    env_image = None
+    if req["image"] is not None and req["image"].startswith(ENVIRONMENT_IMAGE_PREFIX):
+        req["image"], env_image = environments.session_image(db, username, req["project_ref"], req["image"])
     guess = snapshot.latest(db)
     try:
         t = tenants.resolve(
@@ -293,6 +298,8 @@ def admit(
         mounts = tenants.dot_folder_mounts(db, tenancy_v, folders_v, t.user.id)
     now = _now()
     row = admitrows.session_row(t, req, now)
+    if env_image is not None:
+        row["image"] = env_image
     allocations: list[dict[str, Any]] = []
     if placement is not None:
         allocations, taken, where = _allocation_rows(entry, placement, row["id"])
@@ -419,16 +426,21 @@ def check(db: Session, s: ComputeSession, version: int | None = None) -> admissi
     ``s`` itself: it is taken out).  ``version``: the tenancy version, when the caller read it."""
     version = snapshot.current(db) if version is None else version
     actor = Actor.hub()
+    image = s.image
+    if image and images.find(db, image) is None:
+        # An environment's image: admitted against its base, as at the session's admission (an image
+        # no environment has any more is refused as unregistered).
+        image = environments.base_of_image(db, image) or image
     req = {
         "project_ref": s.project.full_name,
         "resource_group": s.resource_group.name,
-        "image": s.image,
+        "image": image,
     }
     try:
         t = tenants.resolve(db, version, actor, s.user.username, req, s.keypair.access_key)
     except LabfleetError as e:
         return admission.Refusal(code="tenancy", message=e.message, retryable=False)
-    request = tenants.session_request(t, s.id, s.type, s.image, s.slots, s.gpu_models or ())
+    request = tenants.session_request(t, s.id, s.type, image, s.slots, s.gpu_models or ())
     own = quanta.session_delta(s.slots, live=1, pending=int(s.status == "PENDING"))
     rows = usage_ledger.read(db, usage_ledger.scopes_of(s))
     before = {scope: {k: v - own.get(k, 0) for k, v in row.items()} for scope, row in rows.items()}

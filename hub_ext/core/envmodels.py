@@ -54,6 +54,9 @@ class Environment(Base):
     status: Mapped[str] = mapped_column(String(16), default=ENVIRONMENT_STATUSES[0])
     status_reason: Mapped[str] = mapped_column(Text, default="")
     node: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # Save as environment: the session whose container it is made of (None: built from its recipe,
+    # which is then what was installed in the session, as recorded).
+    source_session: Mapped[str | None] = mapped_column(String(36), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

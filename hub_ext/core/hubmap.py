@@ -14,6 +14,12 @@ ADMIN_CONSOLE_ENV = "LABFLEET_ADMIN_CONSOLE"  # 0, false, no or off: no admin co
 DOMAIN_GROUP_PREFIX = "domain:"
 PROJECT_GROUP_PREFIX = "project:"
 ROLE_PREFIX = "labfleet-"
+# The Docker network of the Docker backend's sessions (nftables-guarded by the spawner), unless
+# DOCKER_NETWORK_ENV names another; environment builds run there too, reaching what a session reaches.
+DOCKER_NETWORK_ENV = "LABFLEET_DOCKER_NETWORK"
+DEFAULT_DOCKER_NETWORK = "labfleet-sessions"
+# The label the Docker and Swarm spawners give a session's container: its labfleet session id.
+SESSION_ID_LABEL = "ai.labfleet.session-id"
 
 # Every queued session is a spawn the Hub has pending, and the Hub refuses every spawn (429) once
 # concurrent_spawn_limit are pending. So the fleet queues at most DEFAULT_MAX_QUEUED_SESSIONS (the

@@ -48,6 +48,9 @@ FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
 ENVIRONMENT_STATUSES = ("QUEUED", "BUILDING", "READY", "FAILED")
 # Its build waits for a slot or runs: not finished yet.
 BUILD_PENDING_STATUSES = ("QUEUED", "BUILDING")
+# A session asks for an environment's image as ``env:<environment id>`` (the spawn form's value):
+# admission checks the environment's base image and who may use it; the session runs its image.
+ENVIRONMENT_IMAGE_PREFIX = "env:"
 
 # ---------------------------------------------------------------- slots
 

@@ -12,6 +12,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -41,11 +42,12 @@ from labfleet.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
-from labfleet.compute.envqueue import Builds
+from labfleet.compute.envqueue import MIN_BUILD_MEM, Builds
 from labfleet.compute.scheduler.admission import QueueLimits
 from labfleet.core import bootstrap, database, hubmap
 from labfleet.core.authz import Actor
 from labfleet.core.dburl import default_db_url
+from labfleet.core.display import fmt_bytes
 from labfleet.core.envtraits import EnvError, document_env, load_env_fallbacks
 from labfleet.core.errors import LabfleetError
 from labfleet.core.models import Node, User
@@ -249,6 +251,44 @@ class LabfleetService(SessionLogs, Application):
     def _check_environment_index_url(self, proposal):
         return _checked_option(recipes.check_index_url, proposal["value"]) if proposal["value"] else ""
 
+    environment_build_network = Unicode(
+        help="""The Docker network that environment builds' containers join (a recipe's postBuild is
+        the user's code). Default: the Docker sessions' network ($LABFLEET_DOCKER_NETWORK, else
+        `labfleet-sessions`), guarded by the spawner so that a build reaches what a session reaches:
+        the package index and the internet, not the host's ports. It must exist: a build into a
+        network that does not fails, saying so (the Docker spawner makes it at its first session).
+        `host` is refused: the host's loopback would be open to every recipe.""",
+    ).tag(config=True, env="LABFLEET_ENVIRONMENT_BUILD_NETWORK")
+
+    @default("environment_build_network")
+    def _environment_build_network_default(self) -> str:
+        return os.environ.get(hubmap.DOCKER_NETWORK_ENV) or hubmap.DEFAULT_DOCKER_NETWORK
+
+    @validate("environment_build_network")
+    def _check_environment_build_network(self, proposal):
+        if proposal["value"] == "host" or not proposal["value"]:
+            raise TraitError(
+                "environment_build_network must name a Docker network other than host (the host's "
+                "network would open its loopback to every recipe's postBuild)"
+            )
+        return proposal["value"]
+
+    environment_registry = Unicode(
+        "",
+        help="""The fleet's image registry (`host:port`, e.g. `10.0.0.1:5000`): each environment's image
+        is pushed there once built, and sessions run it by that name, so that every node pulls it
+        (a Swarm node runs what another built). Every node's Docker engine must trust it (HTTPS with a
+        CA in /etc/docker/certs.d/HOST:PORT/, as scripts/registry.sh sets up). Empty: images stay on
+        the engine that built them (one node).""",
+    ).tag(config=True, env="LABFLEET_ENVIRONMENT_REGISTRY")
+
+    @validate("environment_registry")
+    def _check_environment_registry(self, proposal):
+        value = proposal["value"].strip().rstrip("/")
+        if value and not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9A-Fa-f:]+\](:[0-9]{1,5})?", value):
+            raise TraitError(f"environment_registry must be host or host:port, not {proposal['value']!r}")
+        return value
+
     environment_build_timeout = Integer(
         1800,
         help="Seconds an environment's build may take before it is stopped (the environment FAILED).",
@@ -276,9 +316,10 @@ class LabfleetService(SessionLogs, Application):
 
     @validate("environment_build_mem")
     def _check_build_mem(self, proposal):
-        if proposal["value"] < 64 * 2**20:
+        if proposal["value"] < MIN_BUILD_MEM:
             raise TraitError(
-                f"environment_build_mem must be 64 MiB (67108864) or more, not {proposal['value']}"
+                f"environment_build_mem must be {fmt_bytes(MIN_BUILD_MEM)} ({MIN_BUILD_MEM}) or more, "
+                f"not {proposal['value']}"
             )
         return proposal["value"]
 
@@ -522,6 +563,8 @@ class LabfleetService(SessionLogs, Application):
             log_dir=self.session_log_dir,
             node=self.node_name,
             index_url=self.environment_index_url or None,
+            network=self.environment_build_network,
+            registry=self.environment_registry or None,
             timeout=self.environment_build_timeout,
             max_running=self.environment_builds_max,
             cpu_limit=self.environment_build_cpu,
