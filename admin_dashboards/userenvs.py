@@ -29,14 +29,11 @@ import ipywidgets as W
 from labfleet.console.console import Say, ServiceError, confirm_first, grid, message
 from labfleet.console.resources import STYLE, muted
 from labfleet.core.display import esc, fmt_bytes, number, parse_time
+from labfleet.core.vocab import BUILD_PENDING_STATUSES, ENVIRONMENT_STATUSES
 
-STATUSES = ("QUEUED", "BUILDING", "READY", "FAILED")
-BADGES = {
-    "READY": "lf-badge-ok",
-    "FAILED": "lf-badge-bad",
-    "QUEUED": "lf-badge-wait",
-    "BUILDING": "lf-badge-wait",
-}
+STATUSES = ENVIRONMENT_STATUSES
+QUEUED, BUILDING, READY, FAILED = ENVIRONMENT_STATUSES
+BADGES = {READY: "lf-badge-ok", FAILED: "lf-badge-bad", QUEUED: "lf-badge-wait", BUILDING: "lf-badge-wait"}
 COLUMNS = ("environment", "owner", "base", "status", "image size", "created", "")
 REASON_CHARS = 160  # a longer reason (a build's error) is cut in the table; its whole text is the tooltip
 MAX_BARS = 15  # owners drawn; the rest are summed up in a line under the bars
@@ -76,7 +73,7 @@ class EnvRow:
     @property
     def size(self) -> str:
         """The image's size; ``—`` while there is no image (queued, building, failed)."""
-        return fmt_bytes(self.size_bytes) if self.status == "READY" or self.size_bytes else "—"
+        return fmt_bytes(self.size_bytes) if self.status == READY or self.size_bytes else "—"
 
 
 def items_of(answer: Any) -> list[Mapping[str, Any]]:
@@ -131,7 +128,7 @@ def summary(rows: Sequence[EnvRow], role: str) -> str:
     count: dict[str, int] = {}
     for r in rows:
         count[r.status] = count.get(r.status, 0) + 1
-    waiting = count.get("QUEUED", 0) + count.get("BUILDING", 0)
+    waiting = sum(count.get(status, 0) for status in BUILD_PENDING_STATUSES)
     total = sum(r.size_bytes for r in rows)
     n = len(rows)
     return (
@@ -182,7 +179,7 @@ def owner_sizes(rows: Iterable[EnvRow]) -> list[OwnerSize]:
         s = sums.setdefault(r.owner, [0, 0, 0])
         s[0] += r.size_bytes
         s[1] += 1
-        s[2] += r.status == "READY"
+        s[2] += r.status == READY
     out = [OwnerSize(o, b, n, ready) for o, (b, n, ready) in sums.items()]
     return sorted(out, key=lambda o: (-o.bytes, -o.count, o.owner))
 
@@ -269,7 +266,7 @@ def delete_button(client: Any, row: EnvRow, say: Say, done: Callable[[], None]) 
         say(f"Deleted environment {row.label}.", False)
         return True
 
-    stops = " Its build stops." if row.status in ("QUEUED", "BUILDING") else ""
+    stops = " Its build stops." if row.status in BUILD_PENDING_STATUSES else ""
     warning = (
         f"Delete environment {row.label}? New sessions can no longer start from it; its image is "
         f"removed when no other environment uses it.{stops}"

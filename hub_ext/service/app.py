@@ -252,17 +252,15 @@ class LabfleetService(SessionLogs, Application):
         return _checked_option(recipes.check_index_url, proposal["value"]) if proposal["value"] else ""
 
     environment_build_network = Unicode(
+        hubmap.DEFAULT_DOCKER_NETWORK,
         help="""The Docker network that environment builds' containers join (a recipe's postBuild is
-        the user's code). Default: the Docker sessions' network ($LABFLEET_DOCKER_NETWORK, else
-        `labfleet-sessions`), guarded by the spawner so that a build reaches what a session reaches:
-        the package index and the internet, not the host's ports. It must exist: a build into a
-        network that does not fails, saying so (the Docker spawner makes it at its first session).
-        `host` is refused: the host's loopback would be open to every recipe.""",
-    ).tag(config=True, env="LABFLEET_ENVIRONMENT_BUILD_NETWORK")
-
-    @default("environment_build_network")
-    def _environment_build_network_default(self) -> str:
-        return os.environ.get(hubmap.DOCKER_NETWORK_ENV) or hubmap.DEFAULT_DOCKER_NETWORK
+        the user's code). Default: the Docker sessions' network (`labfleet-sessions`, or
+        $LABFLEET_DOCKER_NETWORK, the spawner's), guarded by the spawner so that a build reaches what
+        a session reaches: the package index and the internet, not the host's ports. It must exist: a
+        build into a network that does not fails, saying so (the Docker spawner makes it at its first
+        session). `none`: no network (recipes that fetch nothing). `host` is refused: the host's
+        loopback would be open to every recipe.""",
+    ).tag(config=True, env=("LABFLEET_ENVIRONMENT_BUILD_NETWORK", hubmap.DOCKER_NETWORK_ENV))
 
     @validate("environment_build_network")
     def _check_environment_build_network(self, proposal):
