@@ -40,10 +40,16 @@ sys.path.insert(0, str(REPO))
 
 from labfleet.compute import envbuild  # noqa: E402
 from labfleet.compute.recipes import parse_recipe  # noqa: E402
+from labfleet.core.display import fmt_bytes  # noqa: E402
 from tests.pyindex import write_index  # noqa: E402
 
 IMAGE = "labfleet/singleuser:test"
 TIMEOUT = 600
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002  (the base class's name)
+        pass
 
 
 def _free_port() -> int:
@@ -81,8 +87,7 @@ def main() -> None:
     names = [f"lfbench-{token}-{i}" for i in range(4)]
     work = Path(tempfile.mkdtemp(prefix="lfbench-env-"))
     write_index(work / "index", {n: ("1.0", f"v-{n}") for n in names})
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(work / "index"))
-    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    handler = functools.partial(_QuietHandler, directory=str(work / "index"))
     index = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=index.serve_forever, daemon=True).start()
     index_url = f"http://127.0.0.1:{index.server_address[1]}/simple/"
@@ -148,7 +153,7 @@ def main() -> None:
     for k, v in results.items():
         print(f"{k:45s} {v:10.2f}")
     for k, n in sizes.items():
-        print(f"{k:45s} {n / 2**20:10.1f} MiB")
+        print(f"{k:45s} {fmt_bytes(n):>10s}")
 
 
 if __name__ == "__main__":
