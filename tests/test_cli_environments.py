@@ -181,6 +181,10 @@ def test_bad_input_says_why_and_creates_nothing(alice, tmp_path):
     assert "apt.txt line 1" in alice.fails(*build, "--base", BASE, "--apt", str(tmp_path / "apt.txt"), code=2)
     assert "no project acme/nope of yours" in alice.fails(*build, "--base", BASE, "--project", "nope", code=1)
     assert "bad" not in names(alice)
+    # Save as environment: a session, and one of the caller's.
+    assert "--session ID is required" in alice.fails("env", "save", "bad", code=2)
+    line = alice.fails("env", "save", "bad", "--session", "00000000-0000-4000-8000-000000000000", code=1)
+    assert "no session '00000000-0000-4000-8000-000000000000' of yours" in line, line
     # Unknown names and ids.
     assert "no environment 'bad'" in alice.fails("env", "delete", "bad", code=1)
     line = alice.fails("env", "logs", "00000000-0000-4000-8000-000000000000", code=1)
@@ -224,6 +228,9 @@ def test_build_list_logs_and_delete(service, alice, bob, tmp_path, monkeypatch):
     assert ": READY." in out and "nothing built" in out, out
     assert f"READY: environment np is image {service.prebuilt_image} (3 MiB)." in out, out
 
+    # Only a superadmin promotes one to a registered image.
+    line = alice.fails("env", "promote", "np", "--project", "ml", code=1)
+    assert "only a superadmin promotes" in line, line
     # Two named np: a name alone is ambiguous; --project or the id tells them apart.
     line = alice.fails("env", "delete", "np", code=1)
     assert "2 environments are named 'np'" in line and env_id in line and "project:acme/ml" in line, line

@@ -379,6 +379,39 @@ def test_a_build_takes_its_cpu_and_memory_from_what_the_quota_has_left(world):
         builds._limits(order)
 
 
+def test_a_superadmin_promotes_a_ready_environment_to_a_registered_image(world, tmp_path):
+    factory, who, _ = world
+    from labfleet.compute import images
+    from labfleet.core.sessionlogs import read_from
+
+    env = create(factory, who["alice"], name="torch", files=RECIPE)
+    with database.session_scope(factory) as db, pytest.raises(Forbidden, match="only a superadmin"):
+        E.promote(db, who["dan"], env["id"], {})  # a domain admin
+    with database.session_scope(factory) as db, pytest.raises(Conflict, match="only a READY one"):
+        E.promote(db, who["root"], env["id"], None)
+    built(factory, env["id"], image=f"{E.IMAGE_REPOSITORY}:torch")
+    with database.session_scope(factory) as db, pytest.raises(InvalidInput):
+        E.promote(db, who["root"], env["id"], {"projects": ["acme/ml"]})
+    with database.session_scope(factory) as db:
+        image = images.image_view(E.promote(db, who["root"], env["id"], {"display_name": "Torch for all"}))
+    assert (image["name"], image["display_name"], image["projects"]) == (
+        f"{E.IMAGE_REPOSITORY}:torch",
+        "Torch for all",
+        [],
+    )
+    with database.session_scope(factory) as db:
+        E.delete(db, who["alice"], env["id"])
+        assert E.image_in_use(db, image["name"])  # registered: it stays on the engine
+        assert [
+            a.actor for a in db.scalars(select(AuditEntry).where(AuditEntry.action == "environment.promote"))
+        ] == ["root"]
+    # A follower of a build log reads on from where it was.
+    log = tmp_path / "b.log"
+    log.write_bytes(b"one\ntwo\n")
+    assert read_from(log, 0, 100) == (b"one\ntwo\n", 8) and read_from(log, 4, 2) == (b"tw", 8)
+    assert read_from(log, 99, 10) == (b"", 8) and read_from(tmp_path / "none.log", 0, 10) == (b"", 0)
+
+
 def _id(factory, name: str) -> str:
     with database.session_scope(factory) as db:
         return db.scalar(select(Environment.id).where(Environment.name == name))

@@ -172,6 +172,22 @@ class EnvCommand(ApiCommand):
                 f"interrupted: the build of environment {env['name']} goes on in the service", 130
             ) from None
 
+    def create(self, body: dict[str, Any]) -> None:
+        """POST ``body``; say what the service answered, and with --wait follow the build to its end."""
+        env = self.client.call("POST", "/environments", body).data
+        if not isinstance(env, dict) or not isinstance(env.get("id"), str):
+            raise ServiceUnreachable("the labfleet service answered the build without an id")
+        self.out(f"Environment {env['name']} (id {env['id']}): {env['status']}.")
+        if not self.opts.wait:
+            if env["status"] in BUILD_PENDING_STATUSES:
+                self.out(
+                    f"The service builds it; `labfleet env logs {env['id']} --follow` follows the build."
+                )
+            elif env.get("status_reason"):
+                self.out(one_line(env["status_reason"]))
+            return
+        self.outcome(self.follow(env))
+
     def outcome(self, env: dict[str, Any]) -> None:
         """Say how the build ended; FAILED is an error (exit 1) with the service's reason."""
         reason = one_line(env.get("status_reason") or "")
@@ -251,19 +267,61 @@ class Build(EnvCommand):
 
     def run(self) -> None:
         body = self.body()  # the files first: one that is wrong is said before credentials are looked for
-        env = self.client.call("POST", "/environments", body).data
-        if not isinstance(env, dict) or not isinstance(env.get("id"), str):
-            raise ServiceUnreachable("the labfleet service answered the build without an id")
-        self.out(f"Environment {env['name']} (id {env['id']}): {env['status']}.")
-        if not self.opts.wait:
-            if env["status"] in BUILD_PENDING_STATUSES:
-                self.out(
-                    f"The service builds it; `labfleet env logs {env['id']} --follow` follows the build."
-                )
-            elif env.get("status_reason"):
-                self.out(one_line(env["status_reason"]))
-            return
-        self.outcome(self.follow(env))
+        self.create(body)
+
+
+class Save(EnvCommand):
+    name = "labfleet env save"
+    summary = "Save a running session of yours as an environment (Save as environment)."
+    description = """Save one of your running Docker sessions as an environment: its container's files
+    become an image of yours (with its base image's settings, none of the session's), and what was
+    installed in it (pip and apt packages beyond the base's) is recorded as its recipe. With --wait
+    the log is printed as it grows: exit 0 when it is READY, 1 (saying why) when it FAILED."""
+    examples = ("labfleet env save my-setup --session 0b6c...-... --wait",)
+    arguments = ("NAME",)
+    options = (
+        Option("--session", "The id of the running session to save (required).", metavar="ID"),
+        Option(
+            "--project",
+            "A project of yours (DOMAIN/PROJECT or its name) to own the environment; default: it is yours.",
+            metavar="PROJECT",
+        ),
+        flag("--wait", "Print the log as it grows, until the environment is READY or FAILED."),
+    )
+
+    def run(self) -> None:
+        session = (self.opts.session or "").strip()
+        if not session:
+            raise UsageError(
+                "--session ID is required: one of your running sessions (`labfleet session list`)"
+            )
+        body: dict[str, Any] = {"name": self.args[0].strip(), "session": session}
+        if (self.opts.project or "").strip():
+            body["project"] = self.opts.project.strip()
+        self.create(body)
+
+
+class Promote(EnvCommand):
+    name = "labfleet env promote"
+    summary = "Register a READY environment's image for everyone (superadmins)."
+    description = """Register a READY environment's image as an image for everyone, with its base's
+    minimum resources, accelerators and apps (superadmins only). It stays on the engines while it is
+    registered; `labfleet image` commands edit or remove it like any other."""
+    arguments = ("NAME_OR_ID",)
+    options = (
+        PROJECT_OPTION,
+        Option(
+            "--display-name", "What the spawn form shows (default: its name, owner and base).", metavar="TEXT"
+        ),
+    )
+
+    def run(self) -> None:
+        env = self.find(self.args[0])
+        body = (
+            {"display_name": self.opts.display_name.strip()} if (self.opts.display_name or "").strip() else {}
+        )
+        image = self.client.call("POST", self.env_path(env["id"]) + "/image", body).data
+        self.out(f"Registered image {image.get('name')} ({image.get('display_name')}) for everyone.")
 
 
 # ---------------------------------------------------------------- list, delete, logs
@@ -331,5 +389,5 @@ ENV = Group(
     "labfleet env",
     """Build and manage your environments (My Environments): images of your own or your project's,
     each a registered base image plus a recipe (requirements.txt, apt.txt, postBuild, environment.yml).""",
-    {"build": Build, "list": List, "delete": Delete, "logs": Logs},
+    {"build": Build, "save": Save, "list": List, "delete": Delete, "logs": Logs, "promote": Promote},
 )

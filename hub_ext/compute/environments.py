@@ -438,6 +438,35 @@ def delete(db: Session, actor: Actor, env_id: Any) -> Deleted:
     return gone
 
 
+def promote(db: Session, actor: Actor, env_id: Any, body: Any) -> Image:
+    """A superadmin registers a READY environment's image for everyone (``{"display_name"?}``): a
+    registered image like any other (the base's minimum resources, accelerators and apps; editable
+    and removable on the images' page), which stays on the engine while it is registered."""
+    body = check_fields({} if body is None else body, optional=("display_name",))
+    if not actor.is_superadmin:
+        raise Forbidden("only a superadmin promotes an environment to a registered image")
+    env = readable(db, actor, env_id)
+    if env.status != READY or not env.image:
+        raise Conflict(f"environment {env.name} is {env.status}: only a READY one is promoted")
+    base = images.find(db, env.base)
+    fields: dict[str, Any] = {
+        "name": env.image,
+        "display_name": body.get("display_name") or f"{env.name} (from {owner_label(env)}, on {env.base})",
+    }
+    if base is not None:
+        fields.update(
+            min_resource_slots=base.min_slots.to_json(),
+            accelerators=list(base.accelerators or []),
+            service_ports=list(base.service_ports or []),
+        )
+    image = images.register(db, actor, fields)
+    target = f"{owner_label(env)}/{env.name}"
+    audit.record(
+        db, actor, "environment.promote", target, target_domain=env.domain.name, details={"image": env.image}
+    )
+    return image
+
+
 def base_of_image(db: Session, tag: str) -> str | None:
     """The registered base of the environment image ``tag`` (the base is part of the recipe hash, so
     one tag has one base); None when no environment has that image."""
@@ -445,9 +474,12 @@ def base_of_image(db: Session, tag: str) -> str | None:
 
 
 def image_in_use(db: Session, tag: str) -> bool:
-    """Does an environment have the image ``tag``, or wait for a build that will find it?"""
+    """Does an environment have the image ``tag`` (or wait for a build that will find it), or is it
+    registered (promoted)?"""
     hash_ = tag.rsplit(":", 1)[-1]
     waiting = and_(Environment.recipe_hash == hash_, Environment.status.in_(BUILD_PENDING_STATUSES))
+    if images.find(db, tag) is not None:
+        return True  # promoted: a registered image now
     return (
         db.scalar(select(Environment.id).where(or_(Environment.image == tag, waiting)).limit(1)) is not None
     )

@@ -38,6 +38,18 @@ def log_file(folder: str | Path, session_id: str) -> Path:
     return Path(folder) / f"{session_id}.log"
 
 
+def read_from(path: str | Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """(at most ``limit`` bytes of the log file at ``path`` from byte ``offset``, its size now): a
+    follower asks again from ``offset`` + what it got. Nothing when it is absent (size 0)."""
+    path = Path(path)
+    if not path.is_file():
+        return b"", 0
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(min(offset, size))
+        return f.read(limit), size
+
+
 def read_tail(path: str | Path, limit: int) -> bytes:
     """The last ``limit`` bytes of the log file at ``path`` (all of a shorter one); none when it is absent."""
     path = Path(path)

@@ -8,8 +8,8 @@ the same recipe was built before); ``GET /api/environments/{id}`` says where its
 
 from __future__ import annotations
 
-from labfleet.compute import environments
-from labfleet.core.sessionlogs import read_tail
+from labfleet.compute import environments, images
+from labfleet.core.sessionlogs import read_from, read_tail
 from labfleet.service.base import APIHandler
 
 MAX_LOG_TAIL = 8 << 20
@@ -47,14 +47,34 @@ class EnvironmentHandler(APIHandler):
 
 
 class EnvironmentLogsHandler(APIHandler):
-    """The build's log as text, as far as it got (empty before the build starts)."""
+    """The build's log as text, as far as it got (empty before the build starts): its last ``tail``
+    bytes, or with ``offset`` what follows that byte (a follower's next ``offset`` is this one plus
+    the bytes it got; ``X-Log-Size`` says the log's size now)."""
 
     async def get(self, env_id):
         limit = self.whole_number_arg("tail", default=MAX_LOG_TAIL, minimum=1, maximum=MAX_LOG_TAIL)
+        offset = self.query_arg("offset")
+        start = (
+            None if offset is None else self.whole_number_arg("offset", default=0, minimum=0, maximum=2**62)
+        )
         env_id = await self.run(lambda db, a: environments.readable(db, a, env_id).id)
-        data = read_tail(self.lf.environment_builds.log_path(env_id), limit)
+        path = self.lf.environment_builds.log_path(env_id)
+        if start is None:
+            data = read_tail(path, limit)
+        else:
+            data, size = read_from(path, start, limit)
+            self.set_header("X-Log-Size", str(size))
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.finish(data)
+
+
+class EnvironmentImageHandler(APIHandler):
+    """A superadmin promotes an environment to a registered image."""
+
+    async def post(self, env_id):
+        body = self.get_json_body(required=False)
+        view = await self.run(lambda db, a: images.image_view(environments.promote(db, a, env_id, body)))
+        self.write_json(view, 201)
 
 
 def routes(api: str) -> list[tuple]:
@@ -62,4 +82,5 @@ def routes(api: str) -> list[tuple]:
         (api + r"/environments", EnvironmentListHandler),
         (api + r"/environments/([^/]+)", EnvironmentHandler),
         (api + r"/environments/([^/]+)/logs", EnvironmentLogsHandler),
+        (api + r"/environments/([^/]+)/image", EnvironmentImageHandler),
     ]
