@@ -412,6 +412,54 @@ def test_a_superadmin_promotes_a_ready_environment_to_a_registered_image(world, 
     assert read_from(log, 99, 10) == (b"", 8) and read_from(tmp_path / "none.log", 0, 10) == (b"", 0)
 
 
+def test_creates_at_once_on_postgresql_take_the_last_place_and_a_name_once(
+    postgres_url, tmp_path, monkeypatch
+):
+    """The owner's row is locked while a create checks the count and the name: of two of one name
+    at once, one is created; of three at once for the last two places, two."""
+    from tests.postgres_server import fresh_database
+
+    engine, factory = fresh_db(fresh_database(postgres_url, "envs_race"), tmp_path, monkeypatch)
+    try:
+        with database.session_scope(factory) as db:
+            ensure_default_keypair_policy(db)
+            directory.create_domain(db, CLI, {"name": "acme"})
+            directory.create_project(db, CLI, {"domain": "acme", "name": "ml"})
+            directory.create_user(db, CLI, {"username": "alice", "domain": "acme", "projects": ["ml"]})
+            from labfleet.compute import images
+
+            images.register(db, CLI, {"name": BASE})
+            alice = directory.actor_for(directory.get_user(db, "alice"))
+
+        def race(bodies):
+            gate = threading.Barrier(len(bodies))
+            results: list[object] = [None] * len(bodies)
+
+            def one(i):
+                gate.wait(10)
+                try:
+                    results[i] = create(factory, alice, **bodies[i])["name"]
+                except Conflict as e:
+                    results[i] = e
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            return results
+
+        same = race([{"name": "twin", "files": {"apt.txt": f"curl{i}\n"}} for i in range(2)])
+        assert sorted(type(r).__name__ for r in same) == ["Conflict", "str"], same
+        # One held, three at once for the two places left (the default policy allows 3).
+        more = race([{"name": f"n{i}", "files": {"apt.txt": f"git{i}\n"}} for i in range(3)])
+        assert sorted(type(r).__name__ for r in more) == ["Conflict", "str", "str"], more
+        with database.session_scope(factory) as db:
+            assert db.scalar(select(func.count()).select_from(Environment)) == 3
+    finally:
+        engine.dispose()
+
+
 def _id(factory, name: str) -> str:
     with database.session_scope(factory) as db:
         return db.scalar(select(Environment.id).where(Environment.name == name))

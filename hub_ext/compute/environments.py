@@ -286,6 +286,13 @@ def _creator(db: Session, actor: Actor) -> User:
 
 
 def _check_name_free(db: Session, user: User, project: Project | None, name: str) -> None:
+    """Conflict when the owner has an environment named ``name``. The owner's row is locked first
+    (PostgreSQL) until the request commits: two creates at once cannot both take the last place
+    of :func:`check_limits` or the same name."""
+    if project is not None:
+        db.execute(select(Project.id).where(Project.id == project.id).with_for_update())
+    else:
+        db.execute(select(User.id).where(User.id == user.id).with_for_update())
     if db.scalar(select(Environment.id).where(_owned_by(user, project), Environment.name == name)):
         raise Conflict(
             f"{'project ' + project.full_name + ' already has' if project else 'you already have'} "
