@@ -168,6 +168,16 @@ def tag_image(client: Any, image_id: str, tag: str) -> None:
     _api(client).tag(image_id, repository, name)
 
 
+def image_size(client: Any, name: str) -> int:
+    """The bytes of image ``name`` with all its layers; 0 when the engine does not have it."""
+    import docker.errors
+
+    try:
+        return int(_api(client).inspect_image(name).get("Size") or 0)
+    except docker.errors.ImageNotFound:
+        return 0
+
+
 def network_exists(client: Any, name: str) -> bool:
     return any(n.get("Name") == name for n in _api(client).networks(names=[name]))
 

@@ -16,6 +16,8 @@ environment (:mod:`labfleet.compute.environments`) on this node's Docker engine
   packages come from ``index_url`` (None: the public index). They join the Docker network
   ``network`` (the service's: the sessions' guarded one), never the host's: a recipe's postBuild is
   the user's code, and reaches only what the user's sessions reach.
+* An environment's size is that of its own layers (its image's less its base's): what it adds to
+  the engines and the registry, and what ``max_environment_bytes`` counts.
 * With a fleet registry (``registry``, ``host:port``), a READY image is pushed there and its name
   there is the environment's image: every node pulls it (Swarm node 2 runs what node 1 built).
 * No engine (no docker package, the daemon down): the build fails, saying so.
@@ -304,6 +306,12 @@ class Builds:
         """:meth:`_local_image`, pushed to the fleet's registry when there is one (then its name there is
         the environment's image, which every node pulls)."""
         built = self._local_image(order, out)
+        client = self.client_factory()
+        try:
+            # What the environment takes is its own layers: its base's are every session's anyway.
+            built = replace(built, size=max(0, built.size - envbuild.image_size(client, order.recipe.base)))
+        finally:
+            client.close()
         if not self.registry:
             return built
 
