@@ -181,6 +181,13 @@ def test_bad_input_says_why_and_creates_nothing(alice, tmp_path):
     assert "apt.txt line 1" in alice.fails(*build, "--base", BASE, "--apt", str(tmp_path / "apt.txt"), code=2)
     assert "no project acme/nope of yours" in alice.fails(*build, "--base", BASE, "--project", "nope", code=1)
     assert "bad" not in names(alice)
+    # A recipe from a folder: no recipe file beside it; a folder the caller does not see is not found.
+    line = alice.fails(*build, "--base", BASE, "--folder", "x", code=2)
+    assert "--folder takes the recipe from the folder" in line, line
+    line = alice.fails(
+        "env", "build", "bad", "--base", BASE, "--folder", "00000000-0000-4000-8000-000000000000", code=1
+    )
+    assert "no vfolder" in line, line
     # Save as environment: a session, and one of the caller's.
     assert "--session ID is required" in alice.fails("env", "save", "bad", code=2)
     line = alice.fails("env", "save", "bad", "--session", "00000000-0000-4000-8000-000000000000", code=1)

@@ -460,6 +460,38 @@ def test_creates_at_once_on_postgresql_take_the_last_place_and_a_name_once(
         engine.dispose()
 
 
+def test_a_recipe_is_taken_from_a_folder_the_caller_may_download_from(world):
+    """``folder`` (and ``path``): the recipe's files as they are in a virtual folder (where an Import &
+    Run of a repository lands); someone else's folder is not found, and nothing is created."""
+    factory, who, tmp = world
+    from labfleet.storage import hosts, vfolders
+
+    with database.session_scope(factory) as db:
+        hosts.ensure_host(
+            db, {"name": "local", "path": str(tmp / "vf"), "default_permissions": list(hosts.RIGHTS)}
+        )
+        v = vfolders.create(db, who["alice"], {"name": "course"}, default_host="local")
+        folder, store = v.id, vfolders.store_of(v)
+    store.create()
+    store.mkdir("binder")
+    for name, text in (("requirements.txt", "numpy==2.1.0\n"), ("postBuild", "#!/bin/sh\necho hi\n")):
+        (store.data_dir / "binder" / name).write_text(text)
+    (store.data_dir / "binder" / "README.md").write_text("not a recipe file\n")
+    env = create(factory, who["alice"], name="course", folder=folder, path="binder")
+    assert env["files"] == {"requirements.txt": "numpy==2.1.0\n", "postBuild": "#!/bin/sh\necho hi\n"}
+    for actor, body, error, words in (
+        ("bob", {"folder": folder, "path": "binder"}, NotFound, "no vfolder"),
+        ("alice", {"folder": folder}, InvalidInput, "has none of the recipe's files"),
+        ("alice", {"folder": folder, "path": "../x"}, InvalidInput, ""),
+        ("alice", {"folder": folder, "files": {}}, InvalidInput, "files or a folder"),
+        ("alice", {"path": "binder"}, InvalidInput, "give folder too"),
+        ("alice", {"folder": 7}, InvalidInput, "folder is a vfolder's id"),
+    ):
+        with database.session_scope(factory) as db, pytest.raises(error, match=words):
+            E.create(db, who[actor], {"name": "again", "base": BASE, **body})
+    assert count(factory) == 1
+
+
 def _id(factory, name: str) -> str:
     with database.session_scope(factory) as db:
         return db.scalar(select(Environment.id).where(Environment.name == name))

@@ -233,6 +233,12 @@ class Build(EnvCommand):
             f"A folder: whichever of {RECIPE_FILE_NAMES} it has (a file named by its own option wins).",
             metavar="DIR",
         ),
+        Option(
+            "--folder",
+            "A virtual folder's id: the recipe files it has (read by the service; an imported repository's).",
+            metavar="ID",
+        ),
+        Option("--path", "With --folder: a directory in it, e.g. binder.", metavar="DIR"),
         flag("--wait", "Print the build log as it grows, until the build is READY or FAILED."),
     )
 
@@ -258,7 +264,17 @@ class Build(EnvCommand):
         base = (self.opts.base or "").strip()
         if not base:
             raise UsageError("--base IMAGE is required: a registered image you may use in the project")
-        body: dict[str, Any] = {"name": self.args[0].strip(), "base": base, "files": self.files()}
+        body: dict[str, Any] = {"name": self.args[0].strip(), "base": base}
+        if (self.opts.folder or "").strip():
+            if any(getattr(self.opts, key) is not None for key, _ in RECIPE_OPTIONS) or self.opts.from_dir:
+                raise UsageError(
+                    "--folder takes the recipe from the folder: give no recipe file or --from-dir"
+                )
+            body["folder"] = self.opts.folder.strip()
+            if self.opts.path is not None:
+                body["path"] = self.opts.path
+        else:
+            body["files"] = self.files()
         if self.opts.project is not None:
             if not self.opts.project.strip():
                 raise UsageError("--project is empty")

@@ -32,7 +32,14 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from labfleet.compute import images
-from labfleet.compute.recipes import MAX_RECIPE_BYTES, Recipe, check_base_image, parse_recipe, recipe_hash
+from labfleet.compute.recipes import (
+    MAX_RECIPE_BYTES,
+    RECIPE_FILES,
+    Recipe,
+    check_base_image,
+    parse_recipe,
+    recipe_hash,
+)
 from labfleet.core import audit
 from labfleet.core.authz import Actor
 from labfleet.core.display import fmt_bytes
@@ -42,11 +49,13 @@ from labfleet.core.models import ComputeSession, Domain, Image, Project, Project
 from labfleet.core.sessionlogs import log_file
 from labfleet.core.validate import check_fields, check_name, parse_project_ref
 from labfleet.core.vocab import BUILD_PENDING_STATUSES, ENVIRONMENT_IMAGE_PREFIX, ENVIRONMENT_STATUSES
+from labfleet.storage.files import read_texts
+from labfleet.storage.store import check_relpath
 from labfleet.storage.vfolders import UUID_RE
 from labfleet.tenancy.directory import actor_for
 
 QUEUED, BUILDING, READY, FAILED = ENVIRONMENT_STATUSES
-FIELDS = ("name", "base", "project", "files", "session")
+FIELDS = ("name", "base", "project", "files", "folder", "path", "session")
 RUNNING = "RUNNING"  # labfleet.core.vocab.ACTIVE_STATUSES: the only session saved as an environment
 # An owner with no policy may have this many (a new policy's own default is the same).
 DEFAULT_MAX_ENVIRONMENTS = 3
@@ -274,6 +283,24 @@ def check_limits(db: Session, user: User, project: Project | None, adding: int =
         )
 
 
+def _files_of_folder(db: Session, actor: Actor, body: Mapping[str, Any], max_bytes: int) -> dict[str, str]:
+    """The recipe's files in a virtual folder the caller may download from (``folder``: its id;
+    ``path``: a directory in it, default its top; an Import & Run of a repository lands there):
+    whichever of :data:`recipes.RECIPE_FILES` it has, read now, as a request's ``files``."""
+    if "files" in body:
+        raise InvalidInput("give files or a folder, not both")
+    folder = body["folder"]
+    if not isinstance(folder, str):
+        raise InvalidInput("folder is a vfolder's id")
+    path = body.get("path", "")
+    rel = check_relpath(path if isinstance(path, str) else "\0")
+    found = read_texts(db, actor, folder, rel, RECIPE_FILES, max_bytes)
+    if not found:
+        where = f"{rel}/ of the folder" if rel else "the folder"
+        raise InvalidInput(f"{where} has none of the recipe's files ({', '.join(RECIPE_FILES)})")
+    return found
+
+
 def _creator(db: Session, actor: Actor) -> User:
     if actor.role == "monitor":
         raise Forbidden("monitors read; they create no environments")
@@ -339,6 +366,10 @@ def create(db: Session, actor: Actor, body: Any, *, max_recipe_bytes: int = MAX_
     project = _project_of(db, user, body.get("project"))
     base = _base_of(db, user, project, body["base"])
     files = body.get("files")
+    if body.get("folder") is not None:
+        files = _files_of_folder(db, actor, body, max_recipe_bytes)
+    elif "path" in body:
+        raise InvalidInput("path is a folder's: give folder too")
     recipe = parse_recipe(
         base.name, {} if files is None else files, conda=_has_conda(base), max_bytes=max_recipe_bytes
     )

@@ -9,12 +9,13 @@ labfleet.storage.uploads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
 from labfleet.core.authz import Actor
-from labfleet.core.errors import Forbidden
+from labfleet.core.errors import Forbidden, InvalidInput, NotFound
 from labfleet.storage import hosts, vfolders
 from labfleet.storage.store import Entry, FolderStore, TrashEntry, check_relpath
 
@@ -47,6 +48,34 @@ def download(db: Session, actor: Actor, folder_id: str, rel: str, *, archive: bo
         return Download(store, rel, "file", v.name)
     name = (entry.name if entry else v.name) or v.name
     return Download(store, rel, "tar" if archive else "listing", name)
+
+
+def read_texts(
+    db: Session, actor: Actor, folder_id: str, rel_dir: str, names: Sequence[str], max_bytes: int
+) -> dict[str, str]:
+    """The files ``names`` in the folder's directory ``rel_dir`` (those that exist) as UTF-8 text,
+    read as a download of them would be (``ro`` on the folder, ``download-file`` on its host); at
+    most ``max_bytes`` in all, else :class:`InvalidInput`."""
+    v, store = vfolders.open_files(db, actor, folder_id, "ro")
+    hosts.need_right(vfolders.host_rights(db, actor, v), "download-file", v.host)
+    out: dict[str, str] = {}
+    left = max_bytes
+    for name in names:
+        rel = f"{rel_dir.rstrip('/')}/{name}" if rel_dir else name
+        try:
+            fh, _ = store.open_read(rel)
+        except NotFound:
+            continue
+        with fh:
+            data = fh.read(left + 1)
+        if len(data) > left:
+            raise InvalidInput(f"the recipe's files in vfolder {v.name} are larger than {max_bytes} bytes")
+        left -= len(data)
+        try:
+            out[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput(f"{rel} in vfolder {v.name} is not UTF-8 text") from None
+    return out
 
 
 def listing(d: Download) -> dict[str, Any]:
