@@ -328,7 +328,11 @@ def test_a_service_killed_right_after_an_admission_comes_back_with_the_session_r
     env.leftovers.append(restarted)
     assert sorted((d["uuid"], round(d["shares"] * 100)) for d in session["devices"]) == held
     reasons = [h["reason"] for h in session["status_history"] if h["status"] == "RUNNING"]
-    assert reasons == [f"the Hub reports alice/{server} ready"], session["status_history"]
+    # Reconciling made it RUNNING; or, when the Hub had the service back before the server was up
+    # (a loaded machine), the spawner's own report reached the restarted service. Once either way.
+    assert reasons in ([f"the Hub reports alice/{server} ready"], ["server started"]), session[
+        "status_history"
+    ]
     lab = requests.get(
         f"{hub.url}/user/alice/{server}/api/status", headers={"Authorization": f"token {alice}"}, timeout=30
     )

@@ -8,7 +8,8 @@ Without agents (nodes registered in labfleet's DB with their labels, as an agent
 - a session lands on node 2 when node 1 is full, runs there (its task, its container on engine 2,
   its limits and devices) and answers through the proxy; stopping it frees its allocation;
 - a folder written from a session on node 1 is read from a session on node 2;
-- a batch session on node 2 ends with its command's exit code and its output in the session log;
+- an environment built on node 1 is pushed to the fleet's registry and runs on node 2, which pulls
+  it: a batch session there ends with its command's exit code and its output in the session log;
 - a model-serving replica placed on node 2 answers through the endpoint's URL (the router calls it at
   node 2's address) and through its own session's inference page (the port the engine gave it).
 With an agent per node (`labfleet agent`, node 2's inside the namespace):
@@ -421,42 +422,6 @@ def test_folder_written_on_node_1_is_read_on_node_2(env, nodes, engines):
     _stop(env, "r")
 
 
-def test_batch_session_on_node_2_ends_with_its_exit_code_and_logs(env, nodes, engines):
-    hub, alice = env["hub"], env["alice"]
-    one, _ = engines
-    register_node(hub.db_url, "swarm-1", {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, gpus=1)
-    register_node(hub.db_url, "swarm-2", {"swarm.node_id": nodes.node2_id, "address": nodes.addr2}, gpus=1)
-    _spawn(env, "a")  # node 1's GPU: the batch session goes to node 2
-    _wait_ready(env, "a")
-    assert _session(env, "a")["node"] == "swarm-1"
-    options = {**OPTIONS, "type": "batch", "command": "echo from-batch-on-node-2; exit 3"}
-    _spawn(env, "job", options)
-
-    def ended():
-        found = [s for s in hub.api("GET", "/sessions", alice).json() if s["name"] == "job"]
-        return found[0] if found and found[0]["status"] in ("TERMINATED", "ERROR") else None
-
-    done = wait_until(
-        "the batch session ended", ended, 180, interval=0.5, detail=lambda: hub.log_text()[-5000:]
-    )
-    assert done["node"] == "swarm-2" and done["status"] == "TERMINATED", done
-    assert done["exit_code"] == 3, done
-    assert done["devices"] == []
-    logs = hub.api("GET", f"/sessions/{done['id']}/logs", alice)
-    assert logs.status_code == 200 and "from-batch-on-node-2" in logs.text, logs.text[-3000:]
-    # The Hub has no server left, nor Swarm a service.
-    wait_until(
-        "the batch server gone",
-        lambda: (
-            "job" not in hub.hub_api("GET", "/users/alice").json()["servers"]
-            and not one.services.list(filters={"name": f"{SERVICE_PREFIX}-alice--job"})
-        ),
-        60,
-    )
-    env["servers"].discard("job")
-    _stop(env, "a")
-
-
 def test_an_environment_built_on_node_1_runs_on_node_2_pulled_from_the_registry(
     env, nodes, engines, registry
 ):
@@ -494,7 +459,7 @@ def test_an_environment_built_on_node_1_runs_on_node_2_pulled_from_the_registry(
     _spawn(env, "a")  # node 1's GPU: the environment's session goes to node 2
     _wait_ready(env, "a")
     assert _session(env, "a")["node"] == "swarm-1"
-    command = "cat /opt/venv/marker.txt"
+    command = "cat /opt/venv/marker.txt; exit 3"
     _spawn(env, "envjob", {**OPTIONS, "image": f"env:{env_id}", "type": "batch", "command": command})
 
     def ended():
@@ -502,15 +467,26 @@ def test_an_environment_built_on_node_1_runs_on_node_2_pulled_from_the_registry(
         return found[0] if found and found[0]["status"] in ("TERMINATED", "ERROR") else None
 
     job = wait_until("the session ended", ended, 240, interval=0.5, detail=lambda: hub.log_text()[-5000:])
+    # A batch session on node 2: it ends with its command's exit code, its output in its log.
     assert (job["node"], job["status"], job["exit_code"], job["image"]) == (
         "swarm-2",
         "TERMINATED",
-        0,
+        3,
         done["image"],
     ), job
+    assert job["devices"] == []
     logs = hub.api("GET", f"/sessions/{job['id']}/logs", alice)
-    assert marker in logs.text, logs.text[-3000:]
+    assert logs.status_code == 200 and marker in logs.text, logs.text[-3000:]
     assert two.images.get(done["image"]).id == done["image_id"]  # pulled from the registry
+    # The Hub has no server left, nor Swarm a service.
+    wait_until(
+        "the batch server gone",
+        lambda: (
+            "envjob" not in hub.hub_api("GET", "/users/alice").json()["servers"]
+            and not one.services.list(filters={"name": f"{SERVICE_PREFIX}-alice--envjob"})
+        ),
+        60,
+    )
     env["servers"].discard("envjob")
     _stop(env, "a")
     # Deleted: both its names leave node 1 (the service's part); node 2's pulled copy is the test's.
