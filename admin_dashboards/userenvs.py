@@ -10,8 +10,11 @@ images as bars.
 
 A superadmin and a domain admin may delete one (``DELETE /api/environments/{id}``: a build that
 runs stops, and its image is taken off the engine when no other environment has it); each row's
-Delete asks for a second click (:func:`labfleet.console.console.confirm_first`). A monitor gets no
-button. The service decides in the end: a refusal shows as its message.
+Delete asks for a second click (:func:`labfleet.console.console.confirm_first`). A superadmin may
+also promote a READY one to a registered image for everyone (``POST /api/environments/{id}/image``,
+asked first too): the page is built anew, so the images table above lists it, and it is edited or
+removed there like any image. A monitor gets no button. The service decides in the end: a refusal
+(a domain admin's promotion, an image registered already) shows as its message.
 
 The top half is pure (plain values in, text or HTML out) and unit-tested without a kernel;
 :func:`section` builds the widgets.
@@ -64,6 +67,7 @@ class EnvRow:
     reason: str
     size_bytes: int
     created: str
+    image: str = ""  # the built image's reference ("" before the build made it)
 
     @property
     def label(self) -> str:
@@ -98,6 +102,7 @@ def env_rows(items: Iterable[Mapping[str, Any]]) -> list[EnvRow]:
                 reason=str(e.get("status_reason") or ""),
                 size_bytes=int(number(e.get("size_bytes"))),
                 created=when.strftime("%Y-%m-%d %H:%M") if when else "—",
+                image=str(e.get("image") or ""),
             )
         )
     return rows
@@ -147,8 +152,29 @@ def read_only_reason(role: str) -> str:
     return "Read only: only an admin deletes other people's environments here."
 
 
+def can_promote(role: str, row: EnvRow) -> bool:
+    """Does the viewer get a Promote button on ``row``? A superadmin's, on a READY environment (the
+    service says the rest: an image registered already is refused with its message)."""
+    return role == "superadmin" and row.status == READY
+
+
 def env_path(env_id: str) -> str:
     return f"/environments/{quote(env_id, safe='')}"
+
+
+def promote_path(env_id: str) -> str:
+    """``POST`` here registers the environment's image for everyone."""
+    return env_path(env_id) + "/image"
+
+
+def promote_warning(row: EnvRow) -> str:
+    """What the first click of Promote says."""
+    return (
+        f"Register image {row.image or row.label} for everyone? Environment {row.label} becomes a "
+        "registered image with its base's minimum resources and apps: every project may start "
+        "sessions from it, and it stays on the engine while it is registered (edit or remove it "
+        "among the images above)."
+    )
 
 
 # ---------------------------------------------------------------- the bars (pure)
@@ -274,8 +300,34 @@ def delete_button(client: Any, row: EnvRow, say: Say, done: Callable[[], None]) 
     return confirm_first(b, act, warning, say)
 
 
+def promote_button(client: Any, row: EnvRow, say: Say, done: Callable[[], None]) -> W.Button:
+    """Promote ``row``'s environment to a registered image, asked first; the page is built anew (its
+    images table lists the new image), then the message said."""
+    b = W.Button(
+        description="Promote",
+        icon="arrow-up",
+        tooltip=f"Promote environment {row.label} to a registered image",
+        layout=W.Layout(width="auto"),
+    )
+    b.add_class("lf-env-promote")
+
+    def act() -> bool:
+        try:
+            view = client.post(promote_path(row.id))
+        except ServiceError as e:
+            say(f"The labfleet service said: {e.message}", True)
+            return False
+        done()  # built anew first: the images table shows the new image when the message shows
+        name = str(view.get("name") or "") if isinstance(view, Mapping) else ""
+        say(f"Promoted environment {row.label} to registered image {name or row.image or row.label}.", False)
+        return True
+
+    return confirm_first(b, act, promote_warning(row), say)
+
+
 def env_grid(client: Any, rows: Sequence[EnvRow], say: Say, done: Callable[[], None]) -> W.GridBox:
-    """The environments, a row each; a Delete button each for those who may delete."""
+    """The environments, a row each; a Delete button each for those who may delete, and a Promote
+    button on each READY one for a superadmin."""
     can_delete = not read_only_reason(client.role)
     lines = []
     for r in rows:
@@ -287,8 +339,11 @@ def env_grid(client: Any, rows: Sequence[EnvRow], say: Say, done: Callable[[], N
             _cell(f'<span class="lf-env-size" data-environment="{esc(r.id)}">{esc(r.size)}</span>'),
             r.created,
         ]
-        if can_delete:  # in a box: the cell draws the row's line, the button keeps its look
-            line.append(W.HBox([delete_button(client, r, say, done)]))
+        if can_delete:  # in a box: the cell draws the row's line, the buttons keep their look
+            buttons = [delete_button(client, r, say, done)]
+            if can_promote(client.role, r):
+                buttons.insert(0, promote_button(client, r, say, done))
+            line.append(W.HBox(buttons))
         lines.append(line)
     columns = list(COLUMNS) if can_delete else list(COLUMNS[:-1])
     table = grid(columns, lines)

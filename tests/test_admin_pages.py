@@ -10,7 +10,8 @@
   Docker too, where a Docker engine answers);
 - the Environments page lists the users' environments (made through the service's API by alice:
   hers and her project's) with their owners; a monitor gets no Delete, a superadmin deletes one
-  (asked twice): the service no longer has it and the audit log says who deleted it;
+  (asked twice): the service no longer has it and the audit log says who deleted it; none of them
+  is READY, so none offers Promote (promotion itself is unit-tested against a stand-in service);
 - the Storage page shows the local storage host, alice's folder with its usage, and her quota scope
   as a bar; a domain admin's shows only their domain's folders;
 - a domain admin's policies page is read only, and every button of the monitor's policies and
@@ -404,6 +405,8 @@ def test_a_superadmin_registers_and_removes_an_image_through_the_page(hub, brows
 
 
 def test_a_superadmin_sees_the_users_environments_and_deletes_one(hub, browser):
+    from playwright.sync_api import expect
+
     numpy, team = hub.envs["numpy"], hub.envs["team-tools"]
     page = open_page(browser, hub, "root", "environments", f'.lf-env-owner[data-environment="{numpy["id"]}"]')
     envs = page.locator(".lf-user-envs")
@@ -415,6 +418,11 @@ def test_a_superadmin_sees_the_users_environments_and_deletes_one(hub, browser):
     assert "2 environments in the fleet" in envs.inner_text()
     bar = envs.locator('svg.lf-env-sizes g.lf-env-owner[data-owner="user:alice"]')
     assert (bar.get_attribute("data-bytes"), bar.get_attribute("data-count")) == ("0", "1")
+    # A Delete on each row (drawn with its row's Promote, where it has one), and no Promote: only a
+    # READY environment is promoted, and these are QUEUED or FAILED
+    expect(envs.get_by_role("button", name="Delete")).to_have_count(2, timeout=WAIT_MS)
+    assert envs.get_by_role("button", name="Promote").count() == 0
+    assert envs.locator(".lf-env-promote").count() == 0
     shot(page, "environments-users-root")
     # Delete asks first; the second click deletes, and the page is built anew without it
     envs.locator('button[title="Delete environment user:alice/numpy"]').click()

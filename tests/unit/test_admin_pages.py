@@ -386,7 +386,8 @@ def test_quota_scopes_as_bars():
 
 ENVS = [
     {"id": "e-1", "name": "numpy", "owner": "user:alice", "base": "labfleet/pytorch:2.5", "status": "READY",
-     "status_reason": "", "size_bytes": 3 * GIB, "created_at": "2026-11-24T10:00:00+00:00"},
+     "status_reason": "", "size_bytes": 3 * GIB, "created_at": "2026-11-24T10:00:00+00:00",
+     "image": "labfleet-env:0a1b2c"},
     {"id": "e-2", "name": "<b>", "owner": "project:acme/ml", "base": "labfleet/pytorch:2.5", "status": "FAILED",
      "status_reason": "step 2 failed: " + "x" * 300, "size_bytes": 0, "created_at": None},
     {"id": "e-3", "name": "web", "owner": "user:alice", "base": "labfleet/pytorch:2.5", "status": "QUEUED",
@@ -429,6 +430,12 @@ def test_users_environments_rows_summary_and_bars():
     assert "No environment." in U.sizes_svg([])
     assert U.env_path("a/b") == "/environments/a%2Fb"
     assert U.read_only_reason("admin") == "" and "monitor" in U.read_only_reason("monitor")
+    # Promote: a superadmin's, on a READY environment only
+    assert [r.image for r in rows] == ["labfleet-env:0a1b2c", "", ""]
+    assert [U.can_promote("superadmin", r) for r in rows] == [True, False, False]
+    assert not any(U.can_promote(role, rows[0]) for role in ("admin", "monitor", "user"))
+    assert U.promote_path("a/b") == "/environments/a%2Fb/image"
+    assert U.promote_warning(rows[0]).startswith("Register image labfleet-env:0a1b2c for everyone?")
 
 
 # ---------------------------------------------------------------- the pages against a stand-in service
@@ -503,7 +510,25 @@ class FakeService:
             if env_id == "e-3":
                 raise ServiceError("environment web is being deleted already", 409)
             self.environments = [e for e in self.environments if e["id"] != env_id]
+        if method == "POST" and path.startswith("/environments/") and path.endswith("/image"):
+            return self.promote(path.split("/")[2])
         return body
+
+    def promote(self, env_id: str) -> dict[str, Any]:
+        """``POST /environments/{id}/image`` as the service answers it."""
+        if self.role != "superadmin":
+            raise ServiceError("only a superadmin promotes an environment to a registered image", 403)
+        (env,) = [e for e in self.environments if e["id"] == env_id]
+        if env["status"] != "READY":
+            raise ServiceError(
+                f"environment {env['name']} is {env['status']}: only a READY one is promoted", 409
+            )
+        if any(i["name"] == env["image"] for i in self.images):
+            raise ServiceError(f"image {env['image']} is registered already", 409)
+        shown = f"{env['name']} (from {env['owner']})"
+        image = {**IMAGE, "name": env["image"], "display_name": shown, "projects": [], "labels": {}}
+        self.images.append(image)
+        return image
 
     def post(self, path: str, body: Any = None) -> Any:
         return self._write("POST", path, body)
@@ -707,6 +732,43 @@ def test_the_environments_page_deletes_a_users_environment_with_a_second_click()
     # Refresh clears the message
     find(page, E.W.Button, "Refresh").click()
     assert "The labfleet service said" not in text_of(page)
+
+
+def promote_buttons(page: Any) -> list[Any]:
+    return [w for w in widgets(page) if isinstance(w, U.W.Button) and "lf-env-promote" in w._dom_classes]
+
+
+@pytest.mark.parametrize("role", ["superadmin", "admin", "monitor"])
+def test_only_a_superadmin_gets_promote_and_only_on_a_ready_environment(role):
+    page = E.page(FakeService(role))
+    assert 'data-environment="e-1"' in text_of(page) and 'data-environment="e-3"' in text_of(page)
+    tips = [b.tooltip for b in promote_buttons(page)]  # the READY one's, not the FAILED nor QUEUED one's
+    assert tips == (
+        ["Promote environment user:alice/numpy to a registered image"] if role == "superadmin" else []
+    )
+
+
+def test_a_superadmin_promotes_a_ready_environment_to_a_registered_image():
+    fake = FakeService()
+    page = E.page(fake)
+    assert 'data-image="labfleet-env:0a1b2c"' not in text_of(page)
+    (promote,) = promote_buttons(page)
+    promote.click()
+    assert promote.description == "Really promote?" and fake.sent == []
+    assert "Register image labfleet-env:0a1b2c for everyone?" in text_of(page)
+    promote.click()
+    assert fake.sent == [("POST", "/environments/e-1/image", None)]
+    text = text_of(page)
+    assert "Promoted environment user:alice/numpy to registered image labfleet-env:0a1b2c." in text
+    assert 'data-image="labfleet-env:0a1b2c"' in text  # the images table was built anew
+    # Promoted already: the service's 409, the button asks again
+    (promote,) = promote_buttons(page)
+    promote.click()
+    promote.click()
+    assert fake.sent[-1] == ("POST", "/environments/e-1/image", None) and len(fake.sent) == 2
+    assert "The labfleet service said: image labfleet-env:0a1b2c is registered already" in text_of(page)
+    assert promote.description == "Promote" and "Promoted environment" not in text_of(page)
+    assert len(fake.images) == 2
 
 
 def test_the_storage_page_pages_folders_and_shows_quotas():
