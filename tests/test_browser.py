@@ -9,7 +9,8 @@ service's own numbers for the session that runs; then a month of sample numbers,
 history, answered by the browser in the service's place), opens a mounted folder
 in the file browser, creates a folder, starts a second session from the sidebar (with the new folder, which
 its own file browser then shows) and stops it, builds an environment in My Environments (no Docker engine
-here: it FAILS saying why, its log readable) and deletes it, opens TensorBoard from the Apps list, and reads
+here: it FAILS saying why, its log readable) and deletes it, saves this session as an environment from
+This session (it FAILS saying why; a second save under the same name is refused inline), opens TensorBoard from the Apps list, and reads
 the status bar, which opens the Fleet panel when clicked (or with Enter or Space). The new-session,
 new-folder and new-environment forms fit the panel at its default width (no input or select runs past it, no text under a select's
 arrow). Screenshots of the sidebar and the forms (light and dark themes) go to test-artifacts/browser/.
@@ -512,6 +513,41 @@ def test_the_fleet_sidebar_in_jupyterlab(hub, browser, tmp_path):
     expect(dialog).to_contain_text("Delete environment my-env?")
     dialog.locator(".jp-mod-accept").click()
     expect(row).to_have_count(0)
+    expect(page.locator(tid("lf-environments-empty"))).to_be_visible()
+    # Save as environment (This session): the service takes the session the Lab runs in by its id and My
+    # Environments opens with the new one; a local session has no container (and here no engine either), so
+    # its build FAILS saying why. A second save under the same name: the service's refusal, inline.
+    page.locator(tid("lf-save-env-toggle")).click()
+    page.fill(tid("lf-save-env-name"), "saved-env")
+    expect(page.locator(tid("lf-save-env-project"))).to_have_value("")  # personal by default
+    page.locator(tid("lf-save-env-submit")).click()
+    saved = page.locator(tid("lf-env-saved-env"))
+    expect(saved).to_have_attribute("data-status", re.compile("^(QUEUED|BUILDING|FAILED)$"))
+    # Followed by offset (the Lab's proxy passes the log's size on); its last line asks the list again.
+    with page.expect_response(lambda r: "/environments/" in r.url and "offset=" in r.url) as logs:
+        saved.locator(tid("lf-env-log-toggle")).click()
+    assert int(logs.value.headers["x-log-size"]) >= 0, logs.value.headers
+    expect(saved).to_have_attribute("data-status", "FAILED")
+    expect(saved.locator(tid("lf-env-reason"))).to_contain_text(re.compile("container|Docker engine"))
+    expect(saved.locator(tid("lf-env-log-text"))).to_contain_text("labfleet: FAILED")
+    note = page.locator(tid("lf-save-env-saved"))
+    expect(note).to_have_attribute("data-status", "FAILED")
+    expect(note).to_contain_text("Saved as saved-env: FAILED: ")
+    page.locator(tid("lf-save-env-toggle")).click()
+    page.fill(tid("lf-save-env-name"), "saved-env")
+    page.locator(tid("lf-save-env-submit")).click()
+    expect(page.locator(tid("lf-save-env-error"))).to_contain_text(
+        "already have an environment named saved-env"
+    )
+    expect(page.locator("li.lf-environment")).to_have_count(1)  # nothing recorded
+    assert_fits(page, tid("lf-save-env-form"))
+    page.locator(tid("lf-save-env-form")).scroll_into_view_if_needed()
+    shot(page, "sidebar-save-as-environment-light", sidebar)
+    page.locator(tid("lf-save-env-cancel")).click()
+    saved.scroll_into_view_if_needed()
+    shot(page, "sidebar-saved-as-environment-light", sidebar)
+    saved.locator(tid("lf-env-delete")).click()
+    page.locator(".jp-Dialog .jp-mod-accept").click()
     expect(page.locator(tid("lf-environments-empty"))).to_be_visible()
     page.locator(tid("lf-section-toggle-environments")).click()  # collapsed, as at first
 

@@ -47,6 +47,11 @@ class ServiceError(Exception):
         self.status = status
 
 
+# Headers of an answer that a proxy of labfleet's (a session's Fleet API) passes on besides its
+# content type: a build log's size, for a follower reading on from an offset.
+PASSED_HEADERS = ("X-Log-Size",)
+
+
 @dataclass(frozen=True)
 class HTTPReply:
     """What an upstream answered, or why it did not.
@@ -66,6 +71,8 @@ class HTTPReply:
     is_json: bool = False
     # Who answered, as a message names it ("the labfleet service", "the Hub", ...).
     upstream: str = "the server"
+    # The upstream's headers that a proxy passes on (PASSED_HEADERS), as it sent them.
+    passed: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -211,4 +218,5 @@ async def request(
         reason=response.reason or "",
         is_json=is_json,
         upstream=upstream,
+        passed={k: v for k in PASSED_HEADERS if (v := response.headers.get(k)) is not None},
     )

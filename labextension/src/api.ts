@@ -17,6 +17,7 @@ import type {
   IEndpointToken,
   IEnvironment,
   IEnvironmentCreate,
+  IEnvironmentSave,
   IFolder,
   IFolderCreate,
   IIdleInfo,
@@ -24,6 +25,7 @@ import type {
   IImportJob,
   IInvitation,
   ILaunchOptions,
+  ILogPiece,
   IMountedFolder,
   IMyUsage,
   IQuota,
@@ -76,6 +78,12 @@ export function errorMessage(status: number, statusText: string, body: unknown):
 /** A server name as a path component: the default server ("") is `~`. */
 export function serverNamePath(name: string): string {
   return name === '' ? '~' : encodeURIComponent(name);
+}
+
+/** `X-Log-Size` as a number of bytes; null when absent or not a whole number. */
+export function logSizeHeader(value: string | null | undefined): number | null {
+  const v = (value ?? '').trim();
+  return /^\d+$/.test(v) ? Number(v) : null;
 }
 
 /** An answer's body: its JSON, else its text (null when empty). */
@@ -132,11 +140,30 @@ export class FleetAPI {
     return text;
   }
 
+  /**
+   * One request whose answer is bytes as they came (a log followed by byte offset, where a
+   * string's length would miscount), with the answer's headers.
+   */
+  async requestBytes(
+    path: string,
+    init: RequestInit = {}
+  ): Promise<{ bytes: Uint8Array; headers: Headers }> {
+    const { response, text, bytes } = await this._send(path, init, undefined, true);
+    if (!response.ok) {
+      throw new LabfleetError(
+        errorMessage(response.status, response.statusText, parseBody(text)),
+        response.status
+      );
+    }
+    return { bytes, headers: response.headers };
+  }
+
   private async _send(
     path: string,
     init: RequestInit,
-    body?: unknown
-  ): Promise<{ response: Response; text: string }> {
+    body?: unknown,
+    asBytes = false
+  ): Promise<{ response: Response; text: string; bytes: Uint8Array }> {
     const req: RequestInit = { ...init };
     if (body !== undefined) {
       req.body = JSON.stringify(body);
@@ -150,12 +177,19 @@ export class FleetAPI {
       throw new LabfleetError(`cannot reach this session's server: ${why}`, 0);
     }
     let text = '';
+    let bytes: Uint8Array | undefined;
     try {
-      text = await response.text();
+      if (asBytes) {
+        bytes = new Uint8Array(await response.arrayBuffer());
+        // A refusal's words are text (JSON or not).
+        text = response.ok ? '' : new TextDecoder().decode(bytes);
+      } else {
+        text = await response.text();
+      }
     } catch {
       text = '';
     }
-    return { response, text };
+    return { response, text, bytes: bytes ?? new Uint8Array(0) };
   }
 
   // ------------------------------------------------------------ this session (server extension)
@@ -335,8 +369,11 @@ export class FleetAPI {
     return this.request<{ items: IEnvironment[] }>('api/environments').then(a => a?.items ?? []);
   }
 
-  /** Ask for a build (202: QUEUED, or READY at once with an image of the same recipe). */
-  createEnvironment(body: IEnvironmentCreate): Promise<IEnvironment> {
+  /**
+   * Ask for a build (202: QUEUED, or READY at once with an image of the same recipe), or (Save as
+   * environment, `{name, session}`) for a running session of mine to be committed (202: QUEUED).
+   */
+  createEnvironment(body: IEnvironmentCreate | IEnvironmentSave): Promise<IEnvironment> {
     return this.request('api/environments', { method: 'POST' }, body);
   }
 
@@ -349,6 +386,18 @@ export class FleetAPI {
     return this.requestText(
       `api/environments/${encodeURIComponent(id)}/logs?tail=${encodeURIComponent(String(tail))}`
     );
+  }
+
+  /**
+   * What an environment's build log has after byte `offset` (`tail` bytes at most), as bytes, and
+   * the log's size then (`X-Log-Size`; null where the answer did not carry it).
+   */
+  async environmentLogFrom(id: string, offset: number, tail: number): Promise<ILogPiece> {
+    const q = `offset=${encodeURIComponent(String(offset))}&tail=${encodeURIComponent(String(tail))}`;
+    const { bytes, headers } = await this.requestBytes(
+      `api/environments/${encodeURIComponent(id)}/logs?${q}`
+    );
+    return { bytes, size: logSizeHeader(headers.get('X-Log-Size')) };
   }
 
   private _settings: ServerConnection.ISettings;

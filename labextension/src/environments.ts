@@ -1,10 +1,17 @@
 /**
  * My Environments, the pure parts: which launch-option images are bases to build on, how an
- * environment's row reads (owner, base, size, status), the build form checked into the body
- * `POST /api/environments` takes, and the build log as the section shows it.
+ * environment's row reads (owner, base, size, status), the build form (and Save as environment's)
+ * checked into the body `POST /api/environments` takes, and the build log followed by byte offset
+ * as the section shows it.
  */
 import { formatBytes } from './format';
-import type { IEnvironment, IEnvironmentCreate, ILaunchOptions } from './types';
+import type {
+  IEnvironment,
+  IEnvironmentCreate,
+  IEnvironmentSave,
+  ILaunchOptions,
+  ILogPiece
+} from './types';
 
 /** Launch-option images named so are my environments (offered for sessions), not bases. */
 export const ENV_IMAGE_PREFIX = 'env:';
@@ -12,8 +19,11 @@ export const ENV_IMAGE_PREFIX = 'env:';
 /** How often an open log of a build that runs is asked again (ms). */
 export const ENV_LOG_POLL_MS = 2000;
 
-/** How much of the end of a build log is asked for (`?tail=`, bytes). */
-export const ENV_LOG_TAIL_BYTES = 64 * 1024;
+/** How much of a build log is asked for at a time (`?tail=` with `?offset=`, bytes). */
+export const ENV_LOG_CHUNK_BYTES = 1024 * 1024;
+
+/** How much of the end of a build log the section keeps and shows (bytes). */
+export const ENV_LOG_KEEP_BYTES = 256 * 1024;
 
 /** The recipe files the form offers, by field. */
 export const REQUIREMENTS_FILE = 'requirements.txt';
@@ -147,23 +157,148 @@ export function utf8Length(text: string): number {
   return n;
 }
 
+/** The offset to ask a log from next: this one plus the BYTES that came (UTF-8 for a string). */
+export function nextLogOffset(offset: number, got: Uint8Array | string): number {
+  return offset + (typeof got === 'string' ? utf8Length(got) : got.byteLength);
+}
+
+/** Whether the log began again: its size now (`X-Log-Size`) is less than where it was read to. */
+export function logRestarted(offset: number, size: number | null): boolean {
+  return size !== null && size < offset;
+}
+
+const NEWLINE = 0x0a;
+
 /**
- * A log as asked with `?tail=<tailBytes>`: when the answer fills the tail, the file is longer and
- * the first line is cut: it goes, and `cut` says so.
+ * A build log followed by byte offset: each answer to `?offset=<offset>` is added with `take`,
+ * and `text` is the end of the log as far as it was read, at most `keep` bytes of it (whole lines;
+ * `cut` says the start was cut).  Bytes are decoded as a stream, so a character split between two
+ * answers comes out whole.  A log that began again (its size less than the offset) is read again
+ * from 0; one far longer than `keep` is read from its last `keep` bytes on (its size known).
+ * Where no size comes (`X-Log-Size` absent), `restart` is the caller's to call.
  */
-export function logView(
-  text: string,
-  tailBytes = ENV_LOG_TAIL_BYTES
-): { text: string; cut: boolean } {
-  if (utf8Length(text) < tailBytes) {
-    return { text, cut: false };
+export class LogFollower {
+  constructor(
+    readonly keep = ENV_LOG_KEEP_BYTES,
+    readonly chunk = ENV_LOG_CHUNK_BYTES
+  ) {}
+
+  /** Where to ask from next (bytes). */
+  offset = 0;
+  /** The end of the log as far as it was read (at most `keep` bytes). */
+  text = '';
+  /** Whether the start of the log is not in `text`. */
+  cut = false;
+  /** How many times the log began again while followed. */
+  restarts = 0;
+
+  /**
+   * Add what `?offset=<this.offset>` answered.  Returns whether to ask again at once: there is
+   * more (the log is longer than what was read, or the answer was a full chunk of a log whose size
+   * is not known), or the offset moved (the log began again, or its end is far ahead).
+   */
+  take(piece: ILogPiece): boolean {
+    const { bytes, size } = piece;
+    if (logRestarted(this.offset, size)) {
+      this.restart();
+      return true;
+    }
+    const next = nextLogOffset(this.offset, bytes);
+    if (size !== null && size - next >= this.keep) {
+      // All that came is older than the last `keep` bytes: read those instead.
+      this._from(size - this.keep, true);
+      return true;
+    }
+    let text = this._decoder.decode(bytes, { stream: true });
+    if (this._partialLine) {
+      // Read from the middle of a line (or of a character): it starts at the next line.
+      const nl = text.indexOf('\n');
+      this._partialLine = nl < 0;
+      text = nl < 0 ? '' : text.slice(nl + 1);
+    }
+    this.text += text;
+    this.offset = next;
+    this._trim();
+    return size !== null ? size > this.offset : bytes.byteLength >= this.chunk;
   }
-  const nl = text.indexOf('\n');
-  return { text: nl >= 0 ? text.slice(nl + 1) : text, cut: true };
+
+  /** Read the log again from its start (it began again: a new build of the same environment). */
+  restart(): void {
+    this._from(0, false);
+    this.restarts += 1;
+  }
+
+  private _from(offset: number, cut: boolean): void {
+    this.offset = offset;
+    this.text = '';
+    this.cut = cut;
+    this._partialLine = cut && offset > 0;
+    this._decoder = new TextDecoder('utf-8');
+  }
+
+  /** Keep the last `keep` bytes of `text`, from a line's start where one is in them. */
+  private _trim(): void {
+    // A UTF-16 code unit is at most 3 bytes of UTF-8: no need to count a short text.
+    if (this.text.length * 3 <= this.keep) {
+      return;
+    }
+    const bytes = new TextEncoder().encode(this.text);
+    if (bytes.length <= this.keep) {
+      return;
+    }
+    let start = bytes.length - this.keep;
+    const nl = bytes.indexOf(NEWLINE, start - 1);
+    if (nl >= 0 && nl < bytes.length - 1) {
+      start = nl + 1;
+    } else {
+      // No line starts there: cut at a character's first byte.
+      while (start < bytes.length && (bytes[start] & 0xc0) === 0x80) {
+        start += 1;
+      }
+    }
+    this.text = new TextDecoder('utf-8').decode(bytes.subarray(start));
+    this.cut = true;
+  }
+
+  private _decoder = new TextDecoder('utf-8');
+  private _partialLine = false;
 }
 
 /** Whether the log's last line is the build's last word (READY or FAILED): the status moved. */
 export function logEnded(text: string): boolean {
   const lines = text.trimEnd().split('\n');
   return /^labfleet: (READY|FAILED)\b/.test(lines[lines.length - 1] ?? '');
+}
+
+/** The Save as environment form, as typed. */
+export interface ISaveAsForm {
+  name: string;
+  /** `domain/project`; "": personal. */
+  project: string;
+}
+
+export const EMPTY_SAVE_AS_FORM: ISaveAsForm = { name: '', project: '' };
+
+/**
+ * The body of `POST /api/environments` that saves the session `sessionId` as an environment:
+ * the name as typed (trimmed), the session, the project only for a project environment.  Throws
+ * an Error saying what is missing; the service judges the rest (a session that is not mine or
+ * not running, a name taken, a limit reached) in its own words.
+ */
+export function saveAsBody(
+  form: ISaveAsForm,
+  sessionId: string | null | undefined
+): IEnvironmentSave {
+  const name = form.name.trim();
+  if (!name) {
+    throw new Error('give the environment a name');
+  }
+  if (!sessionId) {
+    throw new Error('the labfleet service does not know this session: it cannot be saved');
+  }
+  const body: IEnvironmentSave = { name, session: sessionId };
+  if (form.project) {
+    body.project = form.project;
+  }
+  return body;
 }

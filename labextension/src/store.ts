@@ -27,6 +27,7 @@ import type {
   IEndpointToken,
   IEnvironment,
   IEnvironmentCreate,
+  IEnvironmentSave,
   IFolder,
   IFolderCreate,
   IIdleInfo,
@@ -502,6 +503,22 @@ export class FleetStore {
     const env = await this.api.createEnvironment(body);
     this.invalidate(['launchOptions']);
     await this.fetch('environments');
+    return env;
+  }
+
+  /**
+   * Save as environment: ask for a running session of mine (`body.session`) to be committed into
+   * a new environment; throws LabfleetError with the service's message (a refusal records
+   * nothing).  My Environments opens (or, open, is asked again) and lists the new one.
+   */
+  async saveAsEnvironment(body: IEnvironmentSave): Promise<IEnvironment> {
+    const env = await this.api.createEnvironment(body);
+    this.invalidate(['launchOptions']);
+    if (this.isOpen('environments')) {
+      await this.fetch('environments');
+    } else {
+      this.toggle('environments', true);
+    }
     return env;
   }
 

@@ -511,16 +511,37 @@ export interface IEnvironment {
   status_reason: string;
   image: string | null;
   size_bytes: number;
+  /** Save as environment: the session it was made of; null or absent for a build of a recipe. */
+  source_session?: string | null;
   created_at: string | null;
   started_at?: string | null;
   finished_at?: string | null;
 }
 
-/** What `POST /api/environments` takes. */
+/** What `POST /api/environments` takes to build a recipe. */
 export interface IEnvironmentCreate {
   name: string;
   base: string;
   /** `domain/project`; absent: a personal environment. */
   project?: string;
   files: Record<string, string>;
+}
+
+/**
+ * What `POST /api/environments` takes for Save as environment: one of my running Docker
+ * sessions, committed into an image (its base: the session's registered image).
+ */
+export interface IEnvironmentSave {
+  name: string;
+  /** The session's id (`ISessionInfo.id`). */
+  session: string;
+  /** `domain/project`; absent: a personal environment. */
+  project?: string;
+}
+
+/** A piece of a build log asked with `?offset=`: the bytes after it, and the log's size then. */
+export interface ILogPiece {
+  bytes: Uint8Array;
+  /** `X-Log-Size`: the log's size in bytes when it was read; null when the answer did not say. */
+  size: number | null;
 }

@@ -289,6 +289,8 @@ class ServiceProxyHandler(FleetHandler):
             content_type=ctype or None,
         )
         self.set_status(got.status if 100 <= got.status < 600 else 502)
+        for name, value in got.passed.items():
+            self.set_header(name, value)
         if got.content_type.startswith("application/json"):
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(got.data))

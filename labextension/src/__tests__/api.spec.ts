@@ -4,7 +4,7 @@
  */
 import { ServerConnection } from '@jupyterlab/services';
 
-import { errorMessage, FleetAPI, LabfleetError, serverNamePath } from '../api';
+import { errorMessage, FleetAPI, LabfleetError, logSizeHeader, serverNamePath } from '../api';
 
 const BASE = 'http://127.0.0.1:8000/user/alice/work/';
 
@@ -261,6 +261,59 @@ describe('FleetAPI errors', () => {
       message: "no environment 'e9'"
     });
     expect(new URL(urls[0]).searchParams.get('tail')).toBe('1024');
+  });
+
+  it('follows the log by byte offset: the bytes as they came and X-Log-Size', async () => {
+    const urls: string[] = [];
+    const log = new TextEncoder().encode('Step 1 : é€😀\n');
+    const fetchFn = async (input: RequestInfo | URL, init?: RequestInit) => {
+      const url = new URL(new Request(input as string, init).url);
+      urls.push(url.href);
+      const offset = Number(url.searchParams.get('offset'));
+      return new Response(log.slice(offset), {
+        headers: { 'Content-Type': 'text/plain; charset=utf-8', 'X-Log-Size': String(log.length) }
+      });
+    };
+    const api = new FleetAPI(
+      ServerConnection.makeSettings({ baseUrl: BASE, token: '', fetch: fetchFn as typeof fetch })
+    );
+    const piece = await api.environmentLogFrom('e1', 9, 4096);
+    expect(piece.size).toBe(log.length);
+    expect(Array.from(piece.bytes)).toEqual(Array.from(log.slice(9)));
+    expect(new TextDecoder().decode(piece.bytes)).toBe('é€😀\n');
+    const q = new URL(urls[0]).searchParams;
+    expect([q.get('offset'), q.get('tail')]).toEqual(['9', '4096']);
+    expect(new URL(urls[0]).pathname).toBe('/user/alice/work/labfleet/api/environments/e1/logs');
+  });
+
+  it('has no size where the answer did not carry X-Log-Size, and a refusal in its words', async () => {
+    let status = 200;
+    const fetchFn = async () =>
+      status === 200 ? new Response('abc') : json({ message: "no environment 'e9'" }, status);
+    const api = new FleetAPI(
+      ServerConnection.makeSettings({ baseUrl: BASE, token: '', fetch: fetchFn as typeof fetch })
+    );
+    await expect(api.environmentLogFrom('e1', 0, 10)).resolves.toMatchObject({ size: null });
+    status = 404;
+    await expect(api.environmentLogFrom('e9', 0, 10)).rejects.toMatchObject({
+      status: 404,
+      message: "no environment 'e9'"
+    });
+    expect([
+      logSizeHeader('12'),
+      logSizeHeader(' 0 '),
+      logSizeHeader(''),
+      logSizeHeader('x')
+    ]).toEqual([12, 0, null, null]);
+  });
+
+  it('saves a session as an environment: its name and id in the body', async () => {
+    const { api, calls } = fake(() => json({ id: 'e2', name: 'mine', status: 'QUEUED' }, 202));
+    await api.createEnvironment({ name: 'mine', session: 's-1' });
+    expect(`${calls[0].method} ${calls[0].path}`).toBe(
+      'POST /user/alice/work/labfleet/api/environments'
+    );
+    expect(JSON.parse(calls[0].body)).toEqual({ name: 'mine', session: 's-1' });
   });
 });
 

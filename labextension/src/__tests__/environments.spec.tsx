@@ -1,8 +1,10 @@
 /**
  * My Environments: the pure parts (which launch-option images are bases, how a row reads, the
- * body built from the form, the log's tail) and the section rendered in jsdom from a store filled
- * by a fake API: the list, the build form (a refusal inline, changing nothing), the log asked
- * every tick while the build runs and no more once it FAILED, delete after the confirm.
+ * body built from the form and Save as environment's, the log followed by byte offset) and the
+ * section rendered in jsdom from a store filled by a fake API: the list, the build form (a
+ * refusal inline, changing nothing), the log followed every tick while the build runs (from the
+ * bytes already read) and no more once it FAILED, delete after the confirm; and Save as
+ * environment in the This session section.
  */
 import * as React from 'react';
 import { act } from 'react';
@@ -10,21 +12,34 @@ import { createRoot, Root } from 'react-dom/client';
 
 import { FleetAPI, LabfleetError } from '../api';
 import { Environments } from '../components/Environments';
+import { ThisSession } from '../components/ThisSession';
 import {
   baseImages,
   EMPTY_ENVIRONMENT_FORM,
+  EMPTY_SAVE_AS_FORM,
+  ENV_LOG_CHUNK_BYTES,
   environmentBody,
   environmentBuilding,
   environmentMeta,
   environmentStatusClass,
   environmentStatusText,
   logEnded,
-  logView,
+  LogFollower,
+  logRestarted,
+  nextLogOffset,
   ownerText,
+  saveAsBody,
   utf8Length
 } from '../environments';
 import { FleetStore } from '../store';
-import type { IEnvironment, ILaunchOptions } from '../types';
+import type { IEnvironment, ILaunchOptions, ILogPiece, ISessionInfo } from '../types';
+
+const encode = (text: string) => new TextEncoder().encode(text);
+
+/** An answer to `?offset=`: the bytes after `offset` of `log` (at most `tail`), and its size. */
+function pieceOf(log: Uint8Array, offset: number, tail = ENV_LOG_CHUNK_BYTES): ILogPiece {
+  return { bytes: log.slice(Math.min(offset, log.length), offset + tail), size: log.length };
+}
 
 function env(over: Partial<IEnvironment> = {}): IEnvironment {
   return {
@@ -163,11 +178,109 @@ describe('the body built from the form', () => {
   });
 });
 
-describe('the log', () => {
-  it('drops the cut first line when the answer fills the tail', () => {
-    expect(logView('a\nb\n', 100)).toEqual({ text: 'a\nb\n', cut: false });
-    expect(logView('partial\nwhole\n', 14)).toEqual({ text: 'whole\n', cut: true });
+describe('the body of Save as environment', () => {
+  it('is the name and the session, personal unless a project is chosen', () => {
+    expect(saveAsBody({ ...EMPTY_SAVE_AS_FORM, name: ' my-setup ' }, 's-1')).toEqual({
+      name: 'my-setup',
+      session: 's-1'
+    });
+    expect(saveAsBody({ name: 'my-setup', project: 'acme/ml' }, 's-1')).toEqual({
+      name: 'my-setup',
+      session: 's-1',
+      project: 'acme/ml'
+    });
+  });
+
+  it('says what is missing', () => {
+    expect(() => saveAsBody({ name: ' ', project: '' }, 's-1')).toThrow(
+      'give the environment a name'
+    );
+    expect(() => saveAsBody({ name: 'x', project: '' }, null)).toThrow(
+      'does not know this session'
+    );
+  });
+});
+
+describe('the log, followed by byte offset', () => {
+  it('moves the offset by the bytes that came, not the characters', () => {
     expect(utf8Length('é€😀')).toBe(2 + 3 + 4);
+    expect(nextLogOffset(10, 'é€😀\n')).toBe(20);
+    expect(nextLogOffset(10, encode('é€😀\n'))).toBe(20);
+    expect(nextLogOffset(0, new Uint8Array(0))).toBe(0);
+  });
+
+  it('knows a log that began again: its size less than the offset', () => {
+    expect(logRestarted(100, 99)).toBe(true);
+    expect(logRestarted(100, 100)).toBe(false);
+    expect(logRestarted(100, null)).toBe(false);
+  });
+
+  it('appends what came after the offset, a character split between answers whole', () => {
+    const log = encode('Step 1/2 : é\nStep 2/2 : 😀 done\n');
+    const f = new LogFollower(1024, 1024);
+    const cut = utf8Length('Step 1/2 : é\nStep 2/2 : ') + 2; // inside the 4 bytes of 😀
+    expect(f.take({ bytes: log.slice(0, cut), size: cut })).toBe(false);
+    expect(f.offset).toBe(cut);
+    expect(f.text).toBe('Step 1/2 : é\nStep 2/2 : ');
+    expect(f.take(pieceOf(log, f.offset))).toBe(false);
+    expect(f.text).toBe('Step 1/2 : é\nStep 2/2 : 😀 done\n');
+    expect(f.offset).toBe(log.length);
+    expect(f.cut).toBe(false);
+    // Nothing new: nothing changes.
+    expect(f.take(pieceOf(log, f.offset))).toBe(false);
+    expect(f.offset).toBe(log.length);
+  });
+
+  it('reads again from 0 when the log began again', () => {
+    const f = new LogFollower(1024, 1024);
+    f.take(pieceOf(encode('first build\nlabfleet: FAILED: x\n'), 0));
+    const again = encode('second\n');
+    // Asked from the old offset: nothing, and a size less than it.
+    expect(f.take(pieceOf(again, f.offset))).toBe(true);
+    expect([f.offset, f.text, f.restarts]).toEqual([0, '', 1]);
+    expect(f.take(pieceOf(again, f.offset))).toBe(false);
+    expect(f.text).toBe('second\n');
+  });
+
+  it('asks again at once while more is there: by its size, or a full chunk without one', () => {
+    const log = encode('a\nb\nc\nd\n');
+    const f = new LogFollower(1024, 4);
+    expect(f.take(pieceOf(log, 0, 4))).toBe(true);
+    expect(f.take(pieceOf(log, f.offset, 4))).toBe(false);
+    expect(f.text).toBe('a\nb\nc\nd\n');
+    const g = new LogFollower(1024, 4);
+    expect(g.take({ bytes: log.slice(0, 4), size: null })).toBe(true);
+    expect(g.take({ bytes: log.slice(4, 8), size: null })).toBe(true);
+    expect(g.take({ bytes: log.slice(8, 12), size: null })).toBe(false);
+    expect(g.text).toBe('a\nb\nc\nd\n');
+  });
+
+  it('keeps the last `keep` bytes, from a line start, and says the start was cut', () => {
+    const f = new LogFollower(8, 1024);
+    f.take(pieceOf(encode('line1\nline2\n'), 0));
+    expect(f.cut).toBe(true);
+    expect(f.text).toBe('line2\n');
+    expect(utf8Length(f.text)).toBeLessThanOrEqual(8);
+    // No line start in the last bytes: cut at a character's first byte.
+    const g = new LogFollower(5, 1024);
+    g.take(pieceOf(encode('ab€€€'), 0));
+    expect(g.text).toBe('€');
+  });
+
+  it('skips to the last `keep` bytes of a log far longer, from its next line', () => {
+    const lines = Array.from({ length: 100 }, (_, i) => `line ${i}\n`).join('');
+    const log = encode(lines);
+    const f = new LogFollower(32, 16);
+    expect(f.take(pieceOf(log, 0, 16))).toBe(true);
+    expect(f.offset).toBe(log.length - 32);
+    while (f.take(pieceOf(log, f.offset, 16))) {
+      // read on
+    }
+    expect(f.cut).toBe(true);
+    expect(f.offset).toBe(log.length);
+    expect(f.text).toBe('line 97\nline 98\nline 99\n'.slice(-f.text.length));
+    expect(f.text.startsWith('line ')).toBe(true);
+    expect(lines.endsWith(f.text)).toBe(true);
   });
 
   it("knows the build's last word", () => {
@@ -187,6 +300,8 @@ let envs: IEnvironment[];
 let log: string;
 let calls: [string, ...unknown[]][];
 let refuse: string | null;
+/** Whether the log's answers carry X-Log-Size (the session's proxy may leave it out). */
+let sizeHeader: boolean;
 let confirmed: boolean;
 let asked: string[];
 
@@ -219,9 +334,10 @@ function fakeApi(): FleetAPI {
       envs = envs.filter(e => e.id !== id);
       return { deleted: id, name: 'x' };
     },
-    environmentLog: async (id: string, tail: number) => {
-      calls.push(['log', id, tail]);
-      return log;
+    environmentLogFrom: async (id: string, offset: number, tail: number) => {
+      calls.push(['log', id, offset, tail]);
+      const piece = pieceOf(encode(log), offset, tail);
+      return sizeHeader ? piece : { ...piece, size: null };
     }
   });
   return api;
@@ -253,10 +369,11 @@ async function settle(ms = 0): Promise<void> {
 }
 
 async function click(id: string, within: Element = container): Promise<void> {
+  // The requests a click makes, and the renders after them, in the same act.
   await act(async () => {
     (byTestId(id, within) as HTMLElement).click();
+    await new Promise(resolve => setTimeout(resolve, 0));
   });
-  await settle();
 }
 
 /** Type into a controlled input, select or textarea as React sees it. */
@@ -300,6 +417,7 @@ beforeEach(async () => {
   log = 'labfleet: building environment vision\nStep 1/4 : FROM cuda/12\n';
   calls = [];
   refuse = null;
+  sizeHeader = true;
   confirmed = true;
   asked = [];
   container = document.createElement('div');
@@ -388,10 +506,22 @@ describe('the My Environments section', () => {
     await store.fetch('environments');
     const row = byTestId('lf-env-vision')!;
     await click('lf-env-log-toggle', row);
-    expect(calls.find(c => c[0] === 'log')).toEqual(['log', 'e2', 64 * 1024]);
+    expect(calls.find(c => c[0] === 'log')).toEqual(['log', 'e2', 0, ENV_LOG_CHUNK_BYTES]);
     expect(byTestId('lf-env-log-text', row)?.textContent).toContain('Step 1/4');
     await settle(70);
     expect(logCalls()).toBeGreaterThanOrEqual(3);
+    // Asked from the bytes already read on, and what came appended.
+    const read = utf8Length(log);
+    expect(calls.filter(c => c[0] === 'log').at(-1)).toEqual([
+      'log',
+      'e2',
+      read,
+      ENV_LOG_CHUNK_BYTES
+    ]);
+    log += 'Step 2/4 : RUN pip install ünïcode\n';
+    await settle(50);
+    expect(calls.filter(c => c[0] === 'log').at(-1)?.[2]).toBe(utf8Length(log));
+    expect(byTestId('lf-env-log-text', row)?.textContent).toBe(log);
     // The build's last line: the list is asked at once, and its status ends the polling.
     log += 'labfleet: FAILED: the Docker engine is not reachable\n';
     envs = envs.map(e =>
@@ -438,5 +568,150 @@ describe('the My Environments section', () => {
     envs = [];
     await store.fetch('environments');
     expect(byTestId('lf-environments-empty')?.textContent).toContain('No environments yet');
+  });
+
+  it('reads the log again from its start when it began again', async () => {
+    await store.fetch('environments');
+    const row = byTestId('lf-env-vision')!;
+    await click('lf-env-log-toggle', row);
+    await settle(30);
+    log = 'labfleet: building environment vision again\n';
+    await settle(60);
+    const offsets = calls.filter(c => c[0] === 'log').map(c => c[2]);
+    expect(offsets[0]).toBe(0);
+    // Read on from the old end, then (the log shorter than that) from 0 again.
+    expect(offsets.slice(1)).toContain(0);
+    expect(byTestId('lf-env-log-text', row)?.textContent).toBe(log);
+  });
+});
+
+describe('the log, without X-Log-Size', () => {
+  it('follows by offset all the same, and reads again from 0 when the build started again', async () => {
+    sizeHeader = false;
+    envs = envs.map(e => (e.id === 'e2' ? { ...e, started_at: '2026-11-28T10:00:00+00:00' } : e));
+    await store.fetch('environments');
+    await click('lf-env-log-toggle', byTestId('lf-env-vision')!);
+    await settle(30);
+    const read = utf8Length(log);
+    expect(calls.filter(c => c[0] === 'log').at(-1)?.[2]).toBe(read);
+    log = 'labfleet: building environment vision again\n';
+    envs = envs.map(e => (e.id === 'e2' ? { ...e, started_at: '2026-11-28T11:00:00+00:00' } : e));
+    await store.fetch('environments');
+    await settle(30);
+    expect(byTestId('lf-env-log-text')?.textContent).toBe(log);
+  });
+});
+
+// ------------------------------------------------------------ Save as environment (This session)
+
+const SESSION = {
+  id: '5e551014-0000-4000-8000-000000000001',
+  name: 'work',
+  user: 'alice',
+  type: 'interactive',
+  project: 'acme/ml',
+  domain: 'acme',
+  image: 'local/host',
+  resource_group: 'default',
+  node: 'node-1',
+  status: 'RUNNING',
+  slots: { cpu: 1 },
+  devices: [],
+  mounts: [],
+  created_at: null,
+  started_at: null,
+  uptime: 60,
+  max_lifetime: null,
+  expires_at: null,
+  time_left: null,
+  urls: {},
+  runner: null,
+  inference: null,
+  service: 'ok'
+} as unknown as ISessionInfo;
+
+describe('Save as environment, in the This session section', () => {
+  beforeEach(async () => {
+    (store.api as any).session = async () => SESSION;
+    await store.fetch('session');
+    act(() => {
+      root.render(<ThisSession store={store} onStop={() => undefined} />);
+    });
+    store.changed.disconnect(render);
+    store.changed.connect(() =>
+      act(() => root.render(<ThisSession store={store} onStop={() => undefined} />))
+    );
+  });
+
+  it('saves this session by its id, personal by default; My Environments opens and lists it', async () => {
+    expect(store.isOpen('environments')).toBe(false);
+    await click('lf-save-env-toggle');
+    const form = byTestId('lf-save-env-form')!;
+    const owners = [...(byTestId('lf-save-env-project', form) as HTMLSelectElement).options];
+    expect(owners.map(o => o.value)).toEqual(['', 'acme/ml', 'acme/vision']);
+    type(byTestId('lf-save-env-name', form), 'my-setup');
+    await click('lf-save-env-submit', form);
+    expect(calls.find(c => c[0] === 'create')).toEqual([
+      'create',
+      { name: 'my-setup', session: SESSION.id }
+    ]);
+    await settle();
+    expect(store.isOpen('environments')).toBe(true);
+    expect(store.data.environments?.map(e => e.name)).toContain('my-setup');
+    expect(byTestId('lf-save-env-form')).toBeNull();
+    const saved = byTestId('lf-save-env-saved')!;
+    expect(saved.getAttribute('data-status')).toBe('QUEUED');
+    expect(saved.textContent).toBe('Saved as my-setup: QUEUED. See My Environments.');
+    // How it stands moves with the list: FAILED, with the reason.
+    envs = envs.map(e =>
+      e.name === 'my-setup'
+        ? { ...e, status: 'FAILED', status_reason: 'session x has no running container' }
+        : e
+    );
+    await store.fetch('environments');
+    expect(byTestId('lf-save-env-saved')?.textContent).toBe(
+      'Saved as my-setup: FAILED: session x has no running container. See My Environments.'
+    );
+  });
+
+  it('names the project of a project environment', async () => {
+    await click('lf-save-env-toggle');
+    type(byTestId('lf-save-env-name'), 'team-setup');
+    type(byTestId('lf-save-env-project'), 'acme/ml');
+    await click('lf-save-env-submit');
+    expect(calls.find(c => c[0] === 'create')?.[1]).toEqual({
+      name: 'team-setup',
+      session: SESSION.id,
+      project: 'acme/ml'
+    });
+  });
+
+  it("shows the service's refusal inline and changes nothing", async () => {
+    await click('lf-save-env-toggle');
+    refuse = 'you already have an environment named torch';
+    type(byTestId('lf-save-env-name'), 'torch');
+    await click('lf-save-env-submit');
+    expect(byTestId('lf-save-env-error')?.textContent).toBe(refuse);
+    expect((byTestId('lf-save-env-name') as HTMLInputElement).value).toBe('torch');
+    expect(byTestId('lf-save-env-saved')).toBeNull();
+    expect(store.isOpen('environments')).toBe(false);
+    expect(calls.filter(c => c[0] === 'list')).toHaveLength(0);
+  });
+
+  it('asks for a name before anything is sent; Cancel closes the form', async () => {
+    await click('lf-save-env-toggle');
+    await click('lf-save-env-submit');
+    expect(byTestId('lf-save-env-error')?.textContent).toBe('give the environment a name');
+    expect(calls.filter(c => c[0] === 'create')).toHaveLength(0);
+    await click('lf-save-env-cancel');
+    expect(byTestId('lf-save-env-form')).toBeNull();
+    expect(byTestId('lf-save-env-toggle')).not.toBeNull();
+  });
+
+  it('is not offered for a session the service does not know', async () => {
+    (store.api as any).session = async () => ({ ...SESSION, id: null });
+    await store.fetch('session');
+    expect(byTestId('lf-this-session')).not.toBeNull();
+    expect(byTestId('lf-save-env-toggle')).toBeNull();
   });
 });

@@ -3,7 +3,8 @@
  * session's proxy to the labfleet service) with their owner, base, status and size; build one
  * from a registered base and a requirements.txt (and apt.txt), follow its build log while it
  * runs, delete one.  The list comes with the panel's poll while the section is open; an open log
- * of a build that runs is asked again every 2 s, and no more once the build is READY or FAILED.
+ * of a build that runs is followed every 2 s (what came after the bytes already read:
+ * `?offset=`), and no more once the build is READY or FAILED.
  */
 import { Button, InputGroup } from '@jupyterlab/ui-components';
 import * as React from 'react';
@@ -11,8 +12,9 @@ import * as React from 'react';
 import {
   baseImages,
   EMPTY_ENVIRONMENT_FORM,
+  ENV_LOG_CHUNK_BYTES,
+  ENV_LOG_KEEP_BYTES,
   ENV_LOG_POLL_MS,
-  ENV_LOG_TAIL_BYTES,
   environmentBody,
   environmentBuilding,
   environmentMeta,
@@ -20,7 +22,7 @@ import {
   environmentStatusText,
   type IEnvironmentForm,
   logEnded,
-  logView
+  LogFollower
 } from '../environments';
 import { formatBytes } from '../format';
 import type { FleetStore } from '../store';
@@ -36,35 +38,55 @@ function onScreen(el: HTMLElement | null): boolean {
 }
 
 /**
- * An environment's build log, as far as the build got: asked when shown, then every `pollMs`
- * while the build waits or runs (not while the panel or the page is hidden), once more when it
- * ends.  It scrolls with the log unless scrolled up.
+ * An environment's build log, as far as the build got: read when shown, then what came after
+ * it every `pollMs` while the build waits or runs (not while the panel or the page is hidden),
+ * once more when it ends.  It keeps the last 256 KiB (saying the start was cut), and scrolls with
+ * the log unless scrolled up.
  */
 function BuildLog(props: { store: FleetStore; env: IEnvironment; pollMs: number }): JSX.Element {
   const { store, env } = props;
   const building = environmentBuilding(env.status);
-  const [text, setText] = React.useState<string | null>(null);
+  const follower = React.useRef<LogFollower | null>(null);
+  if (follower.current === null) {
+    follower.current = new LogFollower(ENV_LOG_KEEP_BYTES, ENV_LOG_CHUNK_BYTES);
+  }
+  const [view, setView] = React.useState<{ text: string; cut: boolean } | null>(null);
   const [error, setError] = React.useState<string | null>(null);
   const box = React.useRef<HTMLDivElement>(null);
   const pre = React.useRef<HTMLPreElement>(null);
   const stick = React.useRef(true);
+  // A build that started again writes its log anew: read it from the start.  (`X-Log-Size` says
+  // so too, where the answer carries it; the session's proxy may not pass it on.)
+  const startedAt = env.started_at ?? null;
+  const followedStart = React.useRef<string | null | undefined>(undefined);
   React.useEffect(() => {
+    const follow = follower.current!;
+    if (followedStart.current !== undefined && followedStart.current !== startedAt) {
+      follow.restart();
+    }
+    followedStart.current = startedAt;
     let alive = true;
     let timer: ReturnType<typeof setTimeout> | null = null;
     let askedStatus = false;
     const tick = async () => {
       timer = null;
       let again = building;
+      let more = false;
       if (onScreen(box.current)) {
         try {
-          const got = await store.api.environmentLog(env.id, ENV_LOG_TAIL_BYTES);
-          if (!alive) {
-            return;
+          // Read on while there is more (a long log comes a chunk at a time), a few rounds a tick.
+          more = true;
+          for (let round = 0; more && round < 8; round++) {
+            const piece = await store.api.environmentLogFrom(env.id, follow.offset, follow.chunk);
+            if (!alive) {
+              return;
+            }
+            more = follow.take(piece);
+            setView({ text: follow.text, cut: follow.cut });
           }
-          setText(got);
           setError(null);
           // The build's last line came before the poll saw its status move: ask for it now.
-          if (building && !askedStatus && logEnded(got)) {
+          if (building && !askedStatus && logEnded(follow.text)) {
             askedStatus = true;
             void store.fetch('environments');
           }
@@ -73,13 +95,14 @@ function BuildLog(props: { store: FleetStore; env: IEnvironment; pollMs: number 
             return;
           }
           setError((e as Error).message);
+          more = false;
           const status = (e as { status?: number }).status ?? 0;
           // Gone (deleted) or not mine: asking again changes nothing.
           again = again && !(status >= 400 && status < 500);
         }
       }
-      if (alive && again) {
-        timer = setTimeout(() => void tick(), props.pollMs);
+      if (alive && (again || more)) {
+        timer = setTimeout(() => void tick(), more ? 0 : props.pollMs);
       }
     };
     void tick();
@@ -89,8 +112,7 @@ function BuildLog(props: { store: FleetStore; env: IEnvironment; pollMs: number 
         clearTimeout(timer);
       }
     };
-  }, [env.id, building]);
-  const view = text === null ? null : logView(text);
+  }, [env.id, building, startedAt]);
   React.useLayoutEffect(() => {
     const el = pre.current;
     if (el && stick.current) {
@@ -108,7 +130,7 @@ function BuildLog(props: { store: FleetStore; env: IEnvironment; pollMs: number 
         <>
           {view.cut ? (
             <div className="lf-dim lf-small" data-testid="lf-env-log-cut">
-              The last {formatBytes(ENV_LOG_TAIL_BYTES)} of the log.
+              The start of the log was cut: its last {formatBytes(ENV_LOG_KEEP_BYTES)} are shown.
             </div>
           ) : null}
           <pre

@@ -1,6 +1,7 @@
 /**
- * "This session": what runs here, on which devices, for how long, and a stop button; in the
- * last minutes before an idle reclamation, a warning with a countdown first.
+ * "This session": what runs here, on which devices, for how long, "Save as environment…" (its
+ * container committed into a new environment) and a stop button; in the last minutes before an
+ * idle reclamation, a warning with a countdown first.
  */
 import { Button } from '@jupyterlab/ui-components';
 import * as React from 'react';
@@ -11,11 +12,13 @@ import { deviceLabel, formatSlots, gpuShareLabel } from '../slots';
 import type { FleetStore } from '../store';
 import { Empty, ErrorNote, Item } from './common';
 import { IdleWarning } from './IdleWarning';
+import { SaveAsEnvironment } from './SaveAsEnvironment';
 
 export function ThisSession(props: { store: FleetStore; onStop: () => void }): JSX.Element {
   const { store } = props;
   const s = store.data.session;
   const error = store.errors.session;
+  const [saving, setSaving] = React.useState(false);
   if (!s) {
     return (
       <>
@@ -90,7 +93,25 @@ export function ThisSession(props: { store: FleetStore; onStop: () => void }): J
           Endpoint {s.inference.ready ? 'ready' : 'starting'}: <code>{s.inference.url}</code>
         </div>
       ) : null}
+      {s.id ? (
+        <SaveAsEnvironment
+          store={store}
+          sessionId={s.id}
+          open={saving}
+          onClose={() => setSaving(false)}
+        />
+      ) : null}
       <div className="lf-actions">
+        {s.id && !saving ? (
+          <Button
+            small
+            data-testid="lf-save-env-toggle"
+            title="Save this session's container as a new environment"
+            onClick={() => setSaving(true)}
+          >
+            Save as environment…
+          </Button>
+        ) : null}
         <Button
           className="lf-danger"
           data-testid="lf-stop-this"
