@@ -37,6 +37,12 @@ RECIPE_OPTIONS = (
 )
 RECIPE_FILE_NAMES = ", ".join(name for _, name in RECIPE_OPTIONS)
 
+# A new environment's owner (build, save).
+OWNER_OPTION = Option(
+    "--project",
+    "A project of yours (DOMAIN/PROJECT or its name) to own the environment; default: it is yours.",
+    metavar="PROJECT",
+)
 PROJECT_OPTION = Option(
     "--project",
     """The project the environment belongs to, DOMAIN/PROJECT or the name of a project of yours
@@ -219,11 +225,7 @@ class Build(EnvCommand):
     arguments = ("NAME",)
     options = (
         Option("--base", "The base image: a registered image you may use (required).", metavar="IMAGE"),
-        Option(
-            "--project",
-            "A project of yours (DOMAIN/PROJECT or its name) to own the environment; default: it is yours.",
-            metavar="PROJECT",
-        ),
+        OWNER_OPTION,
         Option("--requirements", "A requirements.txt: pip packages from the package index.", metavar="FILE"),
         Option("--apt", "An apt.txt: Debian packages, one a line.", metavar="FILE"),
         Option("--postbuild", "A postBuild script, run as the image's user.", metavar="FILE"),
@@ -297,11 +299,7 @@ class Save(EnvCommand):
     arguments = ("NAME",)
     options = (
         Option("--session", "The id of the running session to save (required).", metavar="ID"),
-        Option(
-            "--project",
-            "A project of yours (DOMAIN/PROJECT or its name) to own the environment; default: it is yours.",
-            metavar="PROJECT",
-        ),
+        OWNER_OPTION,
         flag("--wait", "Print the log as it grows, until the environment is READY or FAILED."),
     )
 

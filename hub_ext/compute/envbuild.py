@@ -124,7 +124,7 @@ def layer_of(instruction: str) -> str | None:
 # --- finding a built image ---------------------------------------------------------------------------
 
 
-def _api(client: Any) -> Any:
+def low_level_api(client: Any) -> Any:
     """The low-level APIClient of a ``docker.DockerClient`` (or the APIClient itself)."""
     return getattr(client, "api", client)
 
@@ -137,7 +137,7 @@ def find_built(client: Any, recipe_hash: str) -> ImageInfo | None:
     """
     if not isinstance(recipe_hash, str) or not _HASH.match(recipe_hash):
         raise ValueError(f"not a recipe hash: {str(recipe_hash)[:80]!r}")
-    rows = _api(client).images(filters={"label": f"{LABEL_RECIPE_HASH}={recipe_hash}"})
+    rows = low_level_api(client).images(filters={"label": f"{LABEL_RECIPE_HASH}={recipe_hash}"})
     found = []
     for row in rows or []:
         labels = row.get("Labels") or {}
@@ -165,7 +165,7 @@ def tag_image(client: Any, image_id: str, tag: str) -> None:
     repository, _, name = tag.rpartition(":")
     if not repository or "/" in name or "@" in tag:
         raise ValueError(f"tag {tag!r} is not repository:tag")
-    _api(client).tag(image_id, repository, name)
+    low_level_api(client).tag(image_id, repository, name)
 
 
 def image_size(client: Any, name: str) -> int:
@@ -173,13 +173,13 @@ def image_size(client: Any, name: str) -> int:
     import docker.errors
 
     try:
-        return int(_api(client).inspect_image(name).get("Size") or 0)
+        return int(low_level_api(client).inspect_image(name).get("Size") or 0)
     except docker.errors.ImageNotFound:
         return 0
 
 
 def network_exists(client: Any, name: str) -> bool:
-    return any(n.get("Name") == name for n in _api(client).networks(names=[name]))
+    return any(n.get("Name") == name for n in low_level_api(client).networks(names=[name]))
 
 
 def push_image(client: Any, ref: str, *, log: Callable[[str], None]) -> None:
@@ -187,7 +187,7 @@ def push_image(client: Any, ref: str, *, log: Callable[[str], None]) -> None:
     (not the progress lines). :class:`BuildFailed` with the registry's words when it refuses."""
     repository, _, tag = ref.rpartition(":")
     log(f"labfleet: pushing {ref}")
-    for item in _api(client).push(repository, tag=tag, stream=True, decode=True):
+    for item in low_level_api(client).push(repository, tag=tag, stream=True, decode=True):
         if item.get("error"):
             message = str(item.get("errorDetail", {}).get("message") or item["error"])
             raise BuildFailed(
@@ -205,7 +205,7 @@ def remove_image(client: Any, tag: str) -> bool:
     import docker.errors
 
     try:
-        _api(client).remove_image(tag)
+        low_level_api(client).remove_image(tag)
     except docker.errors.ImageNotFound:
         return False
     return True
@@ -377,7 +377,7 @@ def build(
         "networkmode": network_mode,
         **build_limits(cpu_limit, mem_limit),
     }
-    api = _api(client)
+    api = low_level_api(client)
     progress = _Progress(log=log)
     started = time.monotonic()
     deadline = started + timeout

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from labfleet.compute.envbuild import BuildFailed, _api
+from labfleet.compute.envbuild import BuildFailed, low_level_api
 from labfleet.compute.recipes import LABEL_BASE, pip_packages_recipe
 from labfleet.core.hubmap import SESSION_ID_LABEL
 
@@ -49,7 +49,7 @@ def _not_root(user: str) -> str:
 
 def session_container(client: Any, session_id: str) -> dict[str, Any] | None:
     """The running container of session ``session_id`` on this engine, or None."""
-    found = _api(client).containers(filters={"label": f"{SESSION_ID_LABEL}={session_id}"})
+    found = low_level_api(client).containers(filters={"label": f"{SESSION_ID_LABEL}={session_id}"})
     return found[0] if len(found) == 1 else None
 
 
@@ -110,7 +110,7 @@ def commit_session(
 ) -> Committed:
     """Commit session ``session_id``'s container as ``tag`` (``repository:tag``) with ``base``'s
     settings; raises :class:`BuildFailed` when the session has no running container here."""
-    api = _api(client)
+    api = low_level_api(client)
     found = session_container(client, session_id)
     if found is None:
         raise BuildFailed(

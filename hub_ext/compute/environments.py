@@ -48,7 +48,12 @@ from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from labfleet.core.models import ComputeSession, Domain, Image, Project, ProjectMember, User
 from labfleet.core.sessionlogs import log_file
 from labfleet.core.validate import check_fields, check_name, parse_project_ref
-from labfleet.core.vocab import BUILD_PENDING_STATUSES, ENVIRONMENT_IMAGE_PREFIX, ENVIRONMENT_STATUSES
+from labfleet.core.vocab import (
+    BUILD_PENDING_STATUSES,
+    ENVIRONMENT_IMAGE_PREFIX,
+    ENVIRONMENT_STATUSES,
+    RUNNING,
+)
 from labfleet.storage.files import read_texts
 from labfleet.storage.store import check_relpath
 from labfleet.storage.vfolders import UUID_RE
@@ -56,7 +61,6 @@ from labfleet.tenancy.directory import actor_for
 
 QUEUED, BUILDING, READY, FAILED = ENVIRONMENT_STATUSES
 FIELDS = ("name", "base", "project", "files", "folder", "path", "session")
-RUNNING = "RUNNING"  # labfleet.core.vocab.ACTIVE_STATUSES: the only session saved as an environment
 # An owner with no policy may have this many (a new policy's own default is the same).
 DEFAULT_MAX_ENVIRONMENTS = 3
 # Built images are tagged <repository>:<recipe hash>: environments with the same recipe share one.

@@ -303,82 +303,68 @@ class Builds:
                 environments.fail_build(db, env_id, reason)
 
     def _image(self, order: BuildOrder, out: BuildLog) -> Built:
-        """:meth:`_local_image`, pushed to the fleet's registry when there is one (then its name there is
-        the environment's image, which every node pulls)."""
-        built = self._local_image(order, out)
+        """:meth:`_local_image`, sized by its own layers, and pushed to the fleet's registry when there
+        is one (then its name there is the environment's image, which every node pulls)."""
+
+        def line(text: str) -> None:
+            if order.id in self.cancelled:
+                raise Cancelled(order.id)
+            out.write(text)
+
         client = self.client_factory()
         try:
+            built = self._local_image(client, order, out, line)
             # What the environment takes is its own layers: its base's are every session's anyway.
             built = replace(built, size=max(0, built.size - envbuild.image_size(client, order.recipe.base)))
-        finally:
-            client.close()
-        if not self.registry:
-            return built
-
-        def line(text: str) -> None:
-            if order.id in self.cancelled:
-                raise Cancelled(order.id)
-            out.write(text)
-
-        ref = f"{self.registry}/{order.tag}"
-        client = self.client_factory()
-        try:
+            if not self.registry:
+                return built
+            ref = f"{self.registry}/{order.tag}"
             envbuild.tag_image(client, built.image_id, ref)
             envbuild.push_image(client, ref, log=line)
+            return replace(built, image=ref)
         finally:
             client.close()
-        return replace(built, image=ref)
 
-    def _local_image(self, order: BuildOrder, out: BuildLog) -> Built:
-        """The image of ``order``'s recipe: one of the same recipe on the engine, named, or a build."""
-
-        def line(text: str) -> None:
-            if order.id in self.cancelled:
-                raise Cancelled(order.id)
-            out.write(text)
-
-        client = self.client_factory()
+    def _local_image(
+        self, client: Any, order: BuildOrder, out: BuildLog, line: Callable[[str], None]
+    ) -> Built:
+        """The image of ``order``: its session's container committed, one of the same recipe on the
+        engine, named, or a build."""
         if order.source_session is not None:
-            try:
-                done = envcommit.commit_session(
-                    client, order.source_session, tag=order.tag, base=order.recipe.base, log=line
-                )
-            finally:
-                client.close()
+            done = envcommit.commit_session(
+                client, order.source_session, tag=order.tag, base=order.recipe.base, log=line
+            )
             return Built(order.tag, done.image_id, done.size, reused=False, recorded=done.recorded)
-        try:
-            found = envbuild.find_built(client, order.recipe_hash)
-            if found is not None:
-                if order.tag not in found.tags:
-                    envbuild.tag_image(client, found.id, order.tag)
-                out.write(f"labfleet: an image of the same recipe is on the engine ({found.id[:19]}): reused")
-                return Built(order.tag, found.id, found.size, reused=True)
-            if self.network not in STANDARD_NETWORKS and not envbuild.network_exists(client, self.network):
-                raise envbuild.BuildFailed(
-                    f"the Docker network {self.network}, which builds join, does not exist yet: the Docker "
-                    "spawner makes the sessions' network at their first session (or set the service's "
-                    "environment_build_network)",
-                    None,
-                )
-            cpu_limit, mem_limit = self._limits(order)
-            out.write(
-                f"labfleet: the build may use {cpu_limit or 'any number of'} core(s) and "
-                f"{fmt_bytes(mem_limit) if mem_limit else 'any memory'} (within what your quota has left)"
+        found = envbuild.find_built(client, order.recipe_hash)
+        if found is not None:
+            if order.tag not in found.tags:
+                envbuild.tag_image(client, found.id, order.tag)
+            out.write(f"labfleet: an image of the same recipe is on the engine ({found.id[:19]}): reused")
+            return Built(order.tag, found.id, found.size, reused=True)
+        if self.network not in STANDARD_NETWORKS and not envbuild.network_exists(client, self.network):
+            raise envbuild.BuildFailed(
+                f"the Docker network {self.network}, which builds join, does not exist yet: the Docker "
+                "spawner makes the sessions' network at their first session (or set the service's "
+                "environment_build_network)",
+                None,
             )
-            result = envbuild.build(
-                client,
-                order.recipe,
-                tag=order.tag,
-                index_url=self.index_url,
-                network_mode=self.network,
-                log=line,
-                timeout=self.timeout,
-                cpu_limit=cpu_limit,
-                mem_limit=mem_limit,
-            )
-            return Built(order.tag, result.image_id, result.size, reused=False)
-        finally:
-            client.close()
+        cpu_limit, mem_limit = self._limits(order)
+        out.write(
+            f"labfleet: the build may use {cpu_limit or 'any number of'} core(s) and "
+            f"{fmt_bytes(mem_limit) if mem_limit else 'any memory'} (within what your quota has left)"
+        )
+        result = envbuild.build(
+            client,
+            order.recipe,
+            tag=order.tag,
+            index_url=self.index_url,
+            network_mode=self.network,
+            log=line,
+            timeout=self.timeout,
+            cpu_limit=cpu_limit,
+            mem_limit=mem_limit,
+        )
+        return Built(order.tag, result.image_id, result.size, reused=False)
 
     def _limits(self, order: BuildOrder) -> tuple[float | None, int | None]:
         """The build's cores and bytes: the service's limits, cut to what the creator's quota has left

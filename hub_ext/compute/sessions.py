@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
-from labfleet.compute import admitrows, clustercache, environments, images, shapes, tenants
+from labfleet.compute import admitrows, clustercache, environments, shapes, tenants
 from labfleet.compute.nodes import DEFAULT_GROUP, mps_view
 from labfleet.compute.scheduler import admission, queueing
 from labfleet.compute.scheduler.placement import Placement, PlacementError, Request
@@ -427,7 +427,7 @@ def check(db: Session, s: ComputeSession, version: int | None = None) -> admissi
     version = snapshot.current(db) if version is None else version
     actor = Actor.hub()
     image = s.image
-    if image and images.find(db, image) is None:
+    if image and tenants.image(db, version, image) is None:
         # An environment's image: admitted against its base, as at the session's admission (an image
         # no environment has any more is refused as unregistered).
         image = environments.base_of_image(db, image) or image

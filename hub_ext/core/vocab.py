@@ -31,14 +31,16 @@ SESSION_STATUSES = (
 )
 # Waiting in its resource group's queue: nothing held yet.
 PENDING = "PENDING"
+# Its server up (the only session saved as an environment).
+RUNNING = "RUNNING"
 # Placed, its server not up yet.
 STARTING_STATUSES = ("SCHEDULED", "PREPARING")
 # Holding an allocation (and counted against quotas).
-HOLDING_STATUSES = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
+HOLDING_STATUSES = ("SCHEDULED", "PREPARING", RUNNING, "TERMINATING")
 # Not ended: queued or holding.
 LIVE_STATUSES = (PENDING, *HOLDING_STATUSES)
 # Queued, starting or running: live and not on its way out (what a user sees as their sessions).
-ACTIVE_STATUSES = (PENDING, *STARTING_STATUSES, "RUNNING")
+ACTIVE_STATUSES = (PENDING, *STARTING_STATUSES, RUNNING)
 # Ended: nothing changes any more, nothing is held.
 FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
 

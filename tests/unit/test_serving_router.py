@@ -103,6 +103,21 @@ def _port(server: Any) -> int:
     return server.sockets[0].getsockname()[1]
 
 
+def _router(engine: ServingController) -> tuple[HTTPServer, str]:
+    """The service's serving route on 127.0.0.1 with ``engine``: (its server, endpoint e's URL)."""
+    lf = SimpleNamespace(
+        serving=engine,
+        log=logging.getLogger("test"),
+        prefix="/services/labfleet/",
+        metrics=SimpleNamespace(observe_serving=lambda *a: None),
+    )
+    app = web.Application([(r"/services/labfleet/serve/([^/]+)/(.*)", ServeHandler)], labfleet=lf)
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(app)
+    server.add_sockets(sockets)
+    return server, f"http://127.0.0.1:{sockets[0].getsockname()[1]}/services/labfleet/serve/e/x"
+
+
 async def test_the_router_sends_each_replica_its_credential_and_fails_over_when_the_front_refuses():
     engine = ServingController(None, None, logging.getLogger("test"), secret_key=b"router test")  # type: ignore[arg-type]
     model = await asyncio.start_server(_model, "127.0.0.1", 0)
@@ -120,17 +135,7 @@ async def test_the_router_sends_each_replica_its_credential_and_fails_over_when_
         for i, f in enumerate(fronts)
     ]
     engine.table["e"] = Entry("ep", "e", True, replicas, {}, 2, "READY")
-    lf = SimpleNamespace(
-        serving=engine,
-        log=logging.getLogger("test"),
-        prefix="/services/labfleet/",
-        metrics=SimpleNamespace(observe_serving=lambda *a: None),
-    )
-    app = web.Application([(r"/services/labfleet/serve/([^/]+)/(.*)", ServeHandler)], labfleet=lf)
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(app)
-    server.add_sockets(sockets)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/services/labfleet/serve/e/x"
+    server, url = _router(engine)
     try:
         client = AsyncHTTPClient()
         forged = {credentials.HEADER: "lfrc_forged", credentials.PROBE_HEADER: "connect"}
@@ -168,17 +173,7 @@ async def test_a_replica_that_dies_on_a_request_is_skipped_for_idempotent_method
     engine = ServingController(None, None, logging.getLogger("test"), secret_key=b"router test")  # type: ignore[arg-type]
     dying = await asyncio.start_server(_dies_on_the_request, "127.0.0.1", 0)
     model = await asyncio.start_server(_model, "127.0.0.1", 0)
-    lf = SimpleNamespace(
-        serving=engine,
-        log=logging.getLogger("test"),
-        prefix="/services/labfleet/",
-        metrics=SimpleNamespace(observe_serving=lambda *a: None),
-    )
-    app = web.Application([(r"/services/labfleet/serve/([^/]+)/(.*)", ServeHandler)], labfleet=lf)
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(app)
-    server.add_sockets(sockets)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/services/labfleet/serve/e/x"
+    server, url = _router(engine)
     client = AsyncHTTPClient()
 
     def table() -> list[Replica]:

@@ -283,32 +283,15 @@ function BuildForm(props: { store: FleetStore; onDone: (name: string) => void })
   );
   return (
     <form className="lf-form" data-testid="lf-env-form" onSubmit={submit}>
-      <Field
-        label="Name"
-        htmlFor="lf-env-name"
-        help="Lower-case letters, digits, - and _; sessions offer it by this name."
-      >
-        <InputGroup
-          id="lf-env-name"
-          data-testid="lf-env-name"
-          value={form.name}
-          placeholder="e.g. my-torch"
-          aria-describedby="lf-env-name-help"
-          onChange={set('name')}
-        />
-      </Field>
-      <Field label="Owner" htmlFor="lf-env-project">
-        <Select
-          id="lf-env-project"
-          data-testid="lf-env-project"
-          value={form.project}
-          onChange={set('project')}
-          options={[
-            { value: '', label: 'personal (mine)' },
-            ...projects.map(p => ({ value: p, label: `project ${p}` }))
-          ]}
-        />
-      </Field>
+      <NameAndOwnerFields
+        prefix="lf-env"
+        name={form.name}
+        project={form.project}
+        projects={projects}
+        placeholder="e.g. my-torch"
+        onName={set('name')}
+        onProject={set('project')}
+      />
       <Field label="Base image" htmlFor="lf-env-base">
         <Select
           id="lf-env-base"
@@ -353,6 +336,50 @@ function BuildForm(props: { store: FleetStore; onDone: (name: string) => void })
         </Button>
       </div>
     </form>
+  );
+}
+
+/** The name and owner (personal, or one of my projects) of a new environment: the build form's
+ * and Save as environment's. `prefix` names their ids and test ids (`<prefix>-name`, `<prefix>-project`). */
+export function NameAndOwnerFields(props: {
+  prefix: string;
+  name: string;
+  project: string;
+  projects: string[];
+  placeholder: string;
+  onName: (ev: React.ChangeEvent<HTMLInputElement>) => void;
+  onProject: (ev: React.ChangeEvent<HTMLSelectElement>) => void;
+}): JSX.Element {
+  const { prefix } = props;
+  return (
+    <>
+      <Field
+        label="Name"
+        htmlFor={`${prefix}-name`}
+        help="Lower-case letters, digits, - and _; sessions offer it by this name."
+      >
+        <InputGroup
+          id={`${prefix}-name`}
+          data-testid={`${prefix}-name`}
+          value={props.name}
+          placeholder={props.placeholder}
+          aria-describedby={`${prefix}-name-help`}
+          onChange={props.onName}
+        />
+      </Field>
+      <Field label="Owner" htmlFor={`${prefix}-project`}>
+        <Select
+          id={`${prefix}-project`}
+          data-testid={`${prefix}-project`}
+          value={props.project}
+          onChange={props.onProject}
+          options={[
+            { value: '', label: 'personal (mine)' },
+            ...props.projects.map(p => ({ value: p, label: `project ${p}` }))
+          ]}
+        />
+      </Field>
+    </>
   );
 }
 

@@ -5,7 +5,7 @@
  * the service's words and changes nothing; once asked, My Environments opens and lists the new
  * one, and the note here says how it stands as the list does (QUEUED, BUILDING, READY, FAILED).
  */
-import { Button, InputGroup } from '@jupyterlab/ui-components';
+import { Button } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import {
@@ -16,7 +16,8 @@ import {
 } from '../environments';
 import type { FleetStore } from '../store';
 import type { IEnvironment } from '../types';
-import { ErrorNote, Field, Select, useAction } from './common';
+import { ErrorNote, useAction } from './common';
+import { NameAndOwnerFields } from './Environments';
 
 function SaveAsForm(props: {
   store: FleetStore;
@@ -59,32 +60,15 @@ function SaveAsForm(props: {
         the base image&apos;s settings (none of the session&apos;s variables). Only a running Docker
         session can be saved.
       </div>
-      <Field
-        label="Name"
-        htmlFor="lf-save-env-name"
-        help="Lower-case letters, digits, - and _; sessions offer it by this name."
-      >
-        <InputGroup
-          id="lf-save-env-name"
-          data-testid="lf-save-env-name"
-          value={form.name}
-          placeholder="e.g. my-setup"
-          aria-describedby="lf-save-env-name-help"
-          onChange={set('name')}
-        />
-      </Field>
-      <Field label="Owner" htmlFor="lf-save-env-project">
-        <Select
-          id="lf-save-env-project"
-          data-testid="lf-save-env-project"
-          value={form.project}
-          onChange={set('project')}
-          options={[
-            { value: '', label: 'personal (mine)' },
-            ...projects.map(p => ({ value: p, label: `project ${p}` }))
-          ]}
-        />
-      </Field>
+      <NameAndOwnerFields
+        prefix="lf-save-env"
+        name={form.name}
+        project={form.project}
+        projects={projects}
+        placeholder="e.g. my-setup"
+        onName={set('name')}
+        onProject={set('project')}
+      />
       <ErrorNote message={error} testid="lf-save-env-error" />
       <div className="lf-actions">
         <Button
