@@ -68,6 +68,7 @@ class EnvRow:
     size_bytes: int
     created: str
     image: str = ""  # the built image's reference ("" before the build made it)
+    registered: bool = False  # its image is a registered image (promoted)
 
     @property
     def label(self) -> str:
@@ -103,6 +104,7 @@ def env_rows(items: Iterable[Mapping[str, Any]]) -> list[EnvRow]:
                 size_bytes=int(number(e.get("size_bytes"))),
                 created=when.strftime("%Y-%m-%d %H:%M") if when else "—",
                 image=str(e.get("image") or ""),
+                registered=e.get("registered") is True,
             )
         )
     return rows
@@ -118,6 +120,8 @@ def status_html(row: EnvRow) -> str:
     """The status as a badge, and why under it (cut; the whole reason is its tooltip)."""
     badge = BADGES.get(row.status, "")
     out = f'<span class="lf-badge {badge} lf-env-status" data-environment="{esc(row.id)}">{esc(row.status)}</span>'
+    if row.registered:
+        out += f' <span class="lf-badge lf-env-registered" title="{esc(row.image)}">registered image</span>'
     if row.reason:
         out += f'<div class="lf-env-reason" title="{esc(row.reason)}">{esc(short(row.reason))}</div>'
     return out
@@ -153,9 +157,9 @@ def read_only_reason(role: str) -> str:
 
 
 def can_promote(role: str, row: EnvRow) -> bool:
-    """Does the viewer get a Promote button on ``row``? A superadmin's, on a READY environment (the
-    service says the rest: an image registered already is refused with its message)."""
-    return role == "superadmin" and row.status == READY
+    """Does the viewer get a Promote button on ``row``? A superadmin's, on a READY environment whose
+    image is not registered yet."""
+    return role == "superadmin" and row.status == READY and not row.registered
 
 
 def env_path(env_id: str) -> str:

@@ -288,9 +288,22 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
             )
 
     async def get_command(self):
+        if not self.cmd:
+            await self._image_on_manager()
         cmd = await super().get_command()
         prefix = list(self.no_new_privs_command)
         return [*prefix, *cmd] if prefix and cmd else cmd
+
+    async def _image_on_manager(self) -> None:
+        """The session's command is its image's, which the manager reads from its own engine: an image
+        only the fleet's registry has (an environment saved on another node) is pulled here first."""
+        try:
+            await self.docker("inspect_image", self.image)
+        except docker.errors.ImageNotFound:
+            last = self.image.rsplit("/", 1)[-1]
+            repo, tag = self.image.rsplit(":", 1) if ":" in last else (self.image, "latest")
+            self.log.info("labfleet: pulling %s on the manager to read its command", self.image)
+            await self.docker("pull", repo, tag)
 
     async def check_allowed(self, image):
         # labfleet's service admitted the image for the session's project.

@@ -1,6 +1,7 @@
 """My Environments in the service, on SQLite (labfleet.compute.environments, labfleet.compute.envqueue):
 who creates, sees and deletes what; the limits of the user's and the project's policies; refusals that
-record nothing; a recipe built before READY at once with its image; and the build queue without a
+record nothing; a recipe built before READY at once with its image; a build's CPU and memory held
+in its creator's quota while it runs (and given back however it ends); and the build queue without a
 Docker engine (one build per user, at most ``max_running``; the build FAILED, saying why, its log
 kept). A real build through the queue is in tests/test_envbuild_docker.py."""
 
@@ -10,14 +11,18 @@ import asyncio
 import json
 import logging
 import threading
+from decimal import Decimal
 
 import pytest
 from sqlalchemy import func, select
 
+from labfleet.compute import buildcharge, launchoptions, nodes, sessions
 from labfleet.compute import environments as E
+from labfleet.compute.devices.base import NodeInfo
 from labfleet.compute.environments import Built, Facts
 from labfleet.compute.envqueue import BuildLog, Builds, EngineUnavailable
-from labfleet.core import database
+from labfleet.compute.quota import me_view
+from labfleet.core import database, usage_ledger
 from labfleet.core.authz import Actor
 from labfleet.core.envmodels import Environment
 from labfleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -30,6 +35,7 @@ from tests.dbfixture import fresh_db
 CLI = Actor.cli()
 BASE = "labfleet/singleuser:test"
 RESTRICTED = "registry.example.org/team/cuda:12"  # for project acme/other only
+GIB = 2**30
 RECIPE = {"requirements.txt": "numpy==2.1.0\n", "apt.txt": "curl\n"}
 PEOPLE = {
     "alice": {"domain": "acme", "projects": ["ml"]},
@@ -44,7 +50,23 @@ PEOPLE = {
 
 @pytest.fixture
 def world(tmp_path, monkeypatch):
-    engine, factory = fresh_db(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
+    yield from _world(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_world(request, tmp_path, monkeypatch):
+    """The world on SQLite, and on PostgreSQL (where the ledger's rows are locked)."""
+    if request.param == "sqlite":
+        yield from _world(f"sqlite:///{tmp_path / 'lf.sqlite'}", tmp_path, monkeypatch)
+        return
+    from tests.postgres_server import fresh_database
+
+    url = fresh_database(request.getfixturevalue("postgres_url"), "envs_charge")
+    yield from _world(url, tmp_path, monkeypatch)
+
+
+def _world(url, tmp_path, monkeypatch):
+    engine, factory = fresh_db(url, tmp_path, monkeypatch)
     with database.session_scope(factory) as db:
         ensure_default_keypair_policy(db)
         for d in ("acme", "beta"):
@@ -352,31 +374,182 @@ def test_save_as_environment_refuses_what_is_not_a_running_session_of_the_caller
     assert count(factory) == 0
 
 
-def test_a_build_takes_its_cpu_and_memory_from_what_the_quota_has_left(world):
+def start(factory, env_id, cpu=2.0, mem=4 * GIB):
+    """The queue's start of a build: BUILDING, its cores and bytes held, in one transaction."""
+    with database.session_scope(factory) as db:
+        return buildcharge.hold(db, E.start_build(db, env_id, "n1"), cpu, mem)
+
+
+def keypair_quota(factory, **slots) -> None:
+    with database.session_scope(factory) as db:
+        policies.update_policy(db, CLI, "keypair", "default", {"total_resource_slots": slots})
+
+
+def used(factory, username) -> dict:
+    """What /api/me says the user's quotas use: the keypair's, the domain's, each project's."""
+    with database.session_scope(factory) as db:
+        q = me_view(db, username)["quota"]
+    return {
+        "keypair": q["keypair"]["used"],
+        "domain": q["domain"]["used"],
+        **{name: p["used"] for name, p in q["projects"].items()},
+    }
+
+
+def left(factory, username, project=None) -> dict:
+    """What the spawn form (and a build) sees left, cpu and mem."""
+    with database.session_scope(factory) as db:
+        user = directory.get_user(db, username)
+        p = next(p for p in user.projects if p.full_name == project) if project else None
+        got = launchoptions.quota_left(db, user, p)
+    return {"cpu": got["cpu"], "mem": got["mem"]}
+
+
+def drift(factory) -> list:
+    with database.session_scope(factory) as db:
+        return usage_ledger.drift(db)
+
+
+NOTHING = {"keypair": {}, "domain": {}, "acme/ml": {}}
+
+
+def test_a_build_holds_the_cpu_and_memory_it_takes_from_the_quota_while_it_runs(any_world):
+    factory, who, _ = any_world
+    keypair_quota(factory, cpu=1, mem="1g")
+    env = create(factory, who["alice"], name="quota", files=RECIPE)
+    order = start(factory, env["id"])
+    assert (order.cpu_limit, order.mem_limit, order.refusal) == (1.0, GIB, None)  # the quota's
+    held = {"cpu": 1, "mem": GIB}
+    assert used(factory, "alice") == {"keypair": held, "domain": held, "acme/ml": {}}
+    assert left(factory, "alice") == {"cpu": 0, "mem": 0}
+    assert used(factory, "bob") == {**NOTHING, "domain": held} and drift(factory) == []  # alice's domain
+    with database.session_scope(factory) as db:
+        assert E.requeue_interrupted(db) == [env["id"]]  # a restart: it holds nothing while it waits
+        assert db.get(Environment, env["id"]).build_charge is None
+    assert used(factory, "alice") == NOTHING and drift(factory) == []
+
+    keypair_quota(factory, cpu=8, mem="64g")
+    order = start(factory, env["id"])
+    assert (order.cpu_limit, order.mem_limit) == (2.0, 4 * GIB)  # the service's, under the quota's
+    assert used(factory, "alice")["keypair"] == {"cpu": 2, "mem": 4 * GIB}
+    assert left(factory, "alice") == {"cpu": 6, "mem": 60 * GIB} and drift(factory) == []
+    with database.session_scope(factory) as db:
+        assert E.finish_build(db, env["id"], Built(order.tag, "sha256:" + "a" * 64, 10, False)) == "READY"
+    assert used(factory, "alice") == NOTHING and drift(factory) == []
+    with database.session_scope(factory) as db:
+        assert db.get(Environment, env["id"]).build_charge is None
+
+
+def test_a_project_environment_holds_in_its_project_too_until_it_fails_or_is_deleted(world):
+    factory, who, _ = world
+    keypair_quota(factory, cpu=8, mem="64g")
+    with database.session_scope(factory) as db:
+        directory.update_project(db, CLI, "acme", "ml", {"total_resource_slots": {"cpu": 3, "mem": "5g"}})
+    shared = create(factory, who["alice"], name="shared", project="acme/ml", files=RECIPE)
+    order = start(factory, shared["id"])
+    assert (order.cpu_limit, order.mem_limit) == (2.0, 4 * GIB)
+    held = {"cpu": 2, "mem": 4 * GIB}
+    assert used(factory, "alice") == {"keypair": held, "domain": held, "acme/ml": held}
+    # Bob's sessions in the project see what alice's build holds there, not in his own keypair.
+    assert left(factory, "bob", "acme/ml") == {"cpu": 1, "mem": GIB}
+    assert used(factory, "bob")["keypair"] == {} and drift(factory) == []
+    # Bob's own project build gets what is left of the project.
+    mine = create(factory, who["bob"], name="bobs", project="acme/ml", files={"apt.txt": "git\n"})
+    assert (start(factory, mine["id"]).cpu_limit, drift(factory)) == (1.0, [])
+    with database.session_scope(factory) as db:
+        assert E.fail_build(db, mine["id"], "pip failed")
+        E.delete(db, who["alice"], shared["id"])
+    assert used(factory, "alice") == NOTHING and used(factory, "bob") == NOTHING
+    assert drift(factory) == []
+
+
+def test_a_build_with_no_quota_left_fails_holding_nothing(world):
     factory, who, tmp = world
-    from labfleet.compute import envbuild
+    keypair_quota(factory, cpu=0, mem="1g")
+    env = create(factory, who["alice"], name="none", files=RECIPE)
+
+    def no_engine_needed():
+        raise AssertionError("a refused build asks no engine")
 
     builds = Builds(
-        factory, logging.getLogger("t"), log_dir=tmp / "logs", node="n1", cpu_limit=2.0, mem_limit=4 * 2**30
-    )
-    env = create(factory, who["alice"], name="quota", files=RECIPE)
+        factory, logging.getLogger("t"), log_dir=tmp / "logs", node="n1", cpu_limit=2.0,
+        mem_limit=4 * GIB, client_factory=no_engine_needed,
+    )  # fmt: skip
+    builds._build(env["id"])
     with database.session_scope(factory) as db:
-        order = E.start_build(db, env["id"], "n1")
-        policies.update_policy(
-            db, CLI, "keypair", "default", {"total_resource_slots": {"cpu": 1, "mem": "1g"}}
-        )
-    assert builds._limits(order) == (1.0, 2**30)  # the quota's, under the service's
+        failed = db.get(Environment, env["id"])
+        assert failed.status == "FAILED" and failed.build_charge is None
+        assert failed.status_reason.startswith("your quota has 0 core(s) and 1 GiB left")
+    assert "FAILED: your quota has 0 core(s)" in builds.log_path(env["id"]).read_text()
+    assert used(factory, "alice") == NOTHING and drift(factory) == []
+
+
+@pytest.mark.parametrize(
+    "cpu, mem, left, want",
+    [
+        (2.0, 4 * GIB, {"cpu": 1.5, "mem": GIB}, (Decimal("1.5"), GIB)),  # the quota's
+        (2.0, 4 * GIB, {"cpu": 8, "mem": None}, (Decimal(2), 4 * GIB)),  # the service's
+        (1.2345, None, {"cpu": None, "mem": None}, (Decimal("1.234"), None)),  # whole milli-cores
+        (None, None, {"cpu": 3, "mem": 2 * GIB}, (Decimal(3), 2 * GIB)),  # no service limit
+    ],
+)
+def test_a_builds_limits_are_the_services_cut_to_what_the_quota_has_left(cpu, mem, left, want):
+    assert buildcharge.limits_within(cpu, mem, left) == (*want, None)
+
+
+def test_a_build_needs_some_cpu_and_its_least_memory_left():
+    for left in ({"cpu": 0, "mem": GIB}, {"cpu": 4, "mem": 32 * 2**20}):
+        cpu, mem, refusal = buildcharge.limits_within(2.0, 4 * GIB, left)
+        assert (cpu, mem) == (None, None) and refusal.startswith(f"your quota has {left['cpu']} core(s)")
+
+
+def test_the_queue_holds_a_build_while_it_runs_and_a_session_that_would_not_fit_is_refused(world):
+    factory, who, tmp = world
+    keypair_quota(factory, cpu=3, mem="8g")
     with database.session_scope(factory) as db:
-        policies.update_policy(
-            db, CLI, "keypair", "default", {"total_resource_slots": {"cpu": 8, "mem": "64g"}}
+        nodes.ensure_default_group(db)
+        nodes.register_node(
+            db, NodeInfo(name="n1", cpu=8, mem=32 * GIB, devices=[], plugin="mock", reason=None)
         )
-    assert builds._limits(order) == (2.0, 4 * 2**30)  # the service's, under the quota's
+    env = create(factory, who["alice"], name="held", files=RECIPE)
+    during: list = []
+
+    def admit(cpu):
+        with database.session_scope(factory) as db:
+            return sessions.admit(db, CLI, {"project": "acme/ml", "username": "alice", "slots": {"cpu": cpu}})
+
+    def no_engine():
+        during.append(used(factory, "alice")["keypair"])
+        with pytest.raises(sessions.Refused, match="cpu"):
+            admit(2)  # 2 of 3 cores fit, but the build holds 2 of them
+        during.append(drift(factory))
+        raise EngineUnavailable("no engine")
+
+    builds = Builds(
+        factory, logging.getLogger("t"), log_dir=tmp / "logs", node="n1", cpu_limit=2.0,
+        mem_limit=4 * GIB, client_factory=no_engine,
+    )  # fmt: skip
+    builds._build(env["id"])
+    assert during == [{"cpu": 2, "mem": 4 * GIB}, []]
+    assert admit(2).status == "SCHEDULED"  # the build failed: its cores are back
+    assert used(factory, "alice")["keypair"] == {"cpu": 2}
+    assert drift(factory) == []
+
+
+def test_deleting_a_builds_creator_releases_what_it_holds(any_world):
+    factory, who, _ = any_world
+    keypair_quota(factory, cpu=8, mem="64g")
+    env = create(factory, who["bob"], name="bobs", project="acme/ml", files=RECIPE)
+    start(factory, env["id"])
+    assert used(factory, "alice")["acme/ml"] == {"cpu": 2, "mem": 4 * GIB}
     with database.session_scope(factory) as db:
-        policies.update_policy(
-            db, CLI, "keypair", "default", {"total_resource_slots": {"cpu": 0, "mem": "1g"}}
-        )
-    with pytest.raises(envbuild.BuildFailed, match="your quota has 0 core"):
-        builds._limits(order)
+        directory.delete_user(db, CLI, "bob")
+    with database.session_scope(factory) as db:
+        assert db.get(Environment, env["id"]).build_charge is None  # the project's, it stays
+    assert used(factory, "alice") == NOTHING and drift(factory) == []
+    with database.session_scope(factory) as db:
+        assert E.fail_build(db, env["id"], "the creator is gone")
+    assert drift(factory) == []
 
 
 def test_a_superadmin_promotes_a_ready_environment_to_a_registered_image(world, tmp_path):
@@ -400,6 +573,9 @@ def test_a_superadmin_promotes_a_ready_environment_to_a_registered_image(world, 
         [],
     )
     with database.session_scope(factory) as db:
+        other = E.create(db, who["alice"], {"name": "other", "base": BASE})
+        views = E.views(db, [db.get(Environment, env["id"]), other])
+        assert [v["registered"] for v in views] == [True, False]  # the console offers no Promote again
         E.delete(db, who["alice"], env["id"])
         assert E.image_in_use(db, image["name"])  # registered: it stays on the engine
         assert [

@@ -13,8 +13,10 @@ Without agents (nodes registered in labfleet's DB with their labels, as an agent
 - a model-serving replica placed on node 2 answers through the endpoint's URL (the router calls it at
   node 2's address) and through its own session's inference page (the port the engine gave it).
 With an agent per node (`labfleet agent`, node 2's inside the namespace):
-- a drained node (`labfleet node drain`) gets no new session; killing node 2's agent makes the
-  node LOST and frees its allocations.
+- a drained node (`labfleet node drain`) gets no new session;
+- Save as environment for a session on node 2: its agent commits the container and pushes the image
+  to the fleet's registry; a batch session of it on node 1 pulls it and has the session's file;
+- killing node 2's agent makes the node LOST and frees its allocations.
 
 The module starts Docker, the swarm and node 2 itself and stops them at its end (the swarm left,
 node 2 torn down); anything that cannot start is a failure that says why, never a skip.
@@ -27,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import pytest
@@ -74,6 +77,48 @@ def engines(nodes):
     two.close()
 
 
+def _in_registry(ref: str) -> bool:
+    """Does the fleet's registry have the image ``ref`` (its manifest), as its HTTP API says?"""
+    host, _, rest = ref.partition("/")
+    repository, _, tag = rest.rpartition(":")
+    r = requests.head(
+        f"https://{host}/v2/{repository}/manifests/{tag}",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+        verify=f"/etc/docker/certs.d/{host}/ca.crt",
+        timeout=30,
+    )
+    assert r.status_code in (200, 404), (r.status_code, r.text)
+    return r.status_code == 200
+
+
+def _push_and_pull_base(nodes, ref: str) -> None:
+    """The test image through the registry: pushed from node 1, pulled on node 2. An engine that loaded
+    an image knows its layers but not their digests in a registry, so without this node 2 would
+    download (and push) the base's layers again with each environment; a fleet whose nodes pull their
+    images from the registry has that already."""
+    import docker
+
+    repository, _, tag = ref.rpartition(":")
+    one, two = docker.from_env(version="auto", timeout=300), nodes.docker2()
+    try:
+        one.api.tag(IMAGE, repository, tag)
+        for act in (one.api.push, two.api.pull):
+            for item in act(repository, tag=tag, stream=True, decode=True):
+                assert not item.get("error"), item
+    finally:
+        one.close()
+        two.close()
+
+
+# The registry fixture's push and pull of the test image (in the background, while the first tests run).
+_BASE_IN_REGISTRY: dict[str, Future] = {}
+
+
+def _base_in_registry(registry: str) -> None:
+    """Wait until the registry has the test image and node 2 pulled it from there."""
+    _BASE_IN_REGISTRY[registry].result(timeout=300)
+
+
 @pytest.fixture(scope="module")
 def registry(nodes, tmp_path_factory):
     """The fleet's registry (scripts/registry.sh) at node 1's address, which node 2 reaches."""
@@ -82,9 +127,15 @@ def registry(nodes, tmp_path_factory):
     script += ["--port", str(free_port()), "--state", str(state)]
     r = subprocess.run(script, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout + r.stderr
+    address = r.stdout.strip().rpartition("=")[2]
+    pool = ThreadPoolExecutor(1)
     try:
-        yield r.stdout.strip().rpartition("=")[2]
+        _BASE_IN_REGISTRY[address] = pool.submit(_push_and_pull_base, nodes, f"{address}/{IMAGE}")
+        yield address
     finally:
+        pool.shutdown(wait=True)
+        _BASE_IN_REGISTRY.pop(address, None)
+        subprocess.run(["docker", "rmi", f"{address}/{IMAGE}"], capture_output=True, timeout=60)
         subprocess.run([*script, "--stop"], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
@@ -430,6 +481,7 @@ def test_an_environment_built_on_node_1_runs_on_node_2_pulled_from_the_registry(
     from there and runs it."""
     hub, alice = env["hub"], env["alice"]
     one, two = engines
+    _base_in_registry(registry)
     marker = os.urandom(8).hex()
     post_build = f"#!/bin/sh\nset -e\necho {marker} > /opt/venv/marker.txt\n"
     r = hub.api(
@@ -494,8 +546,12 @@ def test_an_environment_built_on_node_1_runs_on_node_2_pulled_from_the_registry(
     two.images.remove(done["image"], force=True)
     local = done["image"].removeprefix(f"{registry}/")
     wait_until(
-        "node 1's names of the image removed",
-        lambda: not one.images.list(name=done["image"]) and not one.images.list(name=local),
+        "node 1's names of the image removed, and the registry's",
+        lambda: (
+            not one.images.list(name=done["image"])
+            and not one.images.list(name=local)
+            and not _in_registry(done["image"])
+        ),
         60,
     )
 
@@ -643,6 +699,73 @@ def test_agents_register_swarm_nodes_and_a_drained_node_gets_nothing(env, nodes,
     _wait_ready(env, "d")
     assert _session(env, "d")["node"] == "agent-2"
     _stop(env, "d")
+
+
+def test_a_session_on_node_2_is_saved_by_its_agent_and_its_image_runs_on_node_1(
+    env, nodes, engines, registry, agents
+):
+    """Save as environment for a Swarm session on node 2: only node 2's engine has its container, so
+    the service hands the commit to node 2's agent, which commits it, pushes the image to the fleet's
+    registry and reports; a batch session of the environment on node 1 pulls it and has the file
+    added on node 2."""
+    hub, root, alice = env["hub"], env["root"], env["alice"]
+    one, two = engines
+    _base_in_registry(registry)
+
+    def schedulable(node, yes):
+        r = hub.api("PATCH", f"/nodes/{node}", root, json={"schedulable": yes})
+        assert r.status_code == 200, r.text
+
+    schedulable("agent-1", False)
+    _spawn(env, "v", {**OPTIONS, "resource_group": "swarm"})
+    _wait_ready(env, "v")
+    s = _session(env, "v")
+    assert s["node"] == "agent-2", s
+    code, out = _exec(_container(two, s["id"]), "echo kept > ~/saved.txt")
+    assert code == 0, out
+    r = hub.api("POST", "/environments", alice, json={"name": "from-node-2", "session": s["id"]})
+    assert r.status_code == 202, r.text
+    env_id = r.json()["id"]
+
+    def built():
+        e = hub.api("GET", f"/environments/{env_id}", alice).json()
+        return e if e["status"] in ("READY", "FAILED") else None
+
+    saved = wait_until("the session saved", built, 180, interval=0.5, detail=agents["agent-2"].log_text)
+    log = hub.api("GET", f"/environments/{env_id}/logs", alice).text
+    assert saved["status"] == "READY", (saved["status_reason"], log[-3000:])
+    assert saved["image"] == f"{registry}/labfleet/env:{saved['recipe_hash']}", saved
+    assert "handed over to the agent of node agent-2" in log and f"pushed {saved['image']}" in log, log
+    assert f"labfleet: READY: image {saved['image']}" in log, log
+    assert two.images.get(saved["image"]).id == saved["image_id"]  # committed on node 2's engine
+    assert not one.images.list(name=saved["image"])
+    _stop(env, "v")
+
+    # On node 1, which only the registry gave the image.
+    schedulable("agent-2", False)
+    schedulable("agent-1", True)
+    try:
+        job = {**OPTIONS, "resource_group": "swarm", "image": f"env:{env_id}", "type": "batch"}
+        _spawn(env, "vjob", {**job, "command": "cat ~/saved.txt"})
+
+        def ended():
+            found = [x for x in hub.api("GET", "/sessions", alice).json() if x["name"] == "vjob"]
+            return found[0] if found and found[0]["status"] in ("TERMINATED", "ERROR") else None
+
+        done = wait_until("the batch session ended", ended, 180, interval=0.5)
+        assert (done["node"], done["status"], done["exit_code"]) == ("agent-1", "TERMINATED", 0), done
+        logs = hub.api("GET", f"/sessions/{done['id']}/logs", alice)
+        assert "kept" in logs.text.split(), logs.text[-3000:]
+        assert one.images.get(saved["image"]).id == saved["image_id"]  # pulled from the registry
+        env["servers"].discard("vjob")
+    finally:
+        schedulable("agent-2", True)
+        schedulable("agent-1", False)
+    assert _in_registry(saved["image"])
+    assert hub.api("DELETE", f"/environments/{env_id}", alice).status_code == 200
+    wait_until("the image out of the registry", lambda: not _in_registry(saved["image"]), 60)
+    for image in two.images.list(name=saved["image"]):  # node 2's copy is the test's to remove
+        two.images.remove(image.id, force=True)
 
 
 def test_killing_node_2s_agent_makes_it_lost_and_frees_its_allocations(env, nodes, agents):

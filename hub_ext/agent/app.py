@@ -13,8 +13,9 @@ agent SIGKILLs one only while it belongs to that session as it last sampled it (
 processes on its devices, by its tree or its container's cgroup) and still has that start time (a
 reused pid is another process), and reports what it did (``kill_reports``, with the command line and
 memory, or why not) in each heartbeat until the service's answer no longer hands that kill over (the
-service took the report): a kill handed over again is not done twice. It retries with backoff while
-the service is down, and exits cleanly on SIGTERM. It never touches the DB.
+service took the report): a kill handed over again is not done twice. And ``commits``: Save as
+environment for sessions of this node (:mod:`labfleet.agent.commits`), reported the same way. It
+retries with backoff while the service is down, and exits cleanly on SIGTERM. It never touches the DB.
 
 Exit status: 0 on SIGTERM/SIGINT, 1 when the service refuses the token, 2 for bad options or a
 registration the service refuses (wrong node for the token, a device another node has, ...).
@@ -38,6 +39,7 @@ from typing import Any
 from traitlets import Float, Unicode, default
 from traitlets.config import Application, catch_config_error
 
+from labfleet.agent.commits import Commits
 from labfleet.compute.devices import DevicePlugin, describe_node, get_plugin
 from labfleet.compute.devices.mps import (
     CONTROL_BINARY,
@@ -319,6 +321,12 @@ class LabfleetAgent(Application):
         self.kill_reports: dict[KillKey, dict[str, Any]] = {}  # kills done, until the service takes them
         self.mps_status = MpsStatus("off", "not started yet")
         self.mps_supervisor: MpsSupervisor | None = None
+        self.commits = Commits(self.docker_client, self.log)  # Save as environment, handed over
+
+    def docker_client(self) -> Any:
+        import docker
+
+        return docker.DockerClient(base_url=self.docker_host or None, version="auto", timeout=120)
 
     # ------------------------------------------------------------ talking to the service
 
@@ -445,6 +453,9 @@ class LabfleetAgent(Application):
         }
         if self.kill_reports:  # only then: a service that hands over no kill knows no such field
             body["kill_reports"] = list(self.kill_reports.values())
+        commit_reports = self.commits.reports()
+        if commit_reports:  # the same: only for a service that handed a commit over
+            body["commit_reports"] = commit_reports
         return self.call("/agent/heartbeat", body)
 
     def apply(self, answer: dict[str, Any]) -> None:
@@ -460,6 +471,7 @@ class LabfleetAgent(Application):
         for sid in stop:
             self.stop_session(known.get(sid), sid)
         self.kill(answer.get("kill") or [])
+        self.commits.apply(answer.get("commits") or [])
 
     def kill(self, handed: Any) -> None:
         """The kills the service handed over: a report it no longer hands over was taken; a kill
@@ -491,9 +503,7 @@ class LabfleetAgent(Application):
             if target.pid is not None:
                 os.kill(target.pid, signal.SIGTERM)
             elif target.container is not None:
-                import docker
-
-                client = docker.DockerClient(base_url=self.docker_host or None, version="auto", timeout=30)
+                client = self.docker_client()
                 try:
                     client.containers.get(target.container).stop(timeout=10)
                 finally:

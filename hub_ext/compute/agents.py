@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from labfleet.compute import nodes, sessions
+from labfleet.compute import envremote, nodes, sessions
 from labfleet.compute.devices.base import DeviceInfo, NodeInfo
 from labfleet.compute.devices.mps import MAX_REASON, MPS_STATES, MpsStatus
 from labfleet.core import allocversions, audit, passwords
@@ -394,14 +394,19 @@ class Beat:
     mps: MpsStatus | None = None  # the node's MPS daemon now (None: not reported, unchanged)
     # What the agent did of the kills it was handed, raw: checked by labfleet.usage.overuse.parse_kill_reports.
     kill_reports: tuple[Any, ...] = ()
+    # What the agent says of the commits it was handed, raw: checked by labfleet.compute.envremote.
+    commit_reports: tuple[Any, ...] = ()
 
 
 def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     """A heartbeat body, checked whole but for its readings (returned raw, for
     :func:`labfleet.usage.records.parse_agent_readings`) and its kill reports (``kill_reports``, a
-    list kept raw for :func:`labfleet.usage.overuse.parse_kill_reports`)."""
+    list kept raw for :func:`labfleet.usage.overuse.parse_kill_reports`) and its commit reports
+    (``commit_reports``, kept raw for :func:`labfleet.compute.envremote.parse_commit_reports`)."""
     body = check_fields(
-        body, required=["node"], optional=["running", "ended", "readings", "mps", "kill_reports"]
+        body,
+        required=["node"],
+        optional=["running", "ended", "readings", "mps", "kill_reports", "commit_reports"],
     )
     name = _check_node_name(body["node"])
     running = body.get("running", [])
@@ -425,7 +430,10 @@ def parse_heartbeat(body: Any) -> tuple[Beat, Any]:
     kill_reports = body.get("kill_reports", [])
     if not isinstance(kill_reports, list):
         raise InvalidInput("kill_reports must be a list")
-    return Beat(name, ids, tuple(ended), mps, tuple(kill_reports)), readings
+    commit_reports = body.get("commit_reports", [])
+    if not isinstance(commit_reports, list):
+        raise InvalidInput("commit_reports must be a list")
+    return Beat(name, ids, tuple(ended), mps, tuple(kill_reports), tuple(commit_reports)), readings
 
 
 @dataclass
@@ -581,6 +589,7 @@ def mark_lost(
                 target_domain=domain,
                 details={"node": name, "user": view.user, "server": view.server},
             )
+    envremote.fail_handed(db, name, reason)
     audit.record(
         db,
         system,

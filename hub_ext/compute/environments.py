@@ -16,7 +16,9 @@ A project environment is deleted by its creator (while a member) or an admin. Th
 *not found*.
 
 The build's bookkeeping (QUEUED -> BUILDING -> READY | FAILED) is here too, for the queue to call
-from its thread; each build ends with an ``environment.build`` audit entry.
+from its thread; each build ends with an ``environment.build`` audit entry. Whatever ends a build
+(READY, FAILED, deleted, interrupted by a restart) gives back the CPU and memory it held in its
+creator's quota (:mod:`labfleet.compute.buildcharge`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from labfleet.compute.recipes import (
     parse_recipe,
     recipe_hash,
 )
-from labfleet.core import audit
+from labfleet.core import audit, usage_ledger
 from labfleet.core.authz import Actor
 from labfleet.core.display import fmt_bytes
 from labfleet.core.envmodels import Environment
@@ -161,7 +163,14 @@ def readable(db: Session, actor: Actor, env_id: Any) -> Environment:
     return env
 
 
-def view(env: Environment) -> dict[str, Any]:
+def views(db: Session, envs: list[Environment]) -> list[dict[str, Any]]:
+    """:func:`view` of each, with whether its image is registered (promoted) now."""
+    built = {e.image for e in envs if e.image}
+    registered = set(db.scalars(select(Image.name).where(Image.name.in_(built)))) if built else set()
+    return [view(e, registered=e.image in registered) for e in envs]
+
+
+def view(env: Environment, *, registered: bool = False) -> dict[str, Any]:
     def iso(t: datetime | None) -> str | None:
         return t.isoformat() if t else None
 
@@ -183,6 +192,7 @@ def view(env: Environment) -> dict[str, Any]:
         "status_reason": env.status_reason,
         "node": env.node,
         "source_session": env.source_session,
+        "registered": registered,
         "created_at": iso(env.created_at),
         "started_at": iso(env.started_at),
         "finished_at": iso(env.finished_at),
@@ -468,6 +478,7 @@ def delete(db: Session, actor: Actor, env_id: Any) -> Deleted:
         raise Forbidden(f"only its owner or an admin of domain {domain} can delete environment {env.name}")
     gone = Deleted(env.id, env.name, env.image, env.status)
     target, domain = f"{owner_label(env)}/{env.name}", env.domain.name
+    usage_ledger.release_build(db, env)
     db.delete(env)
     audit.record(
         db,
@@ -541,6 +552,11 @@ class BuildOrder:
     tag: str
     creator: str
     source_session: str | None = None  # Save as environment: commit this session's container
+    # Its containers' cores and bytes (None: no limit), held in the creator's quota
+    # (labfleet.compute.buildcharge); or why it may not run (too little left), holding nothing.
+    cpu_limit: float | None = None
+    mem_limit: int | None = None
+    refusal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -559,15 +575,18 @@ def queued(db: Session) -> list[tuple[str, str]]:
 
 
 def requeue_interrupted(db: Session) -> list[str]:
-    """At the service's start: the builds a stopped service left BUILDING wait again (QUEUED)."""
+    """At the service's start: the builds a stopped service left BUILDING wait again (QUEUED),
+    holding nothing until they start again."""
     found = list(db.scalars(select(Environment).where(Environment.status == BUILDING)))
     for env in found:
+        usage_ledger.release_build(db, env)
         env.status, env.status_reason, env.started_at = QUEUED, "the service restarted: built again", None
     return [env.id for env in found]
 
 
 def start_build(db: Session, env_id: str, node: str) -> BuildOrder | None:
-    """QUEUED -> BUILDING; None when it is not waiting any more (deleted meanwhile)."""
+    """QUEUED -> BUILDING; None when it is not waiting any more (deleted meanwhile). The queue
+    holds the build's slots (:func:`labfleet.compute.buildcharge.hold`) in the same transaction."""
     env = db.get(Environment, env_id)
     if env is None or env.status != QUEUED:
         return None
@@ -588,6 +607,7 @@ def finish_build(db: Session, env_id: str, built: Built) -> str | None:
     env = db.get(Environment, env_id)
     if env is None:
         return None
+    usage_ledger.release_build(db, env)
     env.finished_at = datetime.now(timezone.utc)
     over = _over_bytes(db, env, built.size)
     if over:
@@ -629,6 +649,7 @@ def fail_build(db: Session, env_id: str, reason: str) -> bool:
     env = db.get(Environment, env_id)
     if env is None:
         return False
+    usage_ledger.release_build(db, env)
     env.status, env.status_reason = FAILED, reason[:2000]
     env.finished_at = datetime.now(timezone.utc)
     _audit_build(db, env, reused=False)

@@ -12,7 +12,9 @@ environment (:mod:`labfleet.compute.environments`) on this node's Docker engine
 * An image of the same recipe on the engine (by its label) is reused: READY, nothing built.
   (An environment of the same recipe already READY in the DB makes a new one READY in the request.)
 * The build's containers get ``cpu_limit`` cores and ``mem_limit`` bytes (the service's settings),
-  or less: what the creator's quota has left when the build starts (:meth:`Builds._limits`);
+  or less: what the creator's quota has left when the build starts; those are held in that quota
+  (the usage ledger) while it runs, so the creator's sessions cannot take them meanwhile
+  (:mod:`labfleet.compute.buildcharge`); too little left: the build fails, saying so;
   packages come from ``index_url`` (None: the public index). They join the Docker network
   ``network`` (the service's: the sessions' guarded one), never the host's: a recipe's postBuild is
   the user's code, and reaches only what the user's sessions reach.
@@ -22,7 +24,10 @@ environment (:mod:`labfleet.compute.environments`) on this node's Docker engine
   there is the environment's image: every node pulls it (Swarm node 2 runs what node 1 built).
 * No engine (no docker package, the daemon down): the build fails, saying so.
 * Deleting an environment stops its build at its next line of output, and takes its image's name
-  off the engine when no other environment has that image.
+  off the engine, and out of the fleet's registry (:mod:`labfleet.compute.registry`), when no other
+  environment has that image and it is not registered.
+* Save as environment for a session whose container is on another node's engine is handed to that
+  node's agent (:mod:`labfleet.compute.envremote`).
 """
 
 from __future__ import annotations
@@ -34,27 +39,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labfleet.compute import envbuild, envcommit, environments, launchoptions
+from labfleet.compute import buildcharge, envbuild, envcommit, environments, envremote, registry
 from labfleet.compute.environments import READY, BuildOrder, Built, Deleted
 from labfleet.core import database
 from labfleet.core.authz import Actor
 from labfleet.core.display import fmt_bytes
 from labfleet.core.envmodels import Environment
-from labfleet.core.models import User
 
 # A build log is cut at this size (a line says so); the build goes on.
 MAX_LOG_BYTES = 16 << 20
 # Docker's own network modes of a build's containers (any other name is a network that must exist).
 STANDARD_NETWORKS = ("none", "bridge", "default")
-# The least memory a build runs with (the service's own limit may not be set lower either).
-MIN_BUILD_MEM = 64 * 2**20
 
 
 class EngineUnavailable(Exception):
     """No Docker engine to build on."""
+
+
+class Elsewhere(Exception):
+    """The session to commit has no container on this engine: its node's agent commits it."""
 
 
 class Cancelled(Exception):
@@ -266,6 +271,8 @@ class Builds:
     def _build(self, env_id: str) -> None:
         with database.session_scope(self.session_factory) as db:
             order = environments.start_build(db, env_id, self.node)
+            if order is not None:
+                order = buildcharge.hold(db, order, self.cpu_limit, self.mem_limit)
         if order is None:
             return
         with BuildLog(self.log_path(env_id)) as out:
@@ -274,11 +281,23 @@ class Builds:
                 f"labfleet: building environment {order.name} on node {self.node}: base {order.recipe.base}, files {files}"
             )
             try:
+                if order.refusal is not None:
+                    raise envbuild.BuildFailed(order.refusal, None)
                 built = self._image(order, out)
             except Cancelled:
                 out.write("labfleet: stopped (the environment was deleted, or the service stops)")
                 self._remove_unused_image(order.tag)
                 return
+            except Elsewhere as e:
+                with database.session_scope(self.session_factory) as db:
+                    node = envremote.hand_over(db, env_id, self.node)
+                if node is not None:
+                    out.write(f"{envremote.HANDED_OVER} {node}, where session {e} runs:")
+                    return
+                reason = (
+                    f"session {e} has no running container on this node's Docker engine, and no node "
+                    "agent runs where it does (Save as environment takes a running Docker or Swarm session)"
+                )
             except envbuild.BuildFailed as e:
                 reason = e.message
             except EngineUnavailable as e:
@@ -313,6 +332,8 @@ class Builds:
 
         client = self.client_factory()
         try:
+            if order.source_session and envcommit.session_container(client, order.source_session) is None:
+                raise Elsewhere(order.source_session)
             built = self._local_image(client, order, out, line)
             # What the environment takes is its own layers: its base's are every session's anyway.
             built = replace(built, size=max(0, built.size - envbuild.image_size(client, order.recipe.base)))
@@ -348,10 +369,10 @@ class Builds:
                 "environment_build_network)",
                 None,
             )
-        cpu_limit, mem_limit = self._limits(order)
+        cpu_limit, mem_limit = order.cpu_limit, order.mem_limit
         out.write(
             f"labfleet: the build may use {cpu_limit or 'any number of'} core(s) and "
-            f"{fmt_bytes(mem_limit) if mem_limit else 'any memory'} (within what your quota has left)"
+            f"{fmt_bytes(mem_limit) if mem_limit else 'any memory'} (held in your quota while it runs)"
         )
         result = envbuild.build(
             client,
@@ -366,39 +387,51 @@ class Builds:
         )
         return Built(order.tag, result.image_id, result.size, reused=False)
 
-    def _limits(self, order: BuildOrder) -> tuple[float | None, int | None]:
-        """The build's cores and bytes: the service's limits, cut to what the creator's quota has left
-        now (their keypair's policy, their domain's cap, and the project's for a project's
-        environment). None left at all: :class:`envbuild.BuildFailed`, saying so."""
-        with database.session_scope(self.session_factory) as db:
-            env = db.get(Environment, order.id)
-            user = db.scalar(select(User).where(User.username == order.creator))
-            if env is None or user is None:
-                return self.cpu_limit, self.mem_limit
-            left = launchoptions.quota_left(db, user, env.project)
-        cpu, mem = self.cpu_limit, self.mem_limit
-        if left.get("cpu") is not None:
-            cpu = min(cpu, float(left["cpu"])) if cpu else float(left["cpu"])
-        if left.get("mem") is not None:
-            mem = min(mem, int(left["mem"])) if mem else int(left["mem"])
-        if (cpu is not None and cpu <= 0) or (mem is not None and mem < MIN_BUILD_MEM):
-            raise envbuild.BuildFailed(
-                f"your quota has {left.get('cpu') or 0} core(s) and {fmt_bytes(int(left.get('mem') or 0))} "
-                f"left, and a build needs some CPU and {fmt_bytes(MIN_BUILD_MEM)} of memory: stop a "
-                "session, then create the environment again",
-                None,
-            )
-        return cpu, mem
+    # ------------------------------------------------------------ commits handed to node agents
+
+    def agent_orders(self, db: Session, node: str) -> list[dict[str, Any]]:
+        """The commits handed to ``node``'s agent, for its heartbeat's answer."""
+        return envremote.orders_for(db, node, self.registry)
+
+    def take_agent_reports(
+        self, db: Session, node: str, reports: list[envremote.CommitReport]
+    ) -> list[envremote.Taken]:
+        """A heartbeat's commit reports taken in its unit; write their logs with
+        :meth:`write_agent_logs` once it commits."""
+        return envremote.take_reports(db, node, reports, self.registry)
+
+    def write_agent_logs(self, taken: list[envremote.Taken]) -> None:
+        """Each report's lines not yet in its build log appended (after the hand-over's line), and
+        its last line once the commit is done."""
+        for t in taken:
+            path = self.log_path(t.environment)
+            try:
+                lines = path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue  # deleted meanwhile
+            marks = [i for i, line in enumerate(lines) if line.startswith(envremote.HANDED_OVER)]
+            written = len(lines) - marks[-1] - 1 if marks else 0
+            with BuildLog(path, fresh=False) as out:
+                for line in t.log[written:]:
+                    out.write(line)
+                if t.last:
+                    out.write(t.last)
 
     def _remove_unused_image(self, tag: str) -> None:
         """Take ``tag`` off the engine unless an environment has (or builds) that image; best effort.
-        An image of the registry goes by both its names here (the registry keeps its copy)."""
+        An image of the registry goes by both its names here, and out of the registry too."""
         local = tag.removeprefix(f"{self.registry}/") if self.registry else tag
         with database.session_scope(self.session_factory) as db:
             if any(environments.image_in_use(db, t) for t in {tag, local}):
                 return
         for name in dict.fromkeys((tag, local)):
             self._remove_image_name(name)
+        if tag != local:
+            try:
+                if registry.delete_image(tag):
+                    self.log.info("Deleted image %s from the fleet's registry", tag)
+            except (OSError, ValueError) as e:
+                self.log.warning("Could not delete image %s from the fleet's registry: %s", tag, e)
 
     def _remove_image_name(self, tag: str) -> None:
         try:

@@ -104,8 +104,8 @@ def _keypair_left(db: Session, user: User) -> dict[str, Decimal | None]:
 
 def quota_left(db: Session, user: User, project: Any = None) -> dict[str, Any]:
     """Slot by slot, what ``user`` may still take now (their keypair's policy and their domain's cap,
-    and ``project``'s when given); None: nothing limits it. An environment's build takes its CPU
-    and memory from this."""
+    and ``project``'s when given); None: nothing limits it. An environment's build is cut to this,
+    and holds what it takes until it ends (:mod:`labfleet.compute.buildcharge`)."""
     lefts = [_keypair_left(db, user), _left(user.domain.slots, allocated(db, domain=user.domain_id), True)]
     if project is not None:
         lefts.append(_left(project.slots, allocated(db, project=project.id), True))

@@ -57,6 +57,10 @@ class Environment(Base):
     # Save as environment: the session whose container it is made of (None: built from its recipe,
     # which is then what was installed in the session, as recorded).
     source_session: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    # What its running build holds in the usage ledger (labfleet.compute.buildcharge), until it
+    # stops: {"slots": {"cpu": "2", "mem": "4294967296"}, "scopes": [["domain", 1], ...]}; None is
+    # SQL NULL (none_as_null), which the ledger's queries of the builds that hold slots look for.
+    build_charge: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -9,8 +9,12 @@ lose one another; admission reads the rows it needs back from the same statement
 commit: two admissions that share a scope are serialised on its rows, and rows are always taken
 in one order (:data:`~labfleet.core.models.LEDGER_SCOPES`, then id), so they never deadlock.
 
-``recalculate`` rebuilds the ledger from the sessions (Backend.AI's "recalculate usage"), with
-every writer kept out: the whole table is locked on PostgreSQL, the database on SQLite.
+A running environment build holds its CPU and memory here too (:mod:`labfleet.compute.buildcharge`),
+on its creator's scopes, recorded on the environment (``build_charge``) so that exactly that is
+given back (:func:`release_build`) and :func:`expected` counts it.
+
+``recalculate`` rebuilds the ledger from the sessions and the builds (Backend.AI's "recalculate
+usage"), with every writer kept out: the whole table is locked on PostgreSQL, the database on SQLite.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from sqlalchemy.orm import Session
 
 from labfleet.core import quanta
 from labfleet.core.database import Prepared
+from labfleet.core.envmodels import Environment
 from labfleet.core.models import LEDGER_SCOPES, ComputeSession, Domain, Keypair, Project, UsageLedger, User
 from labfleet.core.slots import ResourceSlots
 from labfleet.core.vocab import LIVE_STATUSES
@@ -248,6 +253,30 @@ def on_transition(db: Session, s: ComputeSession, old: str | None, new: str) -> 
         charge(db, scopes_of(s), delta)
 
 
+# ---------------------------------------------------------------- environment builds
+
+
+def _build_held(held: Mapping[str, Any]) -> tuple[list[Scope], dict[str, int]]:
+    """The scopes and the quanta of an environment's ``build_charge``."""
+    scopes = [(str(kind), int(ident)) for kind, ident in held["scopes"]]
+    return scopes, quanta.slot_quanta(ResourceSlots.parse(held["slots"]))
+
+
+def hold_build(db: Session, env: Environment, scopes: list[Scope], slots: ResourceSlots) -> None:
+    """Charge ``slots`` (no session counts: a build is no session) to ``scopes`` while
+    ``env``'s build runs, and record it on ``env`` for :func:`release_build`."""
+    charge(db, scopes, quanta.slot_quanta(slots))
+    env.build_charge = {"slots": slots.to_db(), "scopes": [list(s) for s in scopes]}
+
+
+def release_build(db: Session, env: Environment) -> None:
+    """Give back exactly what ``env``'s build holds, if anything: its build stopped holding."""
+    if env.build_charge:
+        scopes, delta = _build_held(env.build_charge)
+        charge(db, scopes, {slot: -q for slot, q in delta.items()})
+        env.build_charge = None
+
+
 # ---------------------------------------------------------------- recalculate
 
 
@@ -265,12 +294,19 @@ def _live_sessions():
 
 
 def expected(db: Session) -> Rows:
-    """The ledger recomputed from the live sessions."""
+    """The ledger recomputed from the live sessions and the builds that hold slots."""
     rows = db.execute(_live_sessions())
-    return quanta.recompute(
+    out = quanta.recompute(
         ((stored, status, dict(zip(LEDGER_SCOPES, ids, strict=True))) for stored, status, *ids in rows),
         LIVE_STATUSES,
     )
+    for held in db.scalars(select(Environment.build_charge).where(Environment.build_charge.is_not(None))):
+        scopes, delta = _build_held(held)
+        for scope in scopes:
+            row = out.setdefault(scope, {})
+            for slot, q in delta.items():
+                row[slot] = row.get(slot, 0) + q
+    return out
 
 
 def stored(db: Session) -> Rows:
@@ -290,7 +326,7 @@ def _lock_table(db: Session) -> None:
 
 
 def drift(db: Session) -> list[dict[str, Any]]:
-    """Every (scope, slot) where the stored ledger differs from the sessions (stored, true)."""
+    """Every (scope, slot) where the stored ledger differs from the sessions and builds (stored, true)."""
     want, have = expected(db), stored(db)
     out = []
     for scope in sorted(set(want) | set(have), key=lambda s: (_RANK.get(s[0], 99), s[1])):
@@ -310,7 +346,7 @@ def drift(db: Session) -> list[dict[str, Any]]:
 
 
 def recalculate(db: Session) -> list[dict[str, Any]]:
-    """Rebuild the ledger from the sessions; returns the drift it repaired (empty: none)."""
+    """Rebuild the ledger from the sessions and builds; returns the drift it repaired (empty: none)."""
     _lock_table(db)
     found = drift(db)
     if found:
@@ -333,7 +369,8 @@ _PARENTS = ((Domain, "domain"), (Project, "project"), (User, "user"), (Keypair, 
 
 def release_deleted_scopes(session: Session, flush_context: Any, instances: Any) -> None:
     """before_flush (registered in labfleet.core.unitofwork): a deleted user, project, keypair or domain takes its sessions with it (the database's
-    cascade): take what its live sessions held out of every scope they charged, and drop the
+    cascade): take what its live sessions held out of every scope they charged, release every
+    build that holds slots in a deleted scope (the build goes on, holding nothing), and drop the
     deleted scope's own rows."""
     gone: dict[str, set[int]] = defaultdict(set)
     for obj in session.deleted:
@@ -360,6 +397,10 @@ def release_deleted_scopes(session: Session, flush_context: Any, instances: Any)
                 ResourceSlots.parse(stored_slots), live=-1, pending=-int(status == "PENDING")
             )
             charge(session, list(zip(LEDGER_SCOPES, scope_ids, strict=True)), delta)
+        if gone.keys() - {"session"}:
+            for env in session.scalars(select(Environment).where(Environment.build_charge.is_not(None))):
+                if any(int(ident) in gone.get(kind, ()) for kind, ident in env.build_charge["scopes"]):  # type: ignore[index]
+                    release_build(session, env)
         for kind, gone_ids in gone.items():
             if kind != "session":
                 session.execute(

@@ -30,6 +30,7 @@ from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, def
 from traitlets.config import Application, catch_config_error
 
 from labfleet.compute import agents, images, nodes, recipes, reconcile, sessions
+from labfleet.compute.buildcharge import MIN_BUILD_MEM
 from labfleet.compute.devices import DevicePlugin, describe_node, get_plugin
 from labfleet.compute.devices.mps import (
     CONTROL_BINARY,
@@ -42,7 +43,7 @@ from labfleet.compute.devices.mps import (
     node_mps,
     nvidia_devices,
 )
-from labfleet.compute.envqueue import MIN_BUILD_MEM, Builds
+from labfleet.compute.envqueue import Builds
 from labfleet.compute.scheduler.admission import QueueLimits
 from labfleet.core import bootstrap, database, hubmap
 from labfleet.core.authz import Actor

@@ -436,6 +436,11 @@ def test_users_environments_rows_summary_and_bars():
     assert not any(U.can_promote(role, rows[0]) for role in ("admin", "monitor", "user"))
     assert U.promote_path("a/b") == "/environments/a%2Fb/image"
     assert U.promote_warning(rows[0]).startswith("Register image labfleet-env:0a1b2c for everyone?")
+    # Registered already (promoted): no Promote, a badge that says so.
+    (registered,) = U.env_rows([{**ENVS[0], "registered": True}])
+    assert not U.can_promote("superadmin", registered) and not rows[0].registered
+    assert "registered image" in U.status_html(registered)
+    assert "registered image" not in U.status_html(rows[0])
 
 
 # ---------------------------------------------------------------- the pages against a stand-in service

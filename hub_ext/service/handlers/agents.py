@@ -3,7 +3,9 @@ and the agent API (``/api/agent/...``, authenticated with a node token only).
 
 A heartbeat's answer also carries the GPU share backstop's kills for the node (``kill``; see
 :mod:`labfleet.usage.enforce`), and its body the agent's reports of the kills it was handed
-(``kill_reports``), taken only for kills queued for that node."""
+(``kill_reports``), taken only for kills queued for that node. Save as environment for a session
+on the agent's node is handed over the same way: ``commits`` in the answer, ``commit_reports`` in
+the body (:mod:`labfleet.compute.envremote`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from labfleet.compute import agents, nodes
+from labfleet.compute import agents, envremote, nodes
 from labfleet.core.authz import Actor
 from labfleet.core.errors import Forbidden, LabfleetError, Unauthorized
 from labfleet.core.models import NodeToken
@@ -129,9 +131,12 @@ class AgentHeartbeatHandler(AgentHandler):
         beat, raw = agents.parse_heartbeat(self.get_json_body())
         readings = records.parse_agent_readings(raw, time.time())
         reports = overuse.parse_kill_reports(list(beat.kill_reports))
+        commit_reports = envremote.parse_commit_reports(list(beat.commit_reports))
+        builds = self.lf.environment_builds
         remote = self.request.remote_ip or ""
         accepted: list = []
         kills_done: list = []
+        commits_taken: list = []
 
         def work(db):
             result = agents.heartbeat(db, self.token(db), beat, remote)  # the token's node, or 4xx
@@ -141,6 +146,7 @@ class AgentHeartbeatHandler(AgentHandler):
                 self.lf.agent_kills, beat.node, reports, (t.session_id for t in targets), log=self.log
             )
             kills_done.extend(done)
+            commits_taken.extend(builds.take_agent_reports(db, beat.node, commit_reports))
             return {
                 "node": beat.node,
                 "heartbeat": self.lf.agent_heartbeat,
@@ -148,11 +154,14 @@ class AgentHeartbeatHandler(AgentHandler):
                 "stop": result.stop,
                 "released": result.released,
                 "kill": kill,
-            }, bool(result.released or result.came_back)
+                "commits": builds.agent_orders(db, beat.node),
+            }, bool(result.released or result.came_back or any(t.last for t in commits_taken))
 
         await self.answer(work, poke=False)
         if self.get_status() == 200:
             self.lf.agent_readings_in(accepted)
+            if commits_taken:
+                await asyncio.to_thread(builds.write_agent_logs, commits_taken)
         # Taken from the queue: written up whatever the answer (a report is not taken twice).
         enforce.finish_agent_kills(
             self.lf.session_factory, kills_done, log=self.log, observe=self.lf.metrics.observe_gpu_overuse

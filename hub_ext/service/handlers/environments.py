@@ -20,7 +20,7 @@ class EnvironmentListHandler(APIHandler):
         self.write_json(
             {
                 "items": await self.run(
-                    lambda db, a: [environments.view(e) for e in environments.list_environments(db, a)]
+                    lambda db, a: environments.views(db, environments.list_environments(db, a))
                 )
             }
         )
@@ -37,7 +37,9 @@ class EnvironmentListHandler(APIHandler):
 
 class EnvironmentHandler(APIHandler):
     async def get(self, env_id):
-        self.write_json(await self.run(lambda db, a: environments.view(environments.readable(db, a, env_id))))
+        self.write_json(
+            await self.run(lambda db, a: environments.views(db, [environments.readable(db, a, env_id)])[0])
+        )
 
     async def delete(self, env_id):
         builds = self.lf.environment_builds
