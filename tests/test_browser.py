@@ -808,9 +808,9 @@ def test_the_idle_warning_in_jupyterlab(hub, browser):
         shot(page, "statusbar-idle-warning-dark", page.locator(".jp-StatusBar-Left"))
         use_theme(page, "JupyterLab Light")
 
-        # A timeout just over 10 minutes: the warning shows once 15 s have gone without activity, and
+        # A timeout just over 10 minutes: the warning shows once 5 s have gone without activity, and
         # "I'm still here" in the sidebar moves the deadline out of the last 10 minutes: the warning goes.
-        set_idle_timeout(hub, root, checker, 615)
+        set_idle_timeout(hub, root, checker, 605)
         expect(page.locator(tid("lf-idle-countdown"))).to_have_text(re.compile(r"^9:\d\d$"), timeout=90_000)
         with page.expect_response(is_still_here) as answer:
             page.locator(tid("lf-still-here")).click()
