@@ -169,6 +169,7 @@ def test_the_service_runs_its_own_nodes_daemon_and_stores_its_state(standin, tmp
 
 def test_the_agent_reports_its_daemon_in_register_and_heartbeats(standin, tmp_path):
     from labfleet.agent.app import LabfleetAgent
+    from labfleet.agent.commits import Commits
 
     _binary, record = standin
     pipe = tmp_path / "pipe"
@@ -177,6 +178,7 @@ def test_the_agent_reports_its_daemon_in_register_and_heartbeats(standin, tmp_pa
     )
     agent.plugins, agent.targets, agent.gone, agent.reported = [FakeNvidia()], {}, {}, set()
     agent.gpu_procs, agent.kill_reports = {}, {}
+    agent.commits = Commits(agent.docker_client, agent.log)
     agent.mps_supervisor = None
     sent: list[tuple[str, dict]] = []
     agent.call = lambda path, body: sent.append((path, body)) or {}  # type: ignore[method-assign]
