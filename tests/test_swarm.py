@@ -8,10 +8,11 @@ Without agents (nodes registered in labfleet's DB with their labels, as an agent
 - a session lands on node 2 when node 1 is full, runs there (its task, its container on engine 2,
   its limits and devices) and answers through the proxy; stopping it frees its allocation;
 - a folder written from a session on node 1 is read from a session on node 2;
-- an environment built on node 1 is pushed to the fleet's registry and runs on node 2, which pulls
-  it: a batch session there ends with its command's exit code and its output in the session log;
 - a model-serving replica placed on node 2 answers through the endpoint's URL (the router calls it at
-  node 2's address) and through its own session's inference page (the port the engine gave it).
+  node 2's address) and through its own session's inference page (the port the engine gave it);
+- an environment built on node 1 is pushed to the fleet's registry and runs on node 2, which pulls
+  it: a batch session there ends with its command's exit code and its output in the session log
+  (it runs late in the module: the test image's push to the registry goes on while earlier tests run).
 With an agent per node (`labfleet agent`, node 2's inside the namespace):
 - a drained node (`labfleet node drain`) gets no new session;
 - Save as environment for a session on node 2: its agent commits the container and pushes the image
@@ -473,6 +474,74 @@ def test_folder_written_on_node_1_is_read_on_node_2(env, nodes, engines):
     _stop(env, "r")
 
 
+def test_a_replica_on_node_2_answers_through_the_endpoints_url(env, nodes, engines):
+    hub, alice = env["hub"], env["alice"]
+    register_node(hub.db_url, "swarm-1", {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, gpus=1)
+    register_node(hub.db_url, "swarm-2", {"swarm.node_id": nodes.node2_id, "address": nodes.addr2}, gpus=1)
+    _spawn(env, "a")  # node 1's GPU: the replica's quarter goes to node 2
+    _wait_ready(env, "a")
+    assert _session(env, "a")["node"] == "swarm-1"
+    _folder(hub, alice, "far-model", {"model-definition.yaml": DEFINITION, "server.py": SERVER})
+    body = {
+        "name": "far",
+        "project": "acme/ml",
+        "model_folder": "far-model",
+        "replicas": 1,
+        "image": IMAGE,
+        "slots": {"cpu": 0.5, "mem": "512m", "gpu.shares": 0.25},
+    }
+    r = hub.api("POST", "/endpoints", alice, json=body)
+    assert r.status_code == 201, r.text
+    env["servers"].add("far-r1")
+
+    def ready():
+        e = hub.api("GET", "/endpoints/far", alice).json()
+        return e if e["status"] == "READY" else None
+
+    endpoint = wait_until("endpoint far READY", ready, 180, detail=lambda: hub.log_text()[-6000:])
+    (route,) = [r for r in endpoint["routes"] if r["status"] == "RUNNING"]
+    assert route["address"].startswith(f"{nodes.addr2}:"), route
+    assert _session(env, route["server"])["node"] == "swarm-2"
+    token = hub.api("POST", "/endpoints/far/tokens", alice, json={}).json()["token"]
+    answer = requests.get(
+        f"{hub.url}{endpoint['url'].rstrip('/')}/hello",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    # The model listens on its session's loopback at a port of its own, behind the replica's front,
+    # which listens on the node's addresses at the route's port (server_ext/front.py).
+    port = route["address"].rsplit(":", 1)[1]
+    assert answer.json()["port"] != port
+    assert answer.json() | {"auth": None} == {
+        "replica": "far-r1",
+        "port": answer.json()["port"],
+        "host": "127.0.0.1",
+        "path": "/hello",
+        "auth": None,
+        "cwd": answer.json()["cwd"],
+    }
+    denied = requests.get(f"http://{route['address']}/hello", timeout=30)
+    assert denied.status_code == 401, denied.text  # straight at the replica: no credential, no model
+    # The session's own inference page proxies the same port on its loopback.
+    page = requests.get(
+        f"{hub.url}/user/alice/far-r1/labfleet/inference/health",
+        headers={"Authorization": f"token {alice}"},
+        timeout=30,
+    )
+    assert page.status_code == 200 and page.json() == {"ok": True}, page.text
+    r = hub.api("DELETE", "/endpoints/far", alice)
+    assert r.status_code in (200, 202, 204), r.text
+    wait_until(
+        "replica far-r1 gone",
+        lambda: "far-r1" not in hub.hub_api("GET", "/users/alice").json()["servers"],
+        90,
+        detail=lambda: hub.log_text()[-4000:],
+    )
+    env["servers"].discard("far-r1")
+    _stop(env, "a")
+
+
 def test_an_environment_built_on_node_1_runs_on_node_2_pulled_from_the_registry(
     env, nodes, engines, registry
 ):
@@ -554,74 +623,6 @@ def test_an_environment_built_on_node_1_runs_on_node_2_pulled_from_the_registry(
         ),
         60,
     )
-
-
-def test_a_replica_on_node_2_answers_through_the_endpoints_url(env, nodes, engines):
-    hub, alice = env["hub"], env["alice"]
-    register_node(hub.db_url, "swarm-1", {"swarm.node_id": nodes.node1_id, "address": nodes.addr1}, gpus=1)
-    register_node(hub.db_url, "swarm-2", {"swarm.node_id": nodes.node2_id, "address": nodes.addr2}, gpus=1)
-    _spawn(env, "a")  # node 1's GPU: the replica's quarter goes to node 2
-    _wait_ready(env, "a")
-    assert _session(env, "a")["node"] == "swarm-1"
-    _folder(hub, alice, "far-model", {"model-definition.yaml": DEFINITION, "server.py": SERVER})
-    body = {
-        "name": "far",
-        "project": "acme/ml",
-        "model_folder": "far-model",
-        "replicas": 1,
-        "image": IMAGE,
-        "slots": {"cpu": 0.5, "mem": "512m", "gpu.shares": 0.25},
-    }
-    r = hub.api("POST", "/endpoints", alice, json=body)
-    assert r.status_code == 201, r.text
-    env["servers"].add("far-r1")
-
-    def ready():
-        e = hub.api("GET", "/endpoints/far", alice).json()
-        return e if e["status"] == "READY" else None
-
-    endpoint = wait_until("endpoint far READY", ready, 180, detail=lambda: hub.log_text()[-6000:])
-    (route,) = [r for r in endpoint["routes"] if r["status"] == "RUNNING"]
-    assert route["address"].startswith(f"{nodes.addr2}:"), route
-    assert _session(env, route["server"])["node"] == "swarm-2"
-    token = hub.api("POST", "/endpoints/far/tokens", alice, json={}).json()["token"]
-    answer = requests.get(
-        f"{hub.url}{endpoint['url'].rstrip('/')}/hello",
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
-    assert answer.status_code == 200, answer.text
-    # The model listens on its session's loopback at a port of its own, behind the replica's front,
-    # which listens on the node's addresses at the route's port (server_ext/front.py).
-    port = route["address"].rsplit(":", 1)[1]
-    assert answer.json()["port"] != port
-    assert answer.json() | {"auth": None} == {
-        "replica": "far-r1",
-        "port": answer.json()["port"],
-        "host": "127.0.0.1",
-        "path": "/hello",
-        "auth": None,
-        "cwd": answer.json()["cwd"],
-    }
-    denied = requests.get(f"http://{route['address']}/hello", timeout=30)
-    assert denied.status_code == 401, denied.text  # straight at the replica: no credential, no model
-    # The session's own inference page proxies the same port on its loopback.
-    page = requests.get(
-        f"{hub.url}/user/alice/far-r1/labfleet/inference/health",
-        headers={"Authorization": f"token {alice}"},
-        timeout=30,
-    )
-    assert page.status_code == 200 and page.json() == {"ok": True}, page.text
-    r = hub.api("DELETE", "/endpoints/far", alice)
-    assert r.status_code in (200, 202, 204), r.text
-    wait_until(
-        "replica far-r1 gone",
-        lambda: "far-r1" not in hub.hub_api("GET", "/users/alice").json()["servers"],
-        90,
-        detail=lambda: hub.log_text()[-4000:],
-    )
-    env["servers"].discard("far-r1")
-    _stop(env, "a")
 
 
 def test_a_node_without_swarm_labels_fails_the_spawn_clearly(env):
