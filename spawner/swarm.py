@@ -39,6 +39,7 @@ from typing import Any
 
 import docker
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, RestartPolicy, TaskTemplate
+from docker.utils import parse_repository_tag
 from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
 from jupyterhub.utils import random_port
@@ -300,10 +301,9 @@ class LabfleetSwarmSpawner(LabfleetSpawnerMixin, TaskPollingSwarmSpawner):
         try:
             await self.docker("inspect_image", self.image)
         except docker.errors.ImageNotFound:
-            last = self.image.rsplit("/", 1)[-1]
-            repo, tag = self.image.rsplit(":", 1) if ":" in last else (self.image, "latest")
+            repo, tag = parse_repository_tag(self.image)
             self.log.info("labfleet: pulling %s on the manager to read its command", self.image)
-            await self.docker("pull", repo, tag)
+            await self.docker("pull", repo, tag or "latest")
 
     async def check_allowed(self, image):
         # labfleet's service admitted the image for the session's project.

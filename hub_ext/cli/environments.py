@@ -291,9 +291,9 @@ class Build(EnvCommand):
 class Save(EnvCommand):
     name = "labfleet env save"
     summary = "Save a running session of yours as an environment (Save as environment)."
-    description = """Save one of your running Docker sessions as an environment: its container's files
-    become an image of yours (with its base image's settings, none of the session's), and what was
-    installed in it (pip and apt packages beyond the base's) is recorded as its recipe. With --wait
+    description = """Save one of your running Docker or Swarm sessions as an environment: its
+    container's files become an image of yours (with its base image's settings, none of the
+    session's), and what was installed in it (pip and apt packages beyond the base's) is recorded as its recipe. With --wait
     the log is printed as it grows: exit 0 when it is READY, 1 (saying why) when it FAILED."""
     examples = ("labfleet env save my-setup --session 0b6c...-... --wait",)
     arguments = ("NAME",)

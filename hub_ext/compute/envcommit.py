@@ -115,7 +115,7 @@ def commit_session(
     if found is None:
         raise BuildFailed(
             f"session {session_id} has no running container on this node's Docker engine (Save as "
-            "environment takes a running Docker session)",
+            "environment takes a running Docker or Swarm session)",
             None,
         )
     container = found["Id"]

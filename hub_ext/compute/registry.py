@@ -15,6 +15,7 @@ from __future__ import annotations
 import ssl
 import urllib.error
 import urllib.request
+from email.message import Message
 from pathlib import Path
 
 DOCKER_CERTS = Path("/etc/docker/certs.d")
@@ -43,13 +44,13 @@ def _context(host: str, certs: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca) if ca.is_file() else None)
 
 
-def _call(method: str, url: str, context: ssl.SSLContext, timeout: float) -> tuple[int, dict[str, str]]:
+def _call(method: str, url: str, context: ssl.SSLContext, timeout: float) -> tuple[int, Message]:
     request = urllib.request.Request(url, method=method, headers={"Accept": MANIFEST_TYPES})
     try:
         with urllib.request.urlopen(request, context=context, timeout=timeout) as answer:
-            return answer.status, dict(answer.headers)
+            return answer.status, answer.headers
     except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers or {})
+        return e.code, e.headers
 
 
 def delete_image(ref: str, *, certs: Path = DOCKER_CERTS, timeout: float = 30) -> bool:
@@ -61,7 +62,7 @@ def delete_image(ref: str, *, certs: Path = DOCKER_CERTS, timeout: float = 30) -
     status, headers = _call("HEAD", f"{base}/{tag}", context, timeout)
     if status == 404:
         return False
-    digest = headers.get("Docker-Content-Digest") or headers.get("docker-content-digest")
+    digest = headers.get("Docker-Content-Digest")
     if status != 200 or not digest:
         raise OSError(f"the registry answered {status} for {ref} (no digest)")
     status, _ = _call("DELETE", f"{base}/{digest}", context, timeout)

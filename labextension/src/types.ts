@@ -528,7 +528,7 @@ export interface IEnvironmentCreate {
 }
 
 /**
- * What `POST /api/environments` takes for Save as environment: one of my running Docker
+ * What `POST /api/environments` takes for Save as environment: one of my running Docker or Swarm
  * sessions, committed into an image (its base: the session's registered image).
  */
 export interface IEnvironmentSave {

@@ -1,9 +1,10 @@
 /**
  * "Save as environment…" in the This session section: the session the Lab runs in (its id from the
  * session info) committed into a new environment of mine or of a project of mine, by name.  A
- * refusal (not a running Docker session of mine, a name taken, a limit reached) shows inline in
- * the service's words and changes nothing; once asked, My Environments opens and lists the new
- * one, and the note here says how it stands as the list does (QUEUED, BUILDING, READY, FAILED).
+ * refusal (not a running Docker or Swarm session of mine, a name taken, a limit reached) shows
+ * inline in the service's words and changes nothing; once asked, My Environments opens and lists
+ * the new one, and the note here says how it stands as the list does (QUEUED, BUILDING, READY,
+ * FAILED).
  */
 import { Button } from '@jupyterlab/ui-components';
 import * as React from 'react';
@@ -58,7 +59,7 @@ function SaveAsForm(props: {
       <div className="lf-dim lf-small" data-testid="lf-save-env-help">
         This session&apos;s container becomes an image: its files and what was installed in it, with
         the base image&apos;s settings (none of the session&apos;s variables). Only a running Docker
-        session can be saved.
+        or Swarm session can be saved.
       </div>
       <NameAndOwnerFields
         prefix="lf-save-env"
